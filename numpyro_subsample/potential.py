@@ -1,0 +1,298 @@
+"""From a NumPyro model to the terms of the potential, in unconstrained space.
+
+Notation of paper 000 (Eq. 1-3): the potential is f(θ) = f0(θ) + Σ_{i=1}^N f_i(θ) with
+f0 = −log prior (plus the negative log-Jacobians of the transforms to unconstrained space) and
+f_i = −log p(x_i | θ), the negative log-likelihood of datum i of the subsample plate.
+
+The model is the user's, unchanged. Its subsample plate is located in a prototype trace; the
+per-datum terms are evaluated for an arbitrary (traced) index vector by setting the plate's
+indices with a small handler, the latent values by NumPyro's own `_unconstrain_reparam`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.infer.initialization import init_to_median
+from numpyro.infer.util import _unconstrain_reparam, constrain_fn
+from numpyro.primitives import Messenger
+
+__all__ = ["DataPlate", "Potential", "build_potential"]
+
+
+class DataPlate(NamedTuple):
+    """Facts about the model's subsample plate."""
+
+    name: str
+    size: int  # N
+    subsample_size: int  # n, as written in the model
+    dim: int  # the (negative) batch dimension of the plate
+
+
+class Potential(NamedTuple):
+    """The potential of a model as pure functions of a flat unconstrained vector θ ∈ R^d.
+
+    ``terms(θ, idx)`` returns ``(f0(θ), f_idx(θ))``: the prior term and the vector of per-datum
+    terms for the plate indices ``idx`` (any length, traced or not), paper 000 Eq. (1).
+    """
+
+    plate: DataPlate
+    terms: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+    unravel: Callable[[jax.Array], dict]
+    init_theta: jax.Array  # flat unconstrained starting point (prior median)
+    latent_sites: tuple[str, ...]
+    plate_deterministic_sites: tuple[str, ...]
+    constrain: Callable[[dict], dict]  # unconstrained dict -> constrained latent + deterministic
+
+    @property
+    def dim(self) -> int:
+        return int(self.init_theta.shape[0])
+
+    @property
+    def num_data(self) -> int:
+        return self.plate.size
+
+    def prior(self, theta: jax.Array) -> jax.Array:
+        """f0(θ)."""
+        return self.terms(theta, jnp.zeros((1,), jnp.int32))[0]
+
+    def data_terms(self, theta: jax.Array, idx: jax.Array) -> jax.Array:
+        """f_i(θ) for i in idx."""
+        return self.terms(theta, idx)[1]
+
+
+class _set_plate_indices(Messenger):
+    """Make the subsample plate ``name`` use the given indices (and their number as its size)."""
+
+    def __init__(self, fn=None, name: str = "", indices=None):
+        self.name = name
+        self.indices = indices
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["name"] == self.name:
+            msg["value"] = self.indices
+            msg["args"] = (msg["args"][0], int(self.indices.shape[0]))
+
+
+class _check_plate_sizes(Messenger):
+    """Raise a clear error for a plate whose subsample size exceeds its size."""
+
+    def process_message(self, msg):
+        if msg["type"] == "plate":
+            size, subsample_size = msg["args"]
+            if subsample_size is not None and subsample_size > size:
+                raise ValueError(
+                    f"Plate '{msg['name']}' has subsample_size={subsample_size} larger than "
+                    f"its size N={size}. Pass a subsample_size between 1 and {size}."
+                )
+
+
+def _site_log_prob(site: dict) -> jax.Array:
+    intermediates = site.get("intermediates")
+    if intermediates:
+        return site["fn"].log_prob(site["value"], intermediates)
+    return site["fn"].log_prob(site["value"])
+
+
+def _per_datum(lp: jax.Array, plate: DataPlate, m: int, name: str) -> jax.Array:
+    """Reduce a log-prob array with the plate along ``plate.dim`` to a length-m vector."""
+    axis = jnp.ndim(lp) + plate.dim
+    if axis < 0 or lp.shape[axis] != m:
+        raise ValueError(
+            f"Observed site '{name}' inside the subsample plate '{plate.name}' has log-prob "
+            f"shape {tuple(jnp.shape(lp))}, which does not follow the plate's {m} indices along "
+            f"dim {plate.dim}. Index the data with the plate's indices, e.g. "
+            f"`with numpyro.plate('{plate.name}', N, subsample_size=n) as idx: ... obs=y[idx]`."
+        )
+    lp = jnp.moveaxis(lp, axis, 0)
+    return lp.reshape((m, -1)).sum(-1)
+
+
+def _flat_arrays(tree: Any, prefix: str) -> list[tuple[str, Any]]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [(prefix + jax.tree_util.keystr(path), leaf) for path, leaf in leaves]
+
+
+def check_data_finite(model_args: tuple, model_kwargs: dict, num_data: int) -> None:
+    """Raise if an array argument whose leading dimension is N holds non-finite values."""
+    named = _flat_arrays(model_args, "model_args") + _flat_arrays(model_kwargs, "model_kwargs")
+    for name, leaf in named:
+        if not hasattr(leaf, "shape") or len(leaf.shape) == 0 or leaf.shape[0] != num_data:
+            continue
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            continue
+        finite = np.asarray(jnp.isfinite(leaf).reshape(num_data, -1).all(-1))
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            raise ValueError(
+                f"The data argument {name} (leading dimension N={num_data}, indexed by the "
+                f"subsample plate) has non-finite values in {bad.size} rows, the first at row "
+                f"{int(bad[0])}. Remove or impute those rows before sampling."
+            )
+
+
+def _prototype_trace(model, model_args, model_kwargs, rng_key):
+    with _check_plate_sizes():
+        return handlers.trace(
+            handlers.substitute(
+                handlers.seed(model, rng_key), substitute_fn=init_to_median(num_samples=15)
+            )
+        ).get_trace(*model_args, **model_kwargs)
+
+
+def _find_data_plate(tr: dict) -> DataPlate:
+    plates = {
+        name: site["args"]
+        for name, site in tr.items()
+        if site["type"] == "plate" and site["args"][1] is not None and site["args"][0] > site["args"][1]
+    }
+    if not plates:
+        raise ValueError(
+            "The model has no subsample plate: numpyro_subsample needs the likelihood inside "
+            "`numpyro.plate(name, N, subsample_size=n)` with n < N, and the observed data "
+            "indexed by the plate's indices."
+        )
+    if len(plates) > 1:
+        raise ValueError(
+            f"The model has several subsample plates {sorted(plates)}; only one subsample plate "
+            "is supported. Keep subsample_size on the data plate only."
+        )
+    (name, (size, subsample_size)), = plates.items()
+    dim = None
+    for site in tr.values():
+        for frame in site.get("cond_indep_stack", []):
+            if frame.name == name:
+                dim = frame.dim
+    if dim is None:
+        raise ValueError(f"The subsample plate '{name}' contains no sample site.")
+    return DataPlate(name, int(size), int(subsample_size), int(dim))
+
+
+def _in_plate(site: dict, plate_name: str) -> bool:
+    return any(f.name == plate_name for f in site.get("cond_indep_stack", []))
+
+
+def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    latent, plate_det, observed_in_plate = [], [], []
+    for name, site in tr.items():
+        if site["type"] == "deterministic" and _in_plate(site, plate.name):
+            plate_det.append(name)
+        if site["type"] != "sample":
+            continue
+        if site["is_observed"]:
+            if _in_plate(site, plate.name):
+                observed_in_plate.append(name)
+            continue
+        if site["fn"].support.is_discrete:
+            raise ValueError(
+                f"Latent site '{name}' is discrete; stochastic-gradient MCMC needs continuous "
+                "latent variables. Marginalise it out (e.g. with a mixture distribution) or "
+                "observe it."
+            )
+        if _in_plate(site, plate.name):
+            raise ValueError(
+                f"Latent site '{name}' lies inside the subsample plate '{plate.name}'. Local "
+                "(per-datum) latent variables are not supported: marginalise them, or move "
+                "the site out of the plate."
+            )
+        latent.append(name)
+    if not observed_in_plate:
+        raise ValueError(
+            f"The subsample plate '{plate.name}' has no observed sample site; put the "
+            "likelihood (`numpyro.sample(..., obs=...)`) inside it."
+        )
+    if not latent:
+        raise ValueError("The model has no latent sample site to infer.")
+    return tuple(latent), tuple(plate_det)
+
+
+def build_potential(
+    model: Callable, model_args: tuple, model_kwargs: dict, rng_key: jax.Array
+) -> Potential:
+    """Inspect and validate ``model`` and return its :class:`Potential`.
+
+    Raises ``ValueError`` naming the site or setting for: no subsample plate, several subsample
+    plates, subsample size > N, discrete latent sites, latent sites inside the plate, observed
+    sites that do not follow the plate, non-finite data.
+    """
+    model_kwargs = dict(model_kwargs or {})
+    tr = _prototype_trace(model, model_args, model_kwargs, rng_key)
+    plate = _find_data_plate(tr)
+    latent, plate_det = _validate_sites(tr, plate)
+
+    init_z = {
+        name: biject_to(tr[name]["fn"].support).inv(tr[name]["value"]) for name in latent
+    }
+    init_theta, unravel = ravel_pytree(init_z)
+    seed_key = jax.random.PRNGKey(0)
+
+    def terms(theta: jax.Array, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+        m = int(idx.shape[0])
+        params = unravel(theta)
+        fn = _set_plate_indices(model, name=plate.name, indices=idx)
+        fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, params))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mtr = handlers.trace(handlers.seed(fn, seed_key)).get_trace(
+                *model_args, **model_kwargs
+            )
+        f0 = jnp.zeros((), theta.dtype)
+        fi = jnp.zeros((m,), theta.dtype)
+        for name, site in mtr.items():
+            if site["type"] != "sample":
+                continue
+            lp = _site_log_prob(site)
+            scale = site["scale"]
+            if _in_plate(site, plate.name):
+                per = _per_datum(lp, plate, m, name)
+                if scale is not None:
+                    per = per * (scale * m / plate.size)
+                fi = fi - per
+            else:
+                total = jnp.sum(lp)
+                f0 = f0 - (total if scale is None else scale * total)
+        return f0, fi
+
+    # The validation trace uses a subsample length different from the model's n, so that
+    # observed values not indexed by the plate are caught here rather than silently.
+    m_check = 3 if plate.subsample_size != 3 else 2
+    try:
+        f0, fi = jax.eval_shape(terms, init_theta, jnp.arange(m_check))
+    except ValueError as err:
+        if "does not follow the plate" in str(err):
+            raise
+        raise ValueError(
+            f"Evaluating the model with {m_check} indices of the subsample plate "
+            f"'{plate.name}' failed: every observed site inside the plate must be indexed by "
+            f"the plate's indices (e.g. obs=y[idx]). Original error: {err}"
+        ) from err
+
+    fixed = partial(_set_plate_indices, name=plate.name, indices=jnp.arange(1))
+
+    def constrain(z: dict) -> dict:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = constrain_fn(
+                fixed(model), model_args, model_kwargs, z, return_deterministic=True
+            )
+        return {k: v for k, v in out.items() if k not in plate_det}
+
+    return Potential(
+        plate=plate,
+        terms=terms,
+        unravel=unravel,
+        init_theta=init_theta,
+        latent_sites=latent,
+        plate_deterministic_sites=plate_det,
+        constrain=constrain,
+    )
