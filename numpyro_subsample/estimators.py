@@ -87,7 +87,7 @@ def make_estimator(
     return GradientEstimator(estimate, design, cv)
 
 
-ESTIMATORS = ("uniform", "cv")
+ESTIMATORS = ("uniform", "cv", "preferential", "cv-preferential", "stratified", "cv-stratified")
 
 
 def configure_estimator(
@@ -112,6 +112,14 @@ def configure_estimator(
     dtype = potential.init_theta.dtype
     if name not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {name!r}; choose one of {ESTIMATORS}.")
+    if name in ("preferential", "cv-preferential"):
+        from .preferential import configure_preferential
+
+        return configure_preferential(name, potential, proxy, n, replace, **options)
+    if name in ("stratified", "cv-stratified"):
+        from .stratified import configure_stratified
+
+        return configure_stratified(name, potential, proxy, n, replace, **options)
     if options:
         raise ValueError(
             f"Unknown option(s) {sorted(options)} for estimator {name!r}."
