@@ -25,11 +25,11 @@ from numpyro.util import is_prng_key
 
 from .dynamics import Dynamics, sgld_dynamics
 from .estimators import ESTIMATORS, GradientEstimator, configure_estimator
-from .potential import Potential, _set_plate_indices, build_potential, check_data_finite
+from .potential import Potential, _set_plate_indices, build_potential
 from .proxy import Proxy, fit_laplace
 from .stepsize import measure_whitened_noise, sgld_step_size
 
-__all__ = ["SGMCMCState", "Preprocessed", "SGMCMCKernel", "SGLD"]
+__all__ = ["SGMCMCState", "Preprocessed", "SGMCMCKernel", "SGLD", "SGHMC", "SGNHT"]
 
 
 class SGMCMCState(NamedTuple):
@@ -52,6 +52,7 @@ class SGMCMCState(NamedTuple):
     diverging: jax.Array
     data_passes: jax.Array
     rng_key: jax.Array
+    zv_stats: Any = None  # ZV sufficient statistics when zv_stream=True (see zv.py)
 
 
 class Preprocessed(NamedTuple):
@@ -89,11 +90,14 @@ class SGMCMCKernel(MCMCKernel):
         ``preconditioning``). ``None`` picks it from the measured gradient noise so that the
         stationary variance of a Gaussian target is inflated by at most
         ``max_variance_inflation`` (see :mod:`numpyro_subsample.stepsize`).
-    :param proxy: ``"laplace"`` (mode + inverse Hessian) or a :class:`~numpyro_subsample.proxy.Proxy`.
+    :param proxy: ``"laplace"`` (mode + inverse Hessian), ``"variational"`` (mean and
+        covariance of an autoguide fitted by SVI, :func:`~numpyro_subsample.variational.fit_variational`;
+        pass ``guide=``/``guide_params=`` in ``proxy_kwargs``) or a :class:`~numpyro_subsample.proxy.Proxy`.
     :param preconditioning: sample in coordinates whitened by the proxy covariance.
     :param max_variance_inflation: δ of the default step-size rule (default 0.05).
     :param replace: draw subsample indices with replacement (default) or without.
-    :param proxy_kwargs: options for :func:`~numpyro_subsample.proxy.fit_laplace`.
+    :param proxy_kwargs: options for :func:`~numpyro_subsample.proxy.fit_laplace` (or
+        ``fit_variational`` with ``proxy="variational"``).
     :param chunk_size: chunk of data per vmapped evaluation in full-data passes.
     :param store_datum_grads: keep the N×d table of ∇f_i(θ̂) (faster steps) or recompute
         ∇f_i(θ̂) on each subsample; default: keep it if it takes at most 512 MB.
@@ -102,6 +106,12 @@ class SGMCMCKernel(MCMCKernel):
     :param seed: seed of the preprocessing (proxy fit, noise measurement), which is done once
         per data set and shared by all chains and runs.
     :param progress_bar: progress bars for preprocessing (default: on, off under CI).
+    :param zv_stream: accumulate the ZV post-processing statistics of the post-warmup draws
+        inside the sampling loop (paper 002 Sect. 4 without storing the chain or gradients;
+        read them with :func:`~numpyro_subsample.zv.zv_mean`). Default off, at no cost.
+    :param zv_degree: polynomial degree (1 or 2) of the streamed ZV control variates.
+    :param zv_fn: g of the streamed ZV estimates, a jittable function of the constrained sample
+        (default: every site's coordinates and their squares).
     :param estimator_options: further options of the estimator (see
         :func:`~numpyro_subsample.estimators.configure_estimator`).
     """
@@ -124,14 +134,17 @@ class SGMCMCKernel(MCMCKernel):
         init_strategy: str = "proxy",
         seed: int = 0,
         progress_bar: bool | None = None,
+        zv_stream: bool = False,
+        zv_degree: int = 1,
+        zv_fn: Callable | None = None,
         **estimator_options: Any,
     ) -> None:
         if estimator not in ESTIMATORS:
             raise ValueError(f"Unknown estimator {estimator!r}; choose one of {ESTIMATORS}.")
         if step_size is not None and not (np.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step_size must be a positive number, got {step_size}.")
-        if not (isinstance(proxy, Proxy) or proxy == "laplace"):
-            raise ValueError(f"proxy must be 'laplace' or a Proxy, got {proxy!r}.")
+        if not (isinstance(proxy, Proxy) or proxy in ("laplace", "variational")):
+            raise ValueError(f"proxy must be 'laplace', 'variational' or a Proxy, got {proxy!r}.")
         if init_strategy not in ("proxy", "centre"):
             raise ValueError(f"init_strategy must be 'proxy' or 'centre', got {init_strategy!r}.")
         self._model = model
@@ -148,6 +161,9 @@ class SGMCMCKernel(MCMCKernel):
         self.init_strategy = init_strategy
         self.seed = seed
         self.progress_bar = _default_progress() if progress_bar is None else progress_bar
+        if zv_degree not in (1, 2):
+            raise ValueError(f"zv_degree must be 1 or 2, got {zv_degree!r}.")
+        self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
         self._pre: Preprocessed | None = None
         self._pre_args = None
         self._sample_fn = None
@@ -225,7 +241,6 @@ class SGMCMCKernel(MCMCKernel):
             key = jax.random.PRNGKey(self.seed)
             k_model, k_proxy, k_noise = jax.random.split(key, 3)
             potential = build_potential(self._model, model_args, model_kwargs, k_model)
-            check_data_finite(model_args, model_kwargs, potential.num_data)
             N, d = potential.num_data, potential.dim
             store = self.store_datum_grads
             if store is None:
@@ -234,6 +249,14 @@ class SGMCMCKernel(MCMCKernel):
             if isinstance(proxy, Proxy):
                 if proxy.centre.shape != (d,):
                     raise ValueError(f"The given proxy has dimension {proxy.centre.shape}, the model {d}.")
+            elif self._needs_proxy() and proxy == "variational":
+                from .variational import fit_variational
+
+                proxy = fit_variational(
+                    potential, k_proxy, model=self._model, model_args=model_args,
+                    model_kwargs=model_kwargs, chunk_size=self.chunk_size,
+                    store_datum_grads=store, progress=self.progress_bar, **self.proxy_kwargs,
+                )
             elif self._needs_proxy():
                 proxy = fit_laplace(
                     potential,
@@ -324,12 +347,25 @@ class SGMCMCKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         pre = self.preprocess(model_args, model_kwargs, traced=isinstance(rng_key, jax.core.Tracer))
         step = self._build_step(pre)
+        if self.zv_stream:  # ZV statistics accumulated in the loop (paper 002 Sect. 4; zv.py)
+            from .zv import streaming_step
+
+            step = streaming_step(step, self, num_warmup, self.zv_degree)
+        init_one = lambda k, p: self._init_one(pre, k, p)
         if is_prng_key(rng_key):
-            state = self._init_one(pre, rng_key, init_params)
+            state = jax.jit(init_one)(rng_key, init_params)
             self._sample_fn = step
         else:
-            state = jax.vmap(lambda k, p: self._init_one(pre, k, p))(rng_key, init_params)
+            state = jax.jit(jax.vmap(init_one))(rng_key, init_params)
             self._sample_fn = jax.vmap(step)
+        if self.zv_stream:
+            from .zv import init_stream_stats
+
+            stats = init_stream_stats(self, self.zv_degree)
+            if not is_prng_key(rng_key):
+                lead = rng_key.shape[:1]
+                stats = jax.tree.map(lambda x: jnp.broadcast_to(x, lead + x.shape), stats)
+            state = state._replace(zv_stats=stats)
         bad = ~np.asarray(jnp.isfinite(state.grad).all(-1)) if not isinstance(
             state.grad, jax.core.Tracer) else np.zeros(1, bool)
         if bad.any():
@@ -366,6 +402,60 @@ class SGLD(SGMCMCKernel):
 
     def _dynamics(self) -> Dynamics:
         return sgld_dynamics()
+
+
+class SGHMC(SGMCMCKernel):
+    """Stochastic gradient HMC (Chen et al. 2014) on whitened coordinates, BlackJAX's
+    ``diffusions.sghmc`` (see :mod:`numpyro_subsample.dynamics` for the update).
+
+    :param friction: α of dp = ∇log π dt − αp dt + sqrt(2α)dW in whitened units (default 1.0,
+        see :func:`~numpyro_subsample.stepsize.sghmc_step_size`).
+    :param step_size: the time step h (not SGLD's ε). ``None``: chosen from the measured
+        gradient noise so that the stationary variance of a Gaussian target is inflated by at
+        most ``max_variance_inflation``.
+
+    Other arguments (estimators, proxy, preconditioning, ...) as :class:`SGMCMCKernel`; the
+    momentum is carried in the state's ``momentum`` field. Example::
+
+        mcmc = MCMC(SGHMC(model, estimator="stratified"), num_warmup=500, num_samples=5000)
+    """
+
+    def __init__(self, model: Callable, *, friction: float = 1.0, **kwargs: Any) -> None:
+        if not (np.isfinite(friction) and friction > 0):
+            raise ValueError(f"friction must be a positive number, got {friction}.")
+        self.friction = float(friction)
+        super().__init__(model, **kwargs)
+
+    def _dynamics(self) -> Dynamics:
+        from .dynamics import sghmc_dynamics
+
+        return sghmc_dynamics(self.friction)
+
+    def _default_step_size(self, noise: float) -> float:
+        from .stepsize import sghmc_step_size
+
+        return sghmc_step_size(noise, self.friction, self.max_variance_inflation)
+
+
+class SGNHT(SGHMC):
+    """Stochastic gradient Nosé-Hoover thermostat (Ding et al. 2014) on whitened coordinates,
+    BlackJAX's ``diffusions.sgnht``; the thermostat ξ is the state's ``thermostat`` field.
+
+    :param friction: the diffusion A of the injected noise; ξ starts at A and adapts so that
+        the mean kinetic energy per coordinate is 1/2 (default 1.0).
+    :param step_size: the time step h; ``None``: see
+        :func:`~numpyro_subsample.stepsize.sgnht_step_size`.
+    """
+
+    def _dynamics(self) -> Dynamics:
+        from .dynamics import sgnht_dynamics
+
+        return sgnht_dynamics(self.friction)
+
+    def _default_step_size(self, noise: float) -> float:
+        from .stepsize import sgnht_step_size
+
+        return sgnht_step_size(noise, self.friction, self.max_variance_inflation)
 
 
 def warn_divergences(diverging: Any, step_size: float) -> None:

@@ -123,21 +123,28 @@ def _flat_arrays(tree: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix + jax.tree_util.keystr(path), leaf) for path, leaf in leaves]
 
 
-def check_data_finite(model_args: tuple, model_kwargs: dict, num_data: int) -> None:
-    """Raise if an array argument whose leading dimension is N holds non-finite values."""
+def check_data_finite(model_args: tuple, model_kwargs: dict, num_data: int | None = None) -> None:
+    """Raise if a floating array argument holds non-finite values.
+
+    With ``num_data`` only arguments whose leading dimension is N (the data the plate indexes)
+    are checked; without it, every floating array argument.
+    """
     named = _flat_arrays(model_args, "model_args") + _flat_arrays(model_kwargs, "model_kwargs")
     for name, leaf in named:
-        if not hasattr(leaf, "shape") or len(leaf.shape) == 0 or leaf.shape[0] != num_data:
+        if not hasattr(leaf, "shape") or len(leaf.shape) == 0:
+            continue
+        if num_data is not None and leaf.shape[0] != num_data:
             continue
         if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
             continue
-        finite = np.asarray(jnp.isfinite(leaf).reshape(num_data, -1).all(-1))
+        rows = leaf.shape[0]
+        finite = np.asarray(jnp.isfinite(leaf).reshape(rows, -1).all(-1))
         if not finite.all():
             bad = np.flatnonzero(~finite)
             raise ValueError(
-                f"The data argument {name} (leading dimension N={num_data}, indexed by the "
-                f"subsample plate) has non-finite values in {bad.size} rows, the first at row "
-                f"{int(bad[0])}. Remove or impute those rows before sampling."
+                f"The data argument {name} (shape {tuple(leaf.shape)}) has non-finite values "
+                f"in {bad.size} rows, the first at row {int(bad[0])}. Remove or impute those "
+                "rows before sampling."
             )
 
 
@@ -226,6 +233,7 @@ def build_potential(
     sites that do not follow the plate, non-finite data.
     """
     model_kwargs = dict(model_kwargs or {})
+    check_data_finite(model_args, model_kwargs)
     tr = _prototype_trace(model, model_args, model_kwargs, rng_key)
     plate = _find_data_plate(tr)
     latent, plate_det = _validate_sites(tr, plate)
@@ -268,7 +276,7 @@ def build_potential(
     m_check = 3 if plate.subsample_size != 3 else 2
     try:
         f0, fi = jax.eval_shape(terms, init_theta, jnp.arange(m_check))
-    except ValueError as err:
+    except (ValueError, TypeError, IndexError) as err:
         if "does not follow the plate" in str(err):
             raise
         raise ValueError(

@@ -1,0 +1,133 @@
+"""The potential built from a model, and the errors for bad models and data."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from models import logistic_data, logistic_hier_model
+from numpyro.infer.util import potential_energy
+
+from numpyro_subsample import SGLD, build_potential
+from numpyro_subsample.potential import check_data_finite
+
+KEY = jax.random.PRNGKey(0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return logistic_data(N=300, d=3, seed=1)
+
+
+def test_terms_match_numpyro_potential_energy(data):
+    X, y = data
+    pot = build_potential(logistic_hier_model, (X, y), {}, KEY)
+    assert pot.plate == ("data", 300, 100, -1)
+    assert set(pot.latent_sites) == {"tau", "beta"} and pot.dim == 4
+    for theta in [jnp.array([0.3, -0.1, 0.2, 0.5]), jnp.array([-1.0, 2.0, 0.0, -2.0])]:
+        f0, fi = pot.terms(theta, jnp.arange(300))
+        ref = potential_energy(
+            logistic_hier_model, (X, y), {"subsample_size": 300}, pot.unravel(theta)
+        )
+        np.testing.assert_allclose(f0 + fi.sum(), ref, rtol=1e-5)
+
+
+def test_terms_per_datum_and_jit_with_traced_indices(data):
+    X, y = data
+    pot = build_potential(logistic_hier_model, (X, y), {}, KEY)
+    theta = jnp.array([0.3, -0.1, 0.2, 0.5])
+    _, full = pot.terms(theta, jnp.arange(300))
+    idx = jnp.array([5, 7, 5, 299])
+    sub = jax.jit(lambda t, i: pot.terms(t, i)[1])(theta, idx)
+    np.testing.assert_allclose(sub, full[idx], rtol=1e-6)
+    # the per-datum term is the Bernoulli negative log-likelihood
+    beta = theta[:3]
+    manual = -dist.Bernoulli(logits=X[idx] @ beta).log_prob(y[idx])
+    np.testing.assert_allclose(sub, manual, rtol=1e-5)
+
+
+def test_constrain_maps_to_support(data):
+    X, y = data
+    pot = build_potential(logistic_hier_model, (X, y), {}, KEY)
+    out = pot.constrain(pot.unravel(jnp.array([0.0, 0.0, 0.0, -3.0])))
+    np.testing.assert_allclose(out["tau"], np.exp(-3.0), rtol=1e-6)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def _model_no_subsample(X, y):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ b), obs=y)
+
+
+def _model_two_plates(X, y):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=10) as i:
+        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b), obs=y[i])
+    with numpyro.plate("data2", X.shape[0], subsample_size=10) as j:
+        numpyro.sample("y2", dist.Bernoulli(logits=X[j] @ b), obs=y[j])
+
+
+def _model_local_latent(X, y):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=10) as i:
+        u = numpyro.sample("u", dist.Normal(0, 1))
+        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b + u), obs=y[i])
+
+
+def _model_discrete(X, y):
+    k = numpyro.sample("k", dist.Bernoulli(0.5))
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=10) as i:
+        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b + k), obs=y[i])
+
+
+def _model_unindexed_obs(X, y):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=10) as i:
+        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b), obs=y[:10])
+
+
+def _model_too_large(X, y):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=X.shape[0] + 1) as i:
+        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b), obs=y[i])
+
+
+@pytest.mark.parametrize(
+    "model, match",
+    [
+        (_model_no_subsample, "no subsample plate"),
+        (_model_two_plates, "several subsample plates"),
+        (_model_local_latent, "Latent site 'u' lies inside the subsample plate 'data'"),
+        (_model_discrete, "Latent site 'k' is discrete"),
+        (_model_unindexed_obs, "indexed by the plate's indices"),
+        (_model_too_large, "subsample_size=301 larger than its size N=300"),
+    ],
+)
+def test_bad_models_raise_clear_errors(data, model, match):
+    X, y = data
+    with pytest.raises(ValueError, match=match):
+        build_potential(model, (X, y), {}, KEY)
+
+
+def test_non_finite_data_is_rejected(data):
+    X, y = data
+    X_bad = X.at[17, 1].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"model_args\[0\] .*first at row 17"):
+        check_data_finite((X_bad, y), {}, 300)
+    kernel = SGLD(logistic_hier_model)
+    with pytest.raises(ValueError, match="non-finite values"):
+        kernel.init(KEY, 0, None, (X_bad, y), {})
+
+
+def test_bad_kernel_settings_raise():
+    with pytest.raises(ValueError, match="Unknown estimator 'foo'"):
+        SGLD(logistic_hier_model, estimator="foo")
+    with pytest.raises(ValueError, match="step_size must be a positive number"):
+        SGLD(logistic_hier_model, step_size=-1.0)
+    with pytest.raises(ValueError, match="proxy must be"):
+        SGLD(logistic_hier_model, proxy="bogus")
