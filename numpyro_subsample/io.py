@@ -80,7 +80,9 @@ def full_log_likelihood(mcmc: MCMC, chunk_size: int = 1024) -> dict[str, np.ndar
     }
 
 
-def to_arviz(mcmc: MCMC, log_likelihood: bool = False, **kwargs) -> az.InferenceData:
+def to_arviz(
+    mcmc: MCMC, log_likelihood: bool = False, zv: bool | int = False, **kwargs
+) -> az.InferenceData:
     """``arviz.InferenceData`` for a run of a package kernel.
 
     Groups: ``posterior`` (constrained draws), ``sample_stats`` (``diverging``,
@@ -89,6 +91,12 @@ def to_arviz(mcmc: MCMC, log_likelihood: bool = False, **kwargs) -> az.Inference
     ``log_likelihood`` on the full data (S·N evaluations). ``attrs`` record the step size,
     estimator and preprocessing cost. Extra keyword arguments go to ``arviz.from_numpyro``
     (``coords``, ``dims``, ...).
+
+    ``zv=True`` (or the degree, 1 or 2) adds ZV post-processing (paper 002 Sect. 4, see
+    :mod:`numpyro_subsample.zv`): a ``zv_posterior`` group with, per site, the ZV-corrected
+    ``mean`` and ``var`` and the raw values along a ``zv_stat`` axis, and (when the gradients
+    were collected with ``extra_fields=("grad",)``) ``unconstrained_posterior``. It needs
+    ``extra_fields=("grad",)`` or a kernel built with ``zv_stream=True``.
     """
     kernel = _kernel_of(mcmc)
     extra = mcmc.get_extra_fields()
@@ -119,4 +127,8 @@ def to_arviz(mcmc: MCMC, log_likelihood: bool = False, **kwargs) -> az.Inference
     }
     for group in ("posterior", "sample_stats"):
         getattr(idata, group).attrs.update(attrs)
+    if zv:
+        from .zv import add_zv_groups
+
+        add_zv_groups(idata, mcmc, degree=1 if zv is True else int(zv))
     return idata
