@@ -1,0 +1,108 @@
+"""Run every ``benchmarks/bench_*.py`` and collect their tables into ``benchmarks/RESULTS.md``.
+
+    python benchmarks/run_all.py            # full benchmarks (long; run on an idle machine)
+    python benchmarks/run_all.py --quick    # each script's small version
+
+Each script prints a markdown section on stdout (progress on stderr); this runner stores them
+with the machine information, the exact commands and wall times. A script that fails is
+recorded with its exit status and the tail of its stderr; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def machine_info() -> list[str]:
+    lines = [
+        f"- python {platform.python_version()} on {platform.platform()}",
+        f"- CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
+    ]
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
+                         None)
+        if model:
+            lines.append(f"- CPU model: {model}")
+    except OSError:
+        pass
+    try:
+        import blackjax
+        import jax
+        import numpyro
+
+        lines.append(f"- jax {jax.__version__} ({', '.join(str(d) for d in jax.devices())}), "
+                     f"numpyro {numpyro.__version__}, blackjax {blackjax.__version__}")
+    except Exception as err:  # noqa: BLE001
+        lines.append(f"- (library versions unavailable: {err})")
+    try:
+        load = os.getloadavg()
+        lines.append(f"- load average at start: {load[0]:.1f} (1 min), {load[1]:.1f} (5 min)")
+    except OSError:
+        pass
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="pass --quick to every script")
+    p.add_argument("--only", default=None, help="comma list of script names (bench_x.py)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per script")
+    p.add_argument("--output", default=str(HERE / "RESULTS.md"))
+    args = p.parse_args(argv)
+    scripts = sorted(HERE.glob("bench_*.py"))
+    if args.only:
+        wanted = {s.strip() for s in args.only.split(",")}
+        scripts = [s for s in scripts if s.name in wanted]
+    if not scripts:
+        print("no benchmarks/bench_*.py scripts found", file=sys.stderr)
+        return 1
+    command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
+    sections = [
+        "# Benchmark results",
+        "",
+        f"Produced by `{command}` on {time.strftime('%Y-%m-%d %H:%M')}"
+        + (" (quick versions: small sizes, not the issues' targets)." if args.quick else "."),
+        "",
+        "## Machine",
+        "",
+        *machine_info(),
+        "",
+    ]
+    failures = 0
+    for script in scripts:
+        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        print(f"== {script.name}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True,
+                                 timeout=args.timeout, cwd=HERE.parent)
+            code, out, err = res.returncode, res.stdout, res.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, out, err = "timeout", exc.stdout or "", f"timed out after {args.timeout} s"
+            out = out.decode() if isinstance(out, bytes) else out
+        wall = time.perf_counter() - t0
+        sys.stderr.write(err[-2000:] if isinstance(err, str) else "")
+        sections += [f"## {script.name}", "",
+                     f"`python benchmarks/{script.name}{' --quick' if args.quick else ''}` "
+                     f"— wall time {wall:.0f} s, exit status {code}", ""]
+        if code != 0:
+            failures += 1
+            tail = "\n".join(str(err).strip().splitlines()[-15:])
+            sections += ["FAILED. Last lines of stderr:", "", "```", tail, "```", ""]
+        sections += [out.strip(), ""]
+    Path(args.output).write_text("\n".join(sections) + "\n")
+    print(f"wrote {args.output} ({len(scripts)} scripts, {failures} failed)", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

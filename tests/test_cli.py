@@ -1,0 +1,118 @@
+"""The ``numpyro-subsample compare`` command on a tiny problem, and its error handling."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from numpyro_subsample.cli import available_methods, main
+
+TINY = ["--quick", "--num-data", "2000", "--subsample-size", "50", "--num-samples", "1000",
+        "--nuts-samples", "200", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmp")
+    cache = tmp_path_factory.mktemp("cache")
+    argv = ["compare", *TINY, "--methods", "sgld-cv,sgld-uniform", "--out", str(out),
+            "--cache-dir", str(cache)]
+    code = main(argv)
+    return code, out, cache
+
+
+def test_compare_writes_table_csv_json_png(run, capsys):
+    code, out, _ = run
+    assert code == 0
+    with open(out / "compare.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["method"] for r in rows] == ["nuts (reference)", "sgld-cv", "sgld-uniform"]
+    with open(out / "compare.json") as fh:
+        data = json.load(fh)
+    assert data["meta"]["num_data"] == 2000 and data["meta"]["dim"] == 21
+    assert data["meta"]["subsample_size"] == 50
+    by = {r["method"]: r for r in data["rows"]}
+    ref, cv = by["nuts (reference)"], by["sgld-cv"]
+    assert ref["mean_err"] == 0.0 and ref["sd_log_ratio"] == 0.0
+    assert cv["status"] == "ok"
+    # accuracy and costs are real numbers, not placeholders
+    assert 0 < cv["mean_err"] < 1.0 and cv["sd_log_ratio"] < 0.7
+    assert cv["data_passes"] > 1000 * 50 / 2000  # sampling passes + preprocessing
+    assert cv["iterations"] == 1300 and cv["it_per_s"] > 0 and cv["ess_per_s"] > 0
+    assert cv["compile_s"] >= 0 and cv["preprocessing_s"] > 0
+    if "numpyro_subsample.diagnostics" in sys.modules or _has_ksd():
+        assert cv["ksd"] is not None and cv["ksd"] > 0
+    # one plotted curve per non-reference method, increasing in passes
+    assert set(data["curves"]) == {"sgld-cv", "sgld-uniform"}
+    passes = data["curves"]["sgld-cv"]["passes"]
+    assert passes == sorted(passes) and len(passes) >= 5
+    png = (out / "compare.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def _has_ksd() -> bool:
+    try:
+        from numpyro_subsample.diagnostics import ksd  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def test_reference_is_cached(run, tmp_path, capsys):
+    _, _, cache = run
+    assert len(list(Path(cache).glob("*.npz"))) == 1
+    code = main(["compare", *TINY, "--methods", "nuts", "--out", str(tmp_path),
+                 "--cache-dir", str(cache), "--no-ksd"])
+    assert code == 0
+    with open(tmp_path / "compare.json") as fh:
+        data = json.load(fh)
+    assert data["meta"]["reference"]["cached"] is True
+    printed = capsys.readouterr().out
+    assert "nuts (reference)" in printed and "KSD disabled" in printed
+
+
+def test_discovery_lists_core_methods():
+    found = available_methods()
+    assert {"nuts", "hmcecs", "sgld-uniform", "sgld-cv"} <= set(found.methods)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compare", "--methods", "nope"], "Unknown or unavailable method"),
+        (["compare", "--dataset", "/nonexistent/file.npz"], "neither a known name"),
+        (["compare", "--num-samples", "-3"], "positive integer"),
+        (["compare", "--subsample-size", "5000", "--num-data", "1000"], "--subsample-size"),
+        (["frobnicate"], "invalid choice"),
+        ([], "usage"),
+    ],
+)
+def test_bad_options_exit_nonzero_with_message(argv, message, capsys, tmp_path):
+    code = main(argv + ["--out", str(tmp_path)] if argv and argv[0] == "compare" else argv)
+    assert code != 0
+    assert message in capsys.readouterr().err
+
+
+def test_unreadable_data_file(tmp_path, capsys):
+    junk = tmp_path / "junk.svm"
+    junk.write_text("this is not a LIBSVM file\n")
+    code = main(["compare", "--dataset", str(junk), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "LIBSVM" in err
+    assert not (tmp_path / "o" / "compare.csv").exists()
+
+
+def test_console_script_help():
+    script = Path(sys.executable).parent / "numpyro-subsample"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "numpyro_subsample.cli"]
+    res = subprocess.run(cmd + ["compare", "--help"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert res.returncode == 0
+    assert "--dataset" in res.stdout and "--quick" in res.stdout
