@@ -120,6 +120,11 @@ def configure_estimator(
         from .stratified import configure_stratified
 
         return configure_stratified(name, potential, proxy, n, replace, **options)
+    if options.pop("adaptive", False):
+        # ASGLD-CV (paper 000 Algorithm 2); "uniform" gets a clear error there
+        from .adaptive import configure_adaptive
+
+        return configure_adaptive(name, potential, proxy, n, replace, **options)
     if options:
         raise ValueError(
             f"Unknown option(s) {sorted(options)} for estimator {name!r}."

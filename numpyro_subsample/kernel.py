@@ -287,7 +287,9 @@ class SGMCMCKernel(MCMCKernel):
                     "step_size=None needs preconditioning=True (the default rule works in "
                     "whitened coordinates); pass a step_size."
                 )
-        passes = (proxy.num_data_passes if proxy is not None else 0.0)
+        passes = proxy.num_data_passes if proxy is not None else 0.0
+        # estimator preprocessing (preferential weights' Hessian pass, Lipschitz pass, V0 pilot)
+        passes += float((getattr(estimator, "info", None) or {}).get("data_passes", 0.0))
         pre = Preprocessed(
             potential, proxy, estimator, step_size, noise, centre, tril,
             time.perf_counter() - t0, passes,

@@ -1,0 +1,130 @@
+"""Adaptive subsample size (paper 000 Sect. 3.3, Algorithm 2): Lipschitz constants, buckets,
+unbiasedness, the pseudo-variance threshold, and accuracy with fewer data passes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from models import linreg_data, linreg_exact, linreg_model, logistic_data, logistic_model
+from numpyro.infer import MCMC
+
+from numpyro_subsample import SGLD, build_potential, configure_estimator, fit_laplace
+from numpyro_subsample.adaptive import bucket_sizes, lipschitz_constants
+from numpyro_subsample.datapass import value_grad_hessian
+from numpyro_subsample.diagnostics import estimator_pseudo_variance
+
+
+def poisson_model(X, y=None, subsample_size=50):
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Poisson(jnp.exp(X[idx] @ beta)), obs=y[idx])
+
+
+def _setup(model, args, n):
+    pot = build_potential(model, args, {"subsample_size": n}, jax.random.PRNGKey(0))
+    return pot, fit_laplace(pot, jax.random.PRNGKey(1))
+
+
+@pytest.fixture(scope="module")
+def linreg():
+    X, y = linreg_data(N=4000, d=4, seed=4)
+    pot, proxy = _setup(linreg_model, (X, y), 64)
+    return X, y, pot, proxy
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(1, 50) == (1, 2, 4, 8, 16, 32, 50)
+    assert bucket_sizes(3, 64) == (3, 4, 8, 16, 32, 64)
+    assert bucket_sizes(64, 64) == (64,)
+
+
+def test_lipschitz_closed_forms(linreg):
+    X, _, pot, proxy = linreg
+    sq = np.sum(np.asarray(X, np.float64) ** 2, 1)
+    L, kind = lipschitz_constants(pot, proxy)
+    assert kind == "closed-form:gaussian"
+    np.testing.assert_allclose(L, sq, rtol=1e-5)  # ||x||²/σ², σ = 1 (Appendix C.3)
+    # the autodiff estimate is exact for a constant Hessian
+    La, kind = lipschitz_constants(pot, proxy, method="autodiff")
+    assert kind == "autodiff-estimate"
+    np.testing.assert_allclose(La, sq, rtol=1e-4)
+
+    Xl, yl = logistic_data(N=1000, d=3, seed=1)
+    potl, proxl = _setup(logistic_model, (Xl, yl), 20)
+    L, kind = lipschitz_constants(potl, proxl)
+    assert kind == "closed-form:bernoulli-logit"
+    np.testing.assert_allclose(L, 0.25 * np.sum(np.asarray(Xl, np.float64) ** 2, 1), rtol=1e-5)
+
+    rng = np.random.default_rng(0)
+    Xp = np.concatenate([np.ones((500, 1)), 0.5 * rng.normal(size=(500, 2))], 1)
+    yp = rng.poisson(np.exp(Xp @ np.array([0.5, 0.3, -0.2])))
+    potp, proxp = _setup(poisson_model, (jnp.asarray(Xp, jnp.float32),
+                                         jnp.asarray(yp, jnp.float32)), 20)
+    L, kind = lipschitz_constants(potp, proxp)
+    assert kind == "closed-form:poisson"
+    La, _ = lipschitz_constants(potp, proxp, method="autodiff")
+    assert np.all(L >= La * (1 - 1e-5))  # a bound on the ball, above the sampled Hessians
+
+
+def test_errors(linreg):
+    _, _, pot, proxy = linreg
+    with pytest.raises(ValueError, match="control variate"):
+        configure_estimator("uniform", pot, proxy, adaptive=True)
+    with pytest.raises(ValueError, match="v0 must be"):
+        configure_estimator("cv", pot, proxy, adaptive=True, v0=-1.0)
+    with pytest.raises(ValueError, match="lipschitz"):
+        configure_estimator("cv", pot, proxy, adaptive=True, v0=1.0, lipschitz=np.ones(3))
+    with pytest.raises(ValueError, match="n_min"):
+        configure_estimator("cv", pot, proxy, adaptive=True, v0=1.0, n_min=100)
+
+
+@pytest.mark.parametrize("name", ["cv", "cv-preferential"])
+def test_adaptive_unbiased_and_below_threshold(linreg, name):
+    """At a fixed θ the bucket is fixed: the estimate is unbiased, and its pseudo-variance is
+    below V0 whenever Eq. 19 (not the n_max clip) chose the size."""
+    _, _, pot, proxy = linreg
+    est = configure_estimator(name, pot, proxy, subsample_size=64, adaptive=True, v0="proxy")
+    v0 = est.info["v0"]
+    full_fn = jax.jit(lambda t: value_grad_hessian(pot, t, hessian=False)[1])
+    ws = jnp.array([[0.3, -0.2, 0.1, 0.2], [1.0, -1.0, 0.5, 0.8], [2.0, 1.0, -1.5, 1.0]])
+    thetas = proxy.centre + ws @ proxy.scale_tril.T
+    sizes = [int(est.estimate(jax.random.PRNGKey(0), t)[1]) for t in thetas]
+    assert sizes[0] < sizes[1] <= sizes[2] <= 64, sizes
+    draws = 4000
+    keys = jax.random.split(jax.random.PRNGKey(5), draws)
+    g = np.asarray(jax.jit(jax.vmap(lambda k: est.estimate(k, thetas[1])[0]))(keys), np.float64)
+    full = np.asarray(full_fn(thetas[1]), np.float64)
+    se = g.std(0) / np.sqrt(draws)
+    assert np.all(np.abs(g.mean(0) - full) < 4 * se + 1e-4 * np.abs(full))
+    pv, _ = estimator_pseudo_variance(est, pot, thetas[:2], num_draws=1000,
+                                      rng_key=jax.random.PRNGKey(6))
+    assert np.all(pv < v0), (pv, v0)
+
+
+@pytest.mark.parametrize("name,v0", [("cv", "proxy"), ("cv-preferential", "pilot")])
+def test_adaptive_accuracy_and_data_passes(linreg, name, v0):
+    """Same tolerance as the fixed-n tests (conjugate posterior, sd units), average n_t below
+    n_max, and fewer sampling data passes than the fixed-n chain's T·n_max/N."""
+    X, y, _, proxy = linreg
+    mean, sd = linreg_exact(X, y)
+    n_max, steps = 64, 4000
+    kernel = SGLD(linreg_model, estimator=name, proxy=proxy, adaptive=True, v0=v0,
+                  pilot_steps=100)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(2), X, y, subsample_size=n_max)
+    b = np.asarray(mcmc.get_samples()["beta"], np.float64)
+    ex = mcmc.get_extra_fields()
+    err = (b.mean(0) - mean) / sd
+    ratio = b.std(0) / sd
+    assert np.all(np.abs(err) < 0.3), err
+    assert np.all((ratio > 0.75) & (ratio < 1.3)), ratio
+    n_t = np.asarray(ex["subsample_size"])
+    assert n_t.mean() < 0.8 * n_max and n_t.max() <= n_max and len(np.unique(n_t)) > 2
+    passes = float(ex["data_passes"][-1] - ex["data_passes"][0])
+    np.testing.assert_allclose(passes, n_t[1:].sum() / X.shape[0], rtol=1e-3)
+    assert passes + kernel.preprocessed.estimator.info["data_passes"] < 0.8 * (
+        (steps - 1) * n_max / X.shape[0])

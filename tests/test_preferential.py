@@ -1,0 +1,212 @@
+"""Preferential subsampling (paper 000 Sect. 3): alias draws, unbiasedness, Fig. 1 ordering of
+pseudo-variances, posterior accuracy of SGLD-PS and SGLD-CV-PS."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from models import linreg_data, linreg_exact, linreg_model, standardised_errors
+from numpyro.infer import MCMC
+from sklearn.datasets import make_classification
+
+from numpyro_subsample import SGLD, build_potential, configure_estimator, fit_laplace
+from numpyro_subsample.datapass import datum_values_and_grads, value_grad_hessian
+from numpyro_subsample.diagnostics import estimator_pseudo_variance
+from numpyro_subsample.preferential import (
+    alias_draw,
+    analytic_pseudo_variance,
+    build_alias_table,
+    configure_preferential,
+)
+
+# -- models of paper 000 Sect. 5.1 (priors as in Appendix C) -----------------------------------
+SIGMA_X = np.array([[1e5, 6e4], [6e4, 2e5]], np.float32)
+
+
+def gaussian2_model(x, subsample_size=10):
+    theta = numpyro.sample("theta", dist.Normal(0.0, np.sqrt(1e3)).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("x", dist.MultivariateNormal(theta, SIGMA_X), obs=x[idx])
+
+
+def logistic10_model(X, y=None, subsample_size=10):
+    beta = numpyro.sample("beta", dist.Normal(0.0, np.sqrt(10.0)).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ beta), obs=y[idx])
+
+
+def _classification(N, weights, seed, leverage_rows=0):
+    X, y = make_classification(
+        n_samples=N, n_features=4, n_informative=3, n_redundant=1, weights=weights,
+        random_state=seed, class_sep=1.0,
+    )
+    X = (X - X.mean(0)) / X.std(0)
+    if leverage_rows:
+        rng = np.random.default_rng(seed)
+        X[:leverage_rows] *= rng.uniform(8.0, 12.0, size=(leverage_rows, 1))
+    X = np.concatenate([np.ones((N, 1)), X], 1).astype(np.float32)
+    return jnp.asarray(X), jnp.asarray(y.astype(np.float32))
+
+
+def _setup(model, args, n, seed=0):
+    pot = build_potential(model, args, {"subsample_size": n}, jax.random.PRNGKey(seed))
+    proxy = fit_laplace(pot, jax.random.PRNGKey(seed + 1))
+    return pot, proxy
+
+
+@pytest.fixture(scope="module")
+def imbalanced_leverage():
+    """Imbalanced (95/5) logistic regression, d = 5, with 5 high-leverage rows."""
+    X, y = _classification(2000, [0.05], seed=3, leverage_rows=5)
+    pot, proxy = _setup(logistic10_model, (X, y), 20)
+    return X, y, pot, proxy
+
+
+def test_alias_table_realises_the_law():
+    rng = np.random.default_rng(0)
+    p = rng.gamma(0.3, size=500) + 1e-9
+    p /= p.sum()
+    table = build_alias_table(p)
+    np.testing.assert_allclose(np.asarray(table.probs), p, rtol=2e-5, atol=1e-12)
+    idx = np.asarray(jax.jit(lambda k: alias_draw(table, k, 400_000))(jax.random.PRNGKey(1)))
+    freq = np.bincount(idx, minlength=p.size) / idx.size
+    se = np.sqrt(p * (1 - p) / idx.size)
+    big = p * idx.size > 20  # normal approximation of the counts
+    assert np.max(np.abs(freq - p)[big] / se[big]) < 5.0
+    assert np.sum(freq[~big] * idx.size) < 5 * max(1.0, np.sum(p[~big]) * idx.size)
+
+
+def test_bad_user_weights_and_replace(imbalanced_leverage):
+    _, _, pot, proxy = imbalanced_leverage
+    w = np.ones(pot.num_data)
+    w[7] = 0.0
+    with pytest.raises(ValueError, match="strictly positive.*index 7"):
+        configure_preferential("preferential", pot, proxy, 20, weights=w)
+    with pytest.raises(ValueError, match="length N"):
+        configure_preferential("preferential", pot, proxy, 20, weights=np.ones(3))
+    with pytest.raises(ValueError, match="replace=True"):
+        configure_preferential("cv-preferential", pot, proxy, 20, replace=False)
+    with pytest.raises(ValueError, match="control variate"):
+        configure_preferential("preferential", pot, proxy, 20, adaptive=True)
+    # a user array is used as given (no uniform mixing by default)
+    w = np.arange(1, pot.num_data + 1, dtype=float)
+    est = configure_estimator("preferential", pot, proxy, subsample_size=20, weights=w)
+    np.testing.assert_allclose(np.asarray(est.info["probs"]), w / w.sum(), rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name,weights", [("preferential", "approx"), ("cv-preferential", "approx"),
+                     ("cv-preferential", "exact")]
+)
+def test_unbiased(imbalanced_leverage, name, weights):
+    """Average of many subsample estimates at a fixed θ equals the full gradient (< 4 SE)."""
+    _, _, pot, proxy = imbalanced_leverage
+    est = configure_estimator(name, pot, proxy, subsample_size=20, weights=weights)
+    theta = proxy.centre + proxy.scale_tril @ jnp.array([1.5, -1.0, 0.5, 1.0, -2.0])
+    full = np.asarray(value_grad_hessian(pot, theta, hessian=False)[1], np.float64)
+    draws = 2000 if weights == "exact" else 10000
+    keys = jax.random.split(jax.random.PRNGKey(5), draws)
+    g = np.asarray(jax.jit(jax.vmap(lambda k: est.estimate(k, theta)[0]))(keys), np.float64)
+    se = g.std(0) / np.sqrt(draws)
+    assert np.all(np.abs(g.mean(0) - full) < 4 * se + 1e-4 * np.abs(full)), (g.mean(0), full, se)
+
+
+# -- Fig. 1: pseudo-variance ordering at N = 1000 ---------------------------------------------
+def _fig1_setup(kind):
+    if kind == "gaussian":
+        rng = np.random.default_rng(0)
+        x = rng.multivariate_normal([0.0, 1.0], SIGMA_X, size=1000).astype(np.float32)
+        return _setup(gaussian2_model, (jnp.asarray(x),), 10)
+    weights = [0.5] if kind == "balanced" else [0.05]
+    return _setup(logistic10_model, _classification(1000, weights, seed=1), 10)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "balanced", "imbalanced"])
+def test_fig1_pseudo_variance_ordering(kind):
+    pot, proxy = _fig1_setup(kind)
+    n = 10
+    d = proxy.centre.shape[0]
+    thetas = proxy.centre + jax.random.normal(jax.random.PRNGKey(2), (10, d)) @ proxy.scale_tril.T
+    names = ["uniform", "preferential", ("preferential", "exact")]
+    if kind != "gaussian":  # Gaussian: CV is already optimal with uniform weights (paper)
+        names += ["cv", "cv-preferential", ("cv-preferential", "exact")]
+    grads_at = np.asarray(jax.jit(jax.vmap(lambda t: datum_values_and_grads(pot, t)[1]))(thetas),
+                          np.float64)
+    pv, pv_se = {}, {}
+    for spec in names:
+        name, weights = (spec, "approx") if isinstance(spec, str) else spec
+        opts = {} if name in ("uniform", "cv") else {"weights": weights}
+        est = configure_estimator(name, pot, proxy, subsample_size=n, **opts)
+        m, se = estimator_pseudo_variance(
+            est, pot, thetas, num_draws=500 if weights == "approx" else 250,
+            rng_key=jax.random.PRNGKey(3),
+        )
+        pv[spec], pv_se[spec] = m.mean(), np.sqrt(np.sum(se**2)) / m.size
+        if weights == "approx":
+            # the empirical value matches the closed form (Appendix A.2) at every θ
+            probs = None if name in ("uniform", "cv") else np.asarray(est.info["probs"])
+            grads = grads_at
+            if name.startswith("cv"):
+                grads = grads_at - np.asarray(proxy.datum_grads, np.float64)
+            exact = np.array([analytic_pseudo_variance(g, probs, n) for g in grads])
+            assert np.all(np.abs(m - exact) < 5 * se + 1e-3 * exact), (spec, m, exact, se)
+
+    def less(a, b, factor=1.0):
+        assert pv[a] < factor * pv[b] + 3 * np.hypot(pv_se[a], pv_se[b]), (kind, a, b, pv)
+
+    less("preferential", "uniform", 0.9)
+    less(("preferential", "exact"), "preferential")
+    if kind != "gaussian":
+        less("cv-preferential", "cv", 0.9)
+        less(("cv-preferential", "exact"), "cv-preferential")
+
+
+# -- posterior accuracy -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def linreg_setup():
+    X, y = linreg_data(N=4000, d=4, seed=2)
+    pot, proxy = _setup(linreg_model, (X, y), 40)
+    return X, y, proxy
+
+
+@pytest.mark.parametrize("name,n,steps", [("preferential", 400, 4000),
+                                          ("cv-preferential", 40, 4000)])
+def test_accuracy_linreg_exact(linreg_setup, name, n, steps):
+    X, y, proxy = linreg_setup
+    mean, sd = linreg_exact(X, y)
+    mcmc = MCMC(SGLD(linreg_model, estimator=name, proxy=proxy), num_warmup=0,
+                num_samples=steps, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=n)
+    b = np.asarray(mcmc.get_samples()["beta"], np.float64)
+    err = (b.mean(0) - mean) / sd
+    ratio = b.std(0) / sd
+    assert np.all(np.abs(err) < 0.3), err
+    assert np.all((ratio > 0.75) & (ratio < 1.3)), ratio
+
+
+def test_accuracy_imbalanced_logistic_high_leverage(imbalanced_leverage):
+    X, y, _, proxy = imbalanced_leverage
+    ref = nuts_reference_local(X, y)
+    for name in ("cv-preferential", "preferential"):
+        n = 20 if name == "cv-preferential" else 200
+        mcmc = MCMC(SGLD(logistic10_model, estimator=name, proxy=proxy), num_warmup=0,
+                    num_samples=3000, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(1), X, y, subsample_size=n)
+        err, ratio = standardised_errors(mcmc.get_samples(), ref)
+        assert np.all(np.abs(err) < 0.35), (name, err)
+        assert np.all((ratio > 0.7) & (ratio < 1.35)), (name, ratio)
+
+
+def nuts_reference_local(X, y):
+    from numpyro.infer import NUTS
+
+    mcmc = MCMC(NUTS(logistic10_model), num_warmup=300, num_samples=1200, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(7), X, y, subsample_size=X.shape[0])
+    return {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
+
+
+
