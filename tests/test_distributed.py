@@ -1,0 +1,232 @@
+"""Distributed SGLD (paper 004): shard layout, unbiasedness and posterior accuracy.
+
+The multi-device checks run in one subprocess with 4 simulated CPU devices (XLA_FLAGS must be
+set before jax is imported); it prints one JSON line of measurements that the tests below
+check. Tolerances: exact conjugate posterior of tests/models.py, means within 0.1 posterior sd
+and sds within 10%; unbiasedness |mean − full| < 4 SE per coordinate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from numpyro_subsample.distributed import shard_layout
+
+SCRIPT = textwrap.dedent(
+    r"""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["CI"] = "1"
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import jax, jax.numpy as jnp, numpy as np
+    from numpyro.infer import MCMC
+    from models import linreg_model, linreg_data, linreg_exact
+    from numpyro_subsample import to_arviz
+    from numpyro_subsample.distributed import DistributedSGLD
+
+    out = {"devices": len(jax.devices())}
+    X, y = linreg_data(N=4000, d=4, seed=3)
+    mean, sd = linreg_exact(X, y)
+    UNEQUAL = [500, 1500, 1200, 800]
+
+    def run(name, chains=32, seed=1, model_kwargs=None, ess=1600, **kw):
+        # Run long enough for an effective sample size ~ ess: the SGLD autocorrelation time
+        # in steps is about 2/h with h = ε/2 in whitened coordinates (AR(1) coefficient
+        # 1 − h), so SE(mean) ≈ sd/sqrt(ess) = 0.025 sd and 0.1 sd is 4 SE.
+        t0 = time.perf_counter()
+        k = DistributedSGLD(linreg_model, num_shards=4, **kw)
+        k.preprocess((X, y), model_kwargs or {})
+        steps = ess * (4.0 / k.step_size) / chains
+        num_draws = int(np.ceil(steps / k.layout.cycle_length))
+        m = MCMC(k, num_warmup=0, num_samples=num_draws, num_chains=chains,
+                 chain_method="vectorized", progress_bar=False)
+        m.run(jax.random.PRNGKey(seed), X, y, **(model_kwargs or {}))
+        b = np.asarray(m.get_samples()["beta"], np.float64)
+        out[name] = {
+            "z": ((b.mean(0) - mean) / sd).tolist(), "r": (b.std(0) / sd).tolist(),
+            "q": k.layout.frequencies.tolist(), "tau": k.layout.trajectory_lengths.tolist(),
+            "draws": num_draws, "steps_per_chain": num_draws * k.layout.cycle_length,
+            "step_size": k.step_size, "seconds": time.perf_counter() - t0,
+        }
+        return k, m
+
+    # 1. cv, fixed τ = 1, equal shards; data layout and ArviZ output checked on this run
+    k, m = run("cv_fixed_tau1", trajectory_length=1, adaptive_trajectory=False)
+    proxy = k.proxy
+    setup = k.setup
+    out["sharding"] = {
+        "specs": [[str(x) for x in a.sharding.spec] for a in setup.data + (setup.datum_grads,)],
+        "global_shapes": [list(a.shape) for a in setup.data],
+        "shard_shapes": [[list(s.data.shape) for s in a.addressable_shards] for a in setup.data],
+        "shard_devices": [sorted(str(s.device) for s in a.addressable_shards) for a in setup.data],
+        "grad_shard_shapes": [list(s.data.shape) for s in setup.datum_grads.addressable_shards],
+        "names": list(setup.data_names),
+    }
+    # the device-local rows are the data's contiguous blocks
+    first = np.asarray(setup.data[0].addressable_shards[2].data)[0, :5]
+    out["local_rows_match"] = bool(np.allclose(first, np.asarray(X)[2000:2005]))
+    idata = to_arviz(m)
+    out["arviz"] = {"chain": int(idata.posterior.sizes["chain"]),
+                    "draw": int(idata.posterior.sizes["draw"]),
+                    "stats": sorted(idata.sample_stats.data_vars)}
+    last = m.last_state
+    out["comm"] = k.communication_bytes(last)
+
+    # 2. cv, fixed τ = 5 with unequal shards (q_s = 1/S ≠ N_s/N, Eq. 1 weights N_s S / N)
+    run("cv_fixed_tau5_unequal", trajectory_length=5, adaptive_trajectory=False,
+        shard_sizes=UNEQUAL, proxy=proxy, seed=2)
+    # 3. cv, adaptive τ_s = τ̄ S q_s with user frequencies unrelated to the sizes (Cor. 1.3)
+    kq, _ = run("cv_adaptive_userq", trajectory_length=3, shard_sizes=UNEQUAL,
+                shard_frequencies=[0.2, 0.3, 0.3, 0.2], proxy=proxy, seed=3)
+    # 4. uniform estimator, adaptive with the default q_s = N_s/N; its noise ~ N/n forces a
+    # small step (n = 400 keeps it moderate; long trajectories would shrink it further)
+    ku, _ = run("uniform_adaptive", ess=600, trajectory_length=4, shard_sizes=UNEQUAL,
+                estimator="uniform", proxy=proxy, seed=4, model_kwargs={"subsample_size": 400})
+
+    # 5. unbiasedness over shard choice and minibatch, at a point 1.5 sd from the centre
+    pot = k.potential
+    theta = proxy.centre + proxy.scale_tril @ jnp.full((4,), 1.5)
+    f_full = lambda t: (lambda f0, fi: f0 + fi.sum())(*pot.terms(t, jnp.arange(4000)))
+    full = np.asarray(jax.grad(f_full)(theta), np.float64)
+    for name, kern in (("cv", kq), ("uniform", ku)):
+        q = kern.layout.frequencies
+        K = 2000
+        g = np.asarray(kern.shard_estimates(jax.random.split(jax.random.PRNGKey(5), K), theta),
+                       np.float64)  # (S, K, d)
+        mix = np.einsum("s,sd->d", q, g.mean(1))
+        se = np.sqrt(np.einsum("s,sd->d", q**2, g.var(1, ddof=1) / K))
+        keys = jax.random.split(jax.random.PRNGKey(6), 3000)
+        est = kern.preprocessed.estimator.estimate
+        r = np.asarray(jax.jit(jax.vmap(lambda kk: est(kk, theta)[0]))(keys), np.float64)
+        out["unbiased_" + name] = {
+            "mixture_t": ((mix - full) / se).tolist(),
+            "random_t": ((r.mean(0) - full) / (r.std(0, ddof=1) / np.sqrt(len(r)))).tolist(),
+            # a wrong weight (no 1/q_s) must be detected by the same test
+            "no_inv_q_t": ((np.einsum("s,sd->d", q * q, g.mean(1)) - full) / se).tolist(),
+        }
+
+    # 6. errors
+    try:
+        MCMC(DistributedSGLD(linreg_model, num_shards=4), num_warmup=0, num_samples=1,
+             num_chains=2, chain_method="vectorized", progress_bar=False).run(
+                 jax.random.PRNGKey(0), X, y)
+        out["chains_error"] = ""
+    except ValueError as err:
+        out["chains_error"] = str(err)
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def result():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, here], capture_output=True, text=True, env=env,
+        timeout=900,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    if os.environ.get("DISTRIBUTED_TEST_DUMP"):
+        with open(os.environ["DISTRIBUTED_TEST_DUMP"], "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def test_data_really_sharded(result):
+    assert result["devices"] == 4
+    sh = result["sharding"]
+    assert sh["names"] == ["[0][0]", "[0][1]"]  # X and y, the plate-indexed arguments
+    # sharded along the leading (shard) axis, nothing else: one shard per device
+    assert all(spec[0] == "shards" and set(spec[1:]) <= {"None"} for spec in sh["specs"])
+    assert sh["global_shapes"] == [[4, 1000, 4], [4, 1000]]
+    # each of the 4 devices holds exactly one shard of each array, never the whole data
+    assert sh["shard_shapes"] == [[[1, 1000, 4]] * 4, [[1, 1000]] * 4]
+    assert all(len(set(devs)) == 4 for devs in sh["shard_devices"])
+    assert sh["grad_shard_shapes"] == [[1, 1000, 4]] * 4
+    assert result["local_rows_match"]
+
+
+def test_communication_is_chain_states_only(result):
+    comm = result["comm"]
+    # 32 chains of a 4-dim model: under 100 bytes each, versus the resident data
+    assert 0 < comm["per_trajectory"] < 32 * 100
+    assert comm["per_draw"] == 4 * comm["per_trajectory"]
+    assert comm["data_resident"] == 4000 * (4 + 1 + 4) * 4  # X, y and ∇f_i(θ̂), float32
+
+
+def test_arviz_output(result):
+    az = result["arviz"]
+    assert az["chain"] == 32 and az["draw"] == result["cv_fixed_tau1"]["draws"]
+    assert {"diverging", "data_passes", "subsample_size"} <= set(az["stats"])
+
+
+@pytest.mark.parametrize(
+    "name, mean_tol, sd_tol",
+    [
+        ("cv_fixed_tau1", 0.1, 0.1),
+        ("cv_fixed_tau5_unequal", 0.1, 0.1),
+        ("cv_adaptive_userq", 0.1, 0.1),
+        # SGLD without control variates needs a small step (noise ~ N/n) and mixes slowly:
+        # a shorter run (ess 600, SE 0.04 sd) with the NUTS-level tolerance (0.2 sd, 20%).
+        ("uniform_adaptive", 0.2, 0.2),
+    ],
+)
+def test_posterior_matches_exact(result, name, mean_tol, sd_tol):
+    r = result[name]
+    z, ratio = np.asarray(r["z"]), np.asarray(r["r"])
+    assert np.all(np.abs(z) < mean_tol), (name, z, r)
+    assert np.all(np.abs(ratio - 1) < sd_tol), (name, ratio, r)
+
+
+def test_schedules_realise_the_frequencies(result):
+    assert result["cv_fixed_tau1"]["tau"] == [1, 1, 1, 1]
+    assert result["cv_fixed_tau5_unequal"]["q"] == [0.25] * 4  # ring, equal trajectories
+    r = result["cv_adaptive_userq"]
+    assert r["tau"] == [2, 4, 4, 2]  # round(3 · 4 · q_s), q = (0.2, 0.3, 0.3, 0.2) ≠ N_s/N
+    np.testing.assert_allclose(r["q"], np.array([2, 4, 4, 2]) / 12)
+    r = result["uniform_adaptive"]
+    assert r["tau"] == [2, 6, 5, 3]  # round(4 · 4 · N_s/N), N_s = 500, 1500, 1200, 800
+
+
+@pytest.mark.parametrize("estimator", ["cv", "uniform"])
+def test_estimator_unbiased_over_shards_and_minibatches(result, estimator):
+    r = result["unbiased_" + estimator]
+    assert np.all(np.abs(r["mixture_t"]) < 4), r["mixture_t"]
+    assert np.all(np.abs(r["random_t"]) < 4), r["random_t"]
+    assert np.max(np.abs(r["no_inv_q_t"])) > 10  # the check has power against a wrong weight
+
+
+def test_chains_must_fill_the_devices(result):
+    assert "multiple of the number of shards" in result["chains_error"]
+
+
+def test_layout_defaults_and_validation():
+    lay = shard_layout(10, 3, trajectory_length=10)
+    assert lay.sizes.tolist() == [4, 3, 3] and lay.offsets.tolist() == [0, 4, 7]
+    assert lay.trajectory_lengths.tolist() == [12, 9, 9]  # τ̄ S q_s with q_s = N_s / N
+    np.testing.assert_allclose(lay.frequencies, [4 / 10, 3 / 10, 3 / 10])
+    coarse = shard_layout(10, 3, trajectory_length=1)  # rounding: the realised q_s are used
+    assert coarse.trajectory_lengths.tolist() == [1, 1, 1]
+    np.testing.assert_allclose(coarse.frequencies, 1 / 3)
+    fixed = shard_layout(10, 3, trajectory_length=7, adaptive=False)
+    assert fixed.trajectory_lengths.tolist() == [7, 7, 7]
+    np.testing.assert_allclose(fixed.frequencies, 1 / 3)
+    with pytest.raises(ValueError, match="adaptive_trajectory=True"):
+        shard_layout(10, 2, shard_frequencies=[0.7, 0.3], adaptive=False)
+    with pytest.raises(ValueError, match="shard_sizes"):
+        shard_layout(10, 2, shard_sizes=[3, 3])
+    with pytest.raises(ValueError, match="shard_frequencies"):
+        shard_layout(10, 2, shard_frequencies=[0.5, 0.6])
+    with pytest.raises(ValueError, match="trajectory_length"):
+        shard_layout(10, 2, trajectory_length=0)
