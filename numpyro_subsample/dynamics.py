@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from blackjax.sgmcmc import diffusions
 
-__all__ = ["Dynamics", "sgld_dynamics"]
+__all__ = ["Dynamics", "sgld_dynamics", "sghmc_dynamics", "sgnht_dynamics"]
 
 
 class Dynamics(NamedTuple):
@@ -43,3 +43,58 @@ def sgld_dynamics() -> Dynamics:
         return integrator(key, w, grad_w, 0.5 * step_size), momentum, thermostat
 
     return Dynamics("sgld", init_momentum, step)
+
+
+# -- SGHMC / SGNHT ------------------------------------------------------------------------------
+# Step-size convention (SGHMC, SGNHT): ``step_size`` is the time step h of BlackJAX's
+# diffusions (Ma et al. 2015 scaling, unit mass, temperature 1):
+#     p' = (1 − αh) p + h ∇_w log π(w) + sqrt(2αh) ξ,        w' = w + h p',
+# a discretisation of dw = p dt, dp = ∇log π dt − α p dt + sqrt(2α) dW (α = ``friction``; for
+# SGNHT the friction of the drift is the thermostat ξ_t and α sets the injected noise).
+# The momentum update is BlackJAX's; the position update uses the *new* momentum
+# (symplectic Euler, as in Chen et al. 2014 Eq. 15), whereas BlackJAX's solver moves the
+# position with the old momentum (explicit Euler), which for a Gaussian target is stable only
+# when h < α. The gradient the kernel passes is at the current w, so the momentum update must
+# come first: w' = w + h p' recomputes the position from BlackJAX's p'.
+# BlackJAX's noise correction β is 0: a scalar β cannot correct an anisotropic gradient-noise
+# covariance and an over-correction would shrink the posterior; the step-size rule of
+# :func:`numpyro_subsample.stepsize.sghmc_step_size` bounds the noise's effect instead.
+
+
+def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
+    """SGHMC (Chen et al. 2014) via ``blackjax.sgmcmc.diffusions.sghmc`` (convention above).
+
+    Momentum starts at N(0, I) (the stationary law of p); the thermostat slot is unused.
+    """
+    if not friction > 0:
+        raise ValueError(f"friction must be > 0, got {friction}.")
+    integrator = diffusions.sghmc(alpha=friction, beta=0.0)
+
+    def init_momentum(key, w):
+        return jax.random.normal(key, w.shape, w.dtype), jnp.zeros((), w.dtype)
+
+    def step(key, w, momentum, thermostat, grad_w, step_size):
+        _, p = integrator(key, w, momentum, grad_w, step_size)
+        return w + step_size * p, p, thermostat
+
+    return Dynamics("sghmc", init_momentum, step)
+
+
+def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
+    """SGNHT (Ding et al. 2014) via ``blackjax.sgmcmc.diffusions.sgnht`` (convention above).
+
+    ``friction`` is the diffusion A of the injected noise sqrt(2Ah)ξ; the thermostat ξ_t
+    starts at A and follows ξ' = ξ + h(|p'|²/d − 1), absorbing the unknown gradient noise.
+    """
+    if not friction > 0:
+        raise ValueError(f"friction must be > 0, got {friction}.")
+    integrator = diffusions.sgnht(alpha=friction, beta=0.0)
+
+    def init_momentum(key, w):
+        return jax.random.normal(key, w.shape, w.dtype), jnp.asarray(friction, w.dtype)
+
+    def step(key, w, momentum, thermostat, grad_w, step_size):
+        _, p, xi = integrator(key, w, momentum, thermostat, grad_w, step_size)
+        return w + step_size * p, p, xi
+
+    return Dynamics("sgnht", init_momentum, step)
