@@ -21,7 +21,8 @@ __all__ = ["Dynamics", "sgld_dynamics", "sghmc_dynamics", "sgnht_dynamics"]
 
 
 class Dynamics(NamedTuple):
-    """``step(key, w, momentum, thermostat, grad_logpost_w, step_size) -> (w, momentum, thermostat)``.
+    """``step(key, w, momentum, thermostat, grad_logpost_w, step_size)``
+    returns ``(w, momentum, thermostat)``.
 
     ``init_momentum(key, w)`` gives the auxiliary variables' starting values; SGLD has none and
     carries a zero-length momentum.
@@ -33,7 +34,7 @@ class Dynamics(NamedTuple):
 
 
 def sgld_dynamics() -> Dynamics:
-    """Langevin dynamics, paper 000 Eq. (4), via ``blackjax.sgmcmc.diffusions.overdamped_langevin``."""
+    """Langevin dynamics, paper 000 Eq. (4), via BlackJAX's ``overdamped_langevin``."""
     integrator = diffusions.overdamped_langevin()
 
     def init_momentum(key, w):

@@ -105,7 +105,9 @@ def to_arviz(
     idata = az.from_numpyro(mcmc, log_likelihood=False, **kwargs)
     plate = kernel.potential.plate
     obs = full_observed_data(mcmc)
-    obs_dims = {k: [plate.name] + [f"{k}_dim_{j}" for j in range(1, v.ndim)] for k, v in obs.items()}
+    obs_dims = {
+        k: [plate.name] + [f"{k}_dim_{j}" for j in range(1, v.ndim)] for k, v in obs.items()
+    }
     observed = xr.Dataset({k: (obs_dims[k], v) for k, v in obs.items()})
     if "observed_data" in idata.groups():
         del idata.observed_data
@@ -113,7 +115,9 @@ def to_arviz(
     if log_likelihood:
         ll = full_log_likelihood(mcmc)
         idata.add_groups(
-            log_likelihood=xr.Dataset({k: (("chain", "draw", plate.name), v) for k, v in ll.items()})
+            log_likelihood=xr.Dataset(
+                {k: (("chain", "draw", plate.name), v) for k, v in ll.items()}
+            )
         )
     pre = kernel.preprocessed
     attrs = {

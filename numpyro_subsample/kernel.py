@@ -76,7 +76,7 @@ def _default_progress() -> bool:
 def _same_args(a, b) -> bool:
     la, ta = jax.tree.flatten(a)
     lb, tb = jax.tree.flatten(b)
-    return ta == tb and len(la) == len(lb) and all(x is y for x, y in zip(la, lb))
+    return ta == tb and len(la) == len(lb) and all(x is y for x, y in zip(la, lb, strict=True))
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -91,8 +91,9 @@ class SGMCMCKernel(MCMCKernel):
         stationary variance of a Gaussian target is inflated by at most
         ``max_variance_inflation`` (see :mod:`numpyro_subsample.stepsize`).
     :param proxy: ``"laplace"`` (mode + inverse Hessian), ``"variational"`` (mean and
-        covariance of an autoguide fitted by SVI, :func:`~numpyro_subsample.variational.fit_variational`;
-        pass ``guide=``/``guide_params=`` in ``proxy_kwargs``) or a :class:`~numpyro_subsample.proxy.Proxy`.
+        covariance of an autoguide fitted by SVI,
+        :func:`~numpyro_subsample.variational.fit_variational`; pass ``guide=``/``guide_params=``
+        in ``proxy_kwargs``) or a :class:`~numpyro_subsample.proxy.Proxy`.
     :param preconditioning: sample in coordinates whitened by the proxy covariance.
     :param max_variance_inflation: δ of the default step-size rule (default 0.05).
     :param replace: draw subsample indices with replacement (default) or without.
@@ -248,7 +249,9 @@ class SGMCMCKernel(MCMCKernel):
             proxy = self._proxy_spec
             if isinstance(proxy, Proxy):
                 if proxy.centre.shape != (d,):
-                    raise ValueError(f"The given proxy has dimension {proxy.centre.shape}, the model {d}.")
+                    raise ValueError(
+                        f"The given proxy has dimension {proxy.centre.shape}, the model {d}."
+                    )
             elif self._needs_proxy() and proxy == "variational":
                 from .variational import fit_variational
 
@@ -309,7 +312,9 @@ class SGMCMCKernel(MCMCKernel):
         def step(state: SGMCMCState) -> SGMCMCState:
             key, k_dyn, k_est = jax.random.split(state.rng_key, 3)
             grad_w = tril.T @ state.grad
-            w, mom, xi = dynamics.step(k_dyn, state.w, state.momentum, state.thermostat, grad_w, eps)
+            w, mom, xi = dynamics.step(
+                k_dyn, state.w, state.momentum, state.thermostat, grad_w, eps
+            )
             theta = centre + tril @ w
             g, n = estimate(k_est, theta)
             finite = jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(g))

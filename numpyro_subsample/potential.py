@@ -161,7 +161,9 @@ def _find_data_plate(tr: dict) -> DataPlate:
     plates = {
         name: site["args"]
         for name, site in tr.items()
-        if site["type"] == "plate" and site["args"][1] is not None and site["args"][0] > site["args"][1]
+        if site["type"] == "plate"
+        and site["args"][1] is not None
+        and site["args"][0] > site["args"][1]
     }
     if not plates:
         raise ValueError(

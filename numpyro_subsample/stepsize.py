@@ -15,7 +15,6 @@ large, automatically shrink the step).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .estimators import GradientEstimator
@@ -53,7 +52,9 @@ def measure_whitened_noise(
     return float(np.linalg.eigvalsh(0.5 * (cov + cov.T)).max()), cov
 
 
-def sgld_step_size(noise: float, max_variance_inflation: float = 0.05, curvature: float = 1.0) -> float:
+def sgld_step_size(
+    noise: float, max_variance_inflation: float = 0.05, curvature: float = 1.0
+) -> float:
     """ε = 2h with h = 2δ / (v + μ(1 + δ)) (module docstring); δ = ``max_variance_inflation``."""
     delta = float(max_variance_inflation)
     if not delta > 0:
