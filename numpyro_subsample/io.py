@@ -20,15 +20,18 @@ from .potential import _set_plate_indices
 __all__ = ["to_arviz", "full_observed_data", "full_log_likelihood"]
 
 
-def _kernel_of(mcmc: MCMC) -> SGMCMCKernel:
+def _kernel_of(
+    mcmc: MCMC,
+    expects: str = "to_arviz expects an MCMC run with a numpyro_subsample kernel; for other "
+    "kernels use arviz.from_numpyro.",
+    before: str = "converting to ArviZ",
+) -> SGMCMCKernel:
+    """The package kernel of a finished MCMC run (``TypeError``/``ValueError`` otherwise)."""
     kernel = getattr(mcmc, "sampler", None)
     if not isinstance(kernel, SGMCMCKernel):
-        raise TypeError(
-            "to_arviz expects an MCMC run with a numpyro_subsample kernel; for other kernels "
-            "use arviz.from_numpyro."
-        )
+        raise TypeError(expects)
     if mcmc._states is None:  # noqa: SLF001
-        raise ValueError("Call mcmc.run(...) before converting to ArviZ.")
+        raise ValueError(f"Call mcmc.run(...) before {before}.")
     return kernel
 
 

@@ -52,13 +52,19 @@ def measure_whitened_noise(
     return float(np.linalg.eigvalsh(0.5 * (cov + cov.T)).max()), cov
 
 
+def _checked_inflation(max_variance_inflation: float) -> float:
+    """δ of the step-size rules, validated."""
+    delta = float(max_variance_inflation)
+    if not delta > 0:
+        raise ValueError(f"max_variance_inflation must be > 0, got {max_variance_inflation}.")
+    return delta
+
+
 def sgld_step_size(
     noise: float, max_variance_inflation: float = 0.05, curvature: float = 1.0
 ) -> float:
     """ε = 2h with h = 2δ / (v + μ(1 + δ)) (module docstring); δ = ``max_variance_inflation``."""
-    delta = float(max_variance_inflation)
-    if not delta > 0:
-        raise ValueError(f"max_variance_inflation must be > 0, got {max_variance_inflation}.")
+    delta = _checked_inflation(max_variance_inflation)
     h = 2 * delta / (max(noise, 0.0) + curvature * (1 + delta))
     return 2 * h
 
@@ -93,9 +99,7 @@ def sghmc_step_size(
     autocorrelation time of x is 2α/μ (time units) while that of x² grows like 1/α, and
     α ≈ 1 balances the two near critical damping (α = 2).
     """
-    delta = float(max_variance_inflation)
-    if not delta > 0:
-        raise ValueError(f"max_variance_inflation must be > 0, got {max_variance_inflation}.")
+    delta = _checked_inflation(max_variance_inflation)
     if not friction > 0:
         raise ValueError(f"friction must be > 0, got {friction}.")
     v, a, mu = max(float(noise), 0.0), float(friction), float(curvature)
@@ -125,9 +129,7 @@ def sgnht_step_size(
     covariance it balances only the average temperature; the direction of largest noise is
     then hotter by up to h·v/(2A), so h is also capped by the SGHMC rule (same δ).
     """
-    delta = float(max_variance_inflation)
-    if not delta > 0:
-        raise ValueError(f"max_variance_inflation must be > 0, got {max_variance_inflation}.")
+    delta = _checked_inflation(max_variance_inflation)
     v, a = max(float(noise), 0.0), float(friction)
     h_thermo = 4 * delta / (a + (a * a + 4 * delta * v) ** 0.5)
     return min(h_thermo, sghmc_step_size(noise, friction, delta, curvature))

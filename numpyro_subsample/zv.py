@@ -233,17 +233,14 @@ def _eval_fn(fn: Callable, samples: dict) -> tuple[np.ndarray, Callable]:
 
 
 def _kernel_of(mcmc):
-    from .kernel import SGMCMCKernel
+    from .io import _kernel_of as package_kernel_of
 
-    kernel = getattr(mcmc, "sampler", None)
-    if not isinstance(kernel, SGMCMCKernel):
-        raise TypeError(
-            "zv_mean expects an MCMC run with a numpyro_subsample kernel or the InferenceData "
-            "of numpyro_subsample.to_arviz."
-        )
-    if mcmc._states is None:  # noqa: SLF001
-        raise ValueError("Call mcmc.run(...) before ZV post-processing.")
-    return kernel
+    return package_kernel_of(
+        mcmc,
+        expects="zv_mean expects an MCMC run with a numpyro_subsample kernel or the "
+        "InferenceData of numpyro_subsample.to_arviz.",
+        before="ZV post-processing",
+    )
 
 
 def unconstrained_draws(mcmc) -> np.ndarray:
