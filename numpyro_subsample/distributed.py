@@ -551,7 +551,9 @@ class DistributedSGLD(SGLD):
                 # is carried with the chain, so the first step on a new shard uses the last
                 # gradient of the previous one; each shard's gradients are still used τ_s
                 # times per cycle, which is what Prop. 1.1 needs.
-                step = jax.vmap(self._build_step(pre._replace(estimator=est)))
+                # Threefry: Philox (the core's default step RNG) cannot be lowered inside
+                # shard_map with jax 0.10.2 (see kernel._split_step_key).
+                step = jax.vmap(self._build_step(pre._replace(estimator=est), "threefry2x32"))
 
                 def trajectory(_, st):
                     st = jax.lax.fori_loop(0, taus[s], lambda _, x: step(x), st)
