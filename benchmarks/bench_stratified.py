@@ -1,16 +1,35 @@
 """Paper 001 Table 2 layout: SGLD vs CP-SGLD and SGHMC vs CP-SGHMC at equal minibatch size.
 
-Bayesian logistic regression (prior N(0, 10²)) on covtype_subset20k (80/20 train/test split)
-and on synthetic data with N = 10^6. Columns: k-means time (separately), preprocessing and
-sampling wall time, Σ|ρ_k| (integrated autocorrelation, mean over coordinates), ESS (min over
-coordinates, ArviZ), ESS/s of sampling, test log-loss of the posterior predictive, data passes.
+Bayesian logistic regression (prior N(0, 10²), intercept + features) on covtype_subset20k
+(80/20 train/test split, /work/shared/data) and on synthetic clustered data with N = 10^6.
+Each pair runs at the same minibatch size n (k = 10 strata for CP) and under two step-size
+settings:
 
-    /work/venv/bin/python benchmarks/bench_stratified.py [--quick]
+- ``rule``: the package default, chosen per method from its measured gradient noise v (so the
+  CP member, with smaller v, gets a larger step);
+- ``fixed``: one common step for both members of the pair (the paper compares at equal
+  settings): SGLD ε = 0.1 (h = ε/2 = 0.05 in whitened units), SGHMC h = 0.1, friction 1.
+
+Every run first does ``--steps`` burn-in steps (this also compiles), then ``--steps`` timed
+sampling steps from where the burn-in stopped. Columns: k-means time (separately), the rest of
+the preprocessing, burn-in (incl. compile) and sampling wall time, Σ|ρ_k| (autocorrelation
+summed up to the first negative lag, mean over coordinates), ESS (min over coordinates, ArviZ),
+ESS per second of sampling, test log-loss of the posterior predictive, sd/Laplace (mean over
+coordinates of the posterior sd in the Laplace proxy's whitened coordinates: 1 for an exact
+sampler when the posterior is near Gaussian; >1 is variance inflation by step size and
+gradient noise), v (measured whitened gradient-noise eigenvalue) and the step.
+
+    /work/venv/bin/python benchmarks/bench_stratified.py [--quick] [--draws-only] [--steps S]
+
+``--draws-only`` runs the microbenchmark of the within-stratum without-replacement draw alone
+(µs per step inside ``lax.scan``, n = 1000, k = 10, N = 10^4 and 10^6).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 
 import arviz as az
@@ -19,11 +38,15 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import scipy.linalg
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGHMC, SGLD, strata_of
+from numpyro_subsample.stratified import _draw_positions, allocate_batch_sizes
 
 DATA = "/work/shared/data/covtype_subset20k/covtype_subset20k.npz"
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+FIXED = {"SGLD": 0.1, "SGHMC": 0.1}
 
 
 def model(X, y=None, subsample_size=100):
@@ -43,11 +66,12 @@ def covtype():
 
 def synthetic(N=10**6, d=10):
     rng = np.random.default_rng(1)
+    M = N + 20_000
     centres = rng.normal(0, 2, size=(20, d - 1))
-    Xc = centres[rng.integers(0, 20, N + 20_000)] + rng.normal(size=(N + 20_000, d - 1))
-    X = np.concatenate([np.ones((N + 20_000, 1)), Xc], 1).astype(np.float32)
+    Xc = centres[rng.integers(0, 20, M)] + rng.normal(size=(M, d - 1))
+    X = np.concatenate([np.ones((M, 1)), Xc], 1).astype(np.float32)
     beta = rng.normal(size=d) / np.sqrt(d)
-    y = (rng.uniform(size=N + 20_000) < 1 / (1 + np.exp(-X @ beta))).astype(np.float32)
+    y = (rng.uniform(size=M) < 1 / (1 + np.exp(-X @ beta))).astype(np.float32)
     return f"synthetic N={N:.0e}", X[:N], y[:N], X[N:], y[N:]
 
 
@@ -58,55 +82,144 @@ def log_loss(beta, X, y):
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def run(name, X, y, Xt, yt, n, num_samples, chains):
-    Xj, yj = jnp.asarray(X), jnp.asarray(y)
-    rows = []
-    shared_proxy = None
-    for label, cls, est in (("SGLD", SGLD, "uniform"), ("CP-SGLD", SGLD, "stratified"),
-                            ("SGHMC", SGHMC, "uniform"), ("CP-SGHMC", SGHMC, "stratified")):
-        kw = {} if shared_proxy is None else {"proxy": shared_proxy}
-        kernel = cls(model, estimator=est, progress_bar=False, **kw)
-        t0 = time.perf_counter()
-        pre = kernel.preprocess((Xj, yj), {"subsample_size": n})
-        t_pre = time.perf_counter() - t0
-        shared_proxy = pre.proxy
-        st = strata_of(kernel)
-        mcmc = MCMC(kernel, num_warmup=0, num_samples=num_samples, num_chains=chains,
-                    chain_method="vectorized", progress_bar=False)
-        t0 = time.perf_counter()
-        mcmc.run(jax.random.PRNGKey(0), Xj, yj, subsample_size=n)
-        jax.block_until_ready(mcmc.get_samples())
-        t_run = time.perf_counter() - t0
-        draws = np.asarray(mcmc.get_samples(group_by_chain=True)["beta"])
-        ds = az.convert_to_dataset({"b": draws})
-        ess = np.asarray(az.ess(ds)["b"].values)
-        # Σ|ρ_k| over lags until the first negative autocorrelation, averaged over coordinates
-        acs = []
+def sum_abs_rho(draws):
+    """Σ|ρ_k| up to the first negative autocorrelation, mean over coordinates and chains."""
+    out = []
+    for c in range(draws.shape[0]):
         for j in range(draws.shape[-1]):
-            ac = az.autocorr(draws[0, :, j])[1:200]
+            ac = az.autocorr(draws[c, :, j])[1:1000]
             stop = np.argmax(ac < 0) if np.any(ac < 0) else len(ac)
-            acs.append(np.sum(np.abs(ac[:stop])))
-        passes = pre.data_passes + chains * num_samples * n / X.shape[0]
-        rows.append((name, label, X.shape[0], n, st.seconds if st else float("nan"), t_pre,
-                     t_run, float(np.mean(acs)), float(ess.min()), float(ess.min() / t_run),
-                     log_loss(draws.reshape(-1, draws.shape[-1])[::10], Xt, yt), passes,
-                     pre.step_size))
+            out.append(np.sum(np.abs(ac[:stop])))
+    return float(np.mean(out))
+
+
+def run_one(label, cls, est, step, data, n, steps, chains, proxy):
+    name, X, y, Xt, yt = data
+    Xj, yj = jnp.asarray(X), jnp.asarray(y)
+    kw = {"proxy": proxy} if proxy is not None else {}
+    if est == "stratified":
+        kw["num_strata"] = 10
+    kernel = cls(model, estimator=est, step_size=step, progress_bar=False, **kw)
+    t0 = time.perf_counter()
+    pre = kernel.preprocess((Xj, yj), {"subsample_size": n})
+    t_pre = time.perf_counter() - t0
+    st = strata_of(kernel)
+    t_km = st.seconds if st is not None else 0.0
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, num_chains=chains,
+                chain_method="vectorized", progress_bar=False)
+    t0 = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(0), Xj, yj, subsample_size=n)
+    jax.block_until_ready(mcmc.get_samples())
+    t_burn = time.perf_counter() - t0
+    mcmc.post_warmup_state = mcmc.last_state
+    t0 = time.perf_counter()
+    mcmc.run(mcmc.post_warmup_state.rng_key, Xj, yj, subsample_size=n)
+    jax.block_until_ready(mcmc.get_samples())
+    t_run = time.perf_counter() - t0
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["beta"], np.float64)
+    ess = np.asarray(az.ess(az.convert_to_dataset({"b": draws}))["b"].values)
+    L = np.asarray(pre.proxy.scale_tril, np.float64)
+    w = scipy.linalg.solve_triangular(
+        L, (draws.reshape(-1, draws.shape[-1]) - np.asarray(pre.proxy.centre)).T, lower=True
+    )
+    flat = draws.reshape(-1, draws.shape[-1])
+    row = {
+        "dataset": name, "method": label, "steps": "rule" if step is None else "fixed",
+        "N": int(X.shape[0]), "n": n, "kmeans_s": t_km, "preproc_s": t_pre - t_km,
+        "burnin_s": t_burn, "sample_s": t_run, "sum_abs_rho": sum_abs_rho(draws),
+        "ess_min": float(ess.min()), "ess_per_s": float(ess.min() / t_run),
+        "test_logloss": log_loss(flat[:: max(1, flat.shape[0] // 500)], Xt, yt),
+        "sd_over_laplace": float(np.mean(w.std(axis=1))), "noise_v": float(pre.noise),
+        "step": float(pre.step_size),
+    }
+    print(fmt(row), flush=True)
+    return row, pre.proxy
+
+
+def run(data, n, steps, chains):
+    rows, proxy = [], None
+    for rule in ("rule", "fixed"):
+        for label, cls, est, fam in (("SGLD", SGLD, "uniform", "SGLD"),
+                                     ("CP-SGLD", SGLD, "stratified", "SGLD"),
+                                     ("SGHMC", SGHMC, "uniform", "SGHMC"),
+                                     ("CP-SGHMC", SGHMC, "stratified", "SGHMC")):
+            step = None if rule == "rule" else FIXED[fam]
+            row, proxy = run_one(label, cls, est, step, data, n, steps, chains, proxy)
+            rows.append(row)
     return rows
+
+
+COLS = ("dataset", "method", "steps", "N", "n", "kmeans_s", "preproc_s", "burnin_s", "sample_s",
+        "sum_abs_rho", "ess_min", "ess_per_s", "test_logloss", "sd_over_laplace", "noise_v",
+        "step")
+
+
+def fmt(row):
+    return " | ".join(str(row[c]) if isinstance(row[c], (str, int)) else f"{row[c]:.4g}"
+                      for c in COLS)
+
+
+def draws_microbenchmark(steps=1000):
+    """µs per step of the stratified without-replacement draw (n = 1000, k = 10) in lax.scan."""
+    out = []
+    for N in (10**4, 10**6):
+        rng = np.random.default_rng(0)
+        sizes = np.maximum(1, np.round(rng.dirichlet(np.full(10, 2.0)) * N)).astype(np.int64)
+        sizes[-1] = N - sizes[:-1].sum()
+        b = allocate_batch_sizes(sizes, rng.gamma(2.0, 1.0, 10), 1000)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+        def draw(key, b=b, sizes=sizes, starts=starts):
+            return _draw_positions(key, b, sizes, starts)
+
+        def uniform(key, N=N):
+            return jax.random.randint(key, (1000,), 0, N)
+
+        for label, fn in (("stratified w/o replacement (Floyd)", draw),
+                          ("uniform with replacement (reference)", uniform)):
+            def scan(key, fn=fn):
+                def body(c, k):
+                    return c + fn(k).sum(), None
+                return jax.lax.scan(body, jnp.int32(0), jax.random.split(key, steps))[0]
+
+            f = jax.jit(scan)
+            jax.block_until_ready(f(jax.random.PRNGKey(0)))
+            best = np.inf
+            for r in range(3):
+                t0 = time.perf_counter()
+                jax.block_until_ready(f(jax.random.PRNGKey(r)))
+                best = min(best, time.perf_counter() - t0)
+            out.append({"N": N, "draw": label, "b_max": int(b.max()),
+                        "us_per_step": best / steps * 1e6})
+            print(out[-1], flush=True)
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="covtype only, shorter runs")
+    ap.add_argument("--quick", action="store_true", help="covtype only, 1000 steps")
+    ap.add_argument("--draws-only", action="store_true")
+    ap.add_argument("--n", type=int, default=1000, help="minibatch size (default 1000)")
+    ap.add_argument("--steps", type=int, default=None, help="burn-in = sampling steps")
+    ap.add_argument("--chains", type=int, default=2)
     args = ap.parse_args()
-    ns = 2000 if args.quick else 10_000
-    rows = run(*covtype(), n=100, num_samples=ns, chains=2)
+    os.makedirs(RESULTS, exist_ok=True)
+    if args.draws_only:
+        res = draws_microbenchmark()
+        with open(os.path.join(RESULTS, "bench_stratified_draws.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return
+    steps = args.steps or (1000 if args.quick else 2000)
+    print(" | ".join(COLS), flush=True)
+    rows = run(covtype(), args.n, steps, args.chains)
     if not args.quick:
-        rows += run(*synthetic(), n=100, num_samples=ns, chains=2)
-    hdr = ("dataset", "method", "N", "n", "kmeans s", "preproc s", "sample s", "sum|rho|",
-           "ESS(min)", "ESS/s", "test logloss", "passes", "step")
-    print(" | ".join(hdr))
+        rows += run(synthetic(), args.n, steps, args.chains)
+    out = os.path.join(RESULTS, "bench_stratified" + ("_quick" if args.quick else "") + ".json")
+    with open(out, "w") as f:
+        json.dump({"steps": steps, "chains": args.chains, "rows": rows}, f, indent=1)
+    print("\n" + " | ".join(COLS))
     for r in rows:
-        print(" | ".join([r[0], r[1], str(r[2]), str(r[3])] + [f"{v:.4g}" for v in r[4:]]))
+        print(fmt(r))
 
 
 if __name__ == "__main__":

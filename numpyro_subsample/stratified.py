@@ -185,84 +185,102 @@ def make_strata(
     return Strata(labels, order, starts, sizes, batch, spreads, secs, inertia)
 
 
-def _redraw_until_distinct(key, randpos, duplicated):
-    """Draw all slots, then redraw every slot that repeats an earlier one until none does."""
+def _floyd_loop(key, b, sizes, starts):
+    """Floyd's algorithm (Bentley & Floyd, CACM 1987), exact simple random sampling without
+    replacement of b_j from n_j: for s = 0..b_j−1 with m = n_j − b_j + s, draw t ~ U{0..m};
+    take t unless it is already chosen, else take m (which cannot be chosen yet). Every
+    b_j-subset has probability 1/C(n_j, b_j) (induction on s). All strata run together in one
+    ``lax.fori_loop`` of static length b_max = max_j b_j (strata with smaller b_j ignore the
+    extra slots); the t are drawn up front in one vectorised call; the membership test compares
+    t with the ≤ b_max values already chosen in its stratum. O(k·b_max²) vector work in b_max
+    loop iterations: fast when the allocation is balanced.
+    """
+    k, b_max = b.shape[0], int(b.max())
+    top = jnp.asarray(sizes - b, jnp.int32)[:, None] + jnp.arange(b_max, dtype=jnp.int32)
+    flat = np.flatnonzero((np.arange(b_max)[None, :] < b[:, None]).ravel())
+    base = jnp.asarray(starts, jnp.int32)[:, None]
+    t = jax.random.randint(key, (k, b_max), 0, top + 1)
 
-    def body(carry):
-        key, pos, dup = carry
-        key, sub = jax.random.split(key)
-        pos = jnp.where(dup, randpos(sub), pos)
-        return key, pos, duplicated(pos)
+    def body(s, chosen):
+        cand = t[:, s]
+        taken = jnp.any(chosen == cand[:, None], axis=1)
+        return chosen.at[:, s].set(jnp.where(taken, top[:, s], cand))
 
-    key, sub = jax.random.split(key)
-    pos = randpos(sub)
-    _, pos, _ = jax.lax.while_loop(lambda c: jnp.any(c[2]), body, (key, pos, duplicated(pos)))
-    return pos
+    chosen = jax.lax.fori_loop(0, b_max, body, jnp.full((k, b_max), -1, jnp.int32))
+    return (base + chosen).reshape(-1)[flat]
 
 
-# Above this many pairwise comparisons per round (k · b_max²) duplicates are found by a sort.
-_DENSE_LIMIT = 65_536
+def _floyd_sorted(key, b, sizes, starts):
+    """The law of Floyd's algorithm without its loop: O(n log n) for n = Σ b_j, two sorts.
+
+    Write m_0 = n_j − b_j ("low" values 0..m_0−1, "high" values m_0..n_j−1, b_j of them). In
+    Floyd's algorithm a low value can only enter the sample as an accepted draw t, and a low t
+    is in the sample after its step whether or not it was accepted; so the low part of the
+    sample is exactly the set of distinct low values among the independent draws
+    t_s ~ U{0..m_0+s}. The sample being a uniform b_j-subset, its high part given its low part
+    (of size b_j − r) is a uniform r-subset of the b_j high values. Hence: draw all t_s at
+    once, keep the first occurrence of every distinct low value (one sort of the n global
+    positions; strata occupy disjoint ordered ranges, so the sort keeps each stratum's slots
+    in its block), and fill the remaining r_j slots with the first r_j entries of a uniform
+    permutation of stratum j's high values (one sort by (stratum, 64-bit random key); a tie of
+    two 64-bit keys, probability < b_j²·2⁻⁶⁵, is the only departure from the exact law).
+    Cost independent of how unequal the b_j are: used when b_max is large.
+    """
+    k, n = b.shape[0], int(b.sum())
+    slot = np.repeat(np.arange(k), b)
+    first = np.concatenate([[0], np.cumsum(b)[:-1]])
+    offset = np.arange(n) - first[slot]
+    start_s = jnp.asarray(starts[slot], jnp.int32)
+    low_s = jnp.asarray((sizes - b)[slot], jnp.int32)
+    first_s = jnp.asarray(first[slot], jnp.int32)
+    k_t, k_perm = jax.random.split(key)
+    t = jax.random.randint(k_t, (n,), 0, jnp.asarray((sizes - b)[slot] + offset + 1, jnp.int32))
+    pos = jnp.sort(start_s + t)
+    prev = jnp.concatenate([jnp.full((1,), -1, pos.dtype), pos[:-1]])
+    keep = (pos - start_s < low_s) & (pos != prev)
+    free = (~keep).astype(jnp.int32)
+    before = jnp.cumsum(free) - free
+    rank = before - before[first_s]  # rank of a free slot among its stratum's free slots
+    bits = jax.random.bits(k_perm, (2, n), jnp.uint32)
+    perm = jax.lax.sort(
+        (jnp.asarray(slot, jnp.int32), bits[0], bits[1], jnp.asarray(offset, jnp.int32)),
+        num_keys=3,
+    )[3]  # block j: a uniform permutation of 0..b_j−1
+    return jnp.where(keep, pos, start_s + low_s + perm[first_s + rank])
 
 
-def _draw_positions(key, b, sizes, starts):
-    """Positions in the stratum-sorted index array: b_j distinct ones per stratum j, as a
-    flat (Σ b_j,) array, stratum by stratum.
+def _draw_positions(key, b, sizes, starts, method="auto"):
+    """Positions in the stratum-sorted index array ``order`` (CSR layout: stratum j owns
+    ``order[starts[j] : starts[j] + n_j]``): a uniform b_j-subset of stratum j's range for
+    every j, independently over strata, as a flat (Σ b_j,) array, stratum by stratum.
 
-    Written by hand because :func:`~numpyro_subsample.selection.sample_without_replacement`
-    draws from one population; here stratum j has its own range [start_j, start_j + n_j).
-    Same method: draw every slot uniformly in its stratum, then redraw every slot whose value
-    repeats an earlier slot's of the same stratum (keeping the first) until all are distinct.
-    Within a stratum the procedure commutes with relabelling, so it gives a uniform
-    b_j-subset, independently over strata. Strata with b_j = n_j take all their positions.
-    Repeats are found by comparing the slots of each stratum pairwise on a padded (k, b_max)
-    array (O(k·b_max²) vector work per round, no sort: ~20x faster than a sort for the
-    paper's sizes), or by one sort of the n slots when that would be large; either way each
-    round is independent of N, never an O(N) permutation.
+    Exact simple random sampling without replacement by Floyd's algorithm, either as a loop
+    (:func:`_floyd_loop`, O(k·b_max²) work in b_max iterations) or in its loop-free form
+    (:func:`_floyd_sorted`, two sorts of n = Σ b_j). Both are branch-free with a fixed cost
+    under jit and vmap and independent of N (no O(N) permutation, no redraw rounds).
+    ``method="auto"`` picks the cheaper by a cost model fitted on a 2-core CPU (loop ≈
+    b_max·(1 + 5e-4·k·b_max) µs, sort ≈ 0.08·n·log₂ n µs). Written by hand because
+    :func:`~numpyro_subsample.selection.sample_without_replacement` draws from one population
+    with a data-dependent number of redraw rounds; here each stratum is its own population.
     """
     b = np.asarray(b, np.int64)
-    k, b_max = b.shape[0], int(b.max())
-    full = b == sizes
-    if k * b_max * b_max <= _DENSE_LIMIT:
-        valid = np.arange(b_max)[None, :] < b[:, None]
-        pop = jnp.asarray(np.where(valid, sizes[:, None], 1), jnp.int32)
-        offset = jnp.asarray(np.broadcast_to(np.arange(b_max), (k, b_max)), jnp.int32)
-        fixed = jnp.asarray(full[:, None] | ~valid)
-        earlier = jnp.asarray(np.tril(np.ones((b_max, b_max), bool), -1))
-        flat = np.flatnonzero(valid.ravel())
-
-        def randpos(kk):
-            return jnp.where(fixed, offset, jax.random.randint(kk, (k, b_max), 0, pop))
-
-        def duplicated(r):  # padding and whole strata are fixed and never repeat
-            same = (r[:, :, None] == r[:, None, :]) & earlier  # [j, s, l]: slot l < s equal
-            return jnp.any(same, axis=-1) & ~fixed
-
-        r = _redraw_until_distinct(key, randpos, duplicated)
-        return (jnp.asarray(starts, jnp.int32)[:, None] + r).reshape(-1)[flat]
-
-    slot = np.repeat(np.arange(k), b)
-    n = slot.shape[0]
-    slot_start = jnp.asarray(starts[slot], jnp.int32)
-    slot_pop = jnp.asarray(sizes[slot], jnp.int32)
-    slot_full = jnp.asarray(full[slot])
-    slot_offset = jnp.asarray(np.concatenate([np.arange(bj) for bj in b]), jnp.int32)
-
-    def randpos_flat(kk):
-        r = jax.random.randint(kk, (n,), 0, slot_pop)
-        return slot_start + jnp.where(slot_full, slot_offset, r)
-
-    def duplicated_flat(pos):  # ranges of strata are disjoint: repeats are within a stratum
-        order = jnp.argsort(pos, stable=True)
-        srt = pos[order]
-        dup_sorted = jnp.concatenate([jnp.zeros((1,), bool), srt[1:] == srt[:-1]])
-        return jnp.zeros((n,), bool).at[order].set(dup_sorted)
-
-    return _redraw_until_distinct(key, randpos_flat, duplicated_flat)
+    sizes = np.asarray(sizes, np.int64)
+    starts = np.asarray(starts, np.int64)
+    if method == "auto":
+        k, b_max, n = b.shape[0], int(b.max()), int(b.sum())
+        loop = b_max * (1.0 + 5e-4 * k * b_max)
+        method = "loop" if loop <= 0.08 * n * np.log2(max(n, 2)) else "sort"
+    if method == "loop":
+        return _floyd_loop(key, b, sizes, starts)
+    if method == "sort":
+        return _floyd_sorted(key, b, sizes, starts)
+    raise ValueError(f"draw method must be 'auto', 'loop' or 'sort', got {method!r}.")
 
 
-def stratified_design(strata: Strata, dtype=None) -> SamplingDesign:
+def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> SamplingDesign:
     """The design of paper 001 Eq. (10): b_j draws without replacement from stratum j,
-    weights n_j / b_j. All strata in one vectorised draw of static size n = Σ b_j."""
+    weights n_j / b_j. All strata in one vectorised draw of static size n = Σ b_j
+    (``draw_method``: see :func:`_draw_positions`)."""
     dtype = dtype or jnp.result_type(float)
     b = np.asarray(strata.batch_sizes, np.int64)
     sizes = np.asarray(strata.sizes, np.int64)
@@ -272,7 +290,7 @@ def stratified_design(strata: Strata, dtype=None) -> SamplingDesign:
     order = jnp.asarray(strata.order, jnp.int32)
 
     def draw(key):
-        pos = _draw_positions(key, b, sizes, starts)
+        pos = _draw_positions(key, b, sizes, starts, draw_method)
         return order[pos], weights
 
     draw.strata = strata  # read by strata_of()

@@ -71,6 +71,44 @@ def test_draws_distinct_within_strata_and_uniform():
     np.testing.assert_allclose(w[0], (strata.sizes / strata.batch_sizes)[labels[idx[0]]], rtol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["loop", "sort"])
+def test_floyd_draw_every_subset_equally_likely(method):
+    """Exact law of the within-stratum draw (Floyd's algorithm, loop and loop-free forms): each
+    of the C(n_j, b_j) subsets has frequency 1/C(n_j, b_j) within 5 SE; a full stratum
+    (b_j = n_j) is taken whole; members are read through a shuffled CSR layout."""
+    from itertools import combinations
+
+    from numpyro_subsample.stratified import Strata
+
+    sizes, b = np.array([5, 6, 3, 40]), np.array([2, 3, 3, 4])
+    labels = np.repeat(np.arange(4), sizes)
+    perm = np.random.default_rng(0).permutation(labels.size)  # plate index -> shuffled ids
+    labels = labels[np.argsort(perm)]
+    order = np.argsort(labels, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    strata = Strata(labels, order, starts, sizes, b, np.ones(4), 0.0, 0.0)
+    design = stratified_design(strata, jnp.float32, draw_method=method)
+    draws = 40_000
+    idx = np.asarray(jax.jit(jax.vmap(lambda k: design.draw(k)[0]))(
+        jax.random.split(jax.random.PRNGKey(3), draws)))
+    off = np.concatenate([[0], np.cumsum(b)])
+    for j in range(4):
+        block = np.sort(idx[:, off[j]:off[j + 1]], axis=1)
+        assert np.all(labels[block] == j) and np.all(np.diff(block, axis=1) > 0)
+        if j == 3:  # inclusion frequency b_j / n_j for every member of the large stratum
+            counts = np.bincount(block.ravel(), minlength=labels.size)[order[starts[3]:]]
+            p = b[3] / sizes[3]
+            assert np.all(np.abs(counts - draws * p) < 5 * np.sqrt(draws * p * (1 - p)))
+            continue
+        subsets = list(combinations(order[starts[j]:starts[j] + sizes[j]].tolist(), b[j]))
+        freq = {tuple(sorted(c)): 0 for c in subsets}
+        for row in map(tuple, block.tolist()):
+            freq[row] += 1  # KeyError if a row were not one of the subsets
+        p = 1 / len(subsets)
+        f = np.array(list(freq.values()))
+        assert np.all(np.abs(f - draws * p) <= 5 * np.sqrt(draws * p * (1 - p))), f
+
+
 @pytest.mark.parametrize("name", ["stratified", "cv-stratified"])
 def test_unbiased(linreg, name):
     _, _, pot, proxy = linreg
