@@ -36,10 +36,31 @@ Every proxy here has the form  q_i(θ) = a_i + b_iᵀΔ + ½ ΔᵀC_iΔ (+ a sha
   :meth:`EnergyConservingHMC.proxy_total`, a diagnostic). e_i is precomputed once by Monte
   Carlo over S draws of the fitted guide (moment-matched antithetic normal draws for Gaussian
   guides), chunked over data and draws: memory O(N + chunk·S).
-- ``"hybrid"``: q_i(θ) = e_i + ḡ_iᵀ(θ − μ), ḡ_i = E_q[∇ℓ_i(φ)] — the variational expectation
-  plus a first-order correction at the current state: the first-order Taylor expansion, at the
-  guide mean μ, of the q-smoothed likelihood ℓ̄_i(μ') = E_{N(μ',Σ)}[ℓ_i] (Bonnet's theorem:
-  ∇_μ ℓ̄_i = E_q[∇ℓ_i]). It needs an (N, d) table (preprocessing memory O(N·d)).
+- ``"hybrid"``, ``hybrid_order=1``: q_i(θ) = e_i + ḡ_iᵀ(θ − μ), ḡ_i = E_q[∇ℓ_i(φ)] — the
+  variational expectation plus a first-order correction at the current state: the first-order
+  Taylor expansion, at the guide mean μ, of the q-smoothed likelihood ℓ̄_i(μ') =
+  E_{N(μ',Σ)}[ℓ_i] (Bonnet's theorem: ∇_μ ℓ̄_i = E_q[∇ℓ_i]). An (N, d) table (memory O(N·d)).
+- ``"hybrid"``, ``hybrid_order=2`` (default): the L²(q)-orthogonal projection of ℓ_i onto
+  quadratics. In whitened coordinates z (θ = μ + L z, z ~ N(0, I) under a Gaussian guide) the
+  Hermite expansion truncated at degree 2 is
+      q_i(z) = E[ℓ_i] + E[∇ℓ_i]ᵀz + ½ zᵀE[∇²ℓ_i]z − ½ tr E[∇²ℓ_i],
+  (Stein's lemma: the Hermite coefficients of degree k are E_q[∇^kℓ_i]); it minimises
+  E_q[(ℓ_i − q_i)²] over all quadratics, Taylor-2 at the mode included, so when q is close to
+  the posterior it gives the smallest E_π[d_i²] and hence (about) the smallest σ̂² at posterior
+  draws. The −½ tr term matters: without it, the "smoothed" expansion E[ℓ_i] + … carries the
+  datum-dependent offset ½ tr(Σ∇²ℓ_i) into d_i. E[∇²ℓ_i] = E[∇ℓ_i zᵀ] (Stein again) needs only
+  gradients; all three moments use S moment-matched antithetic draws z_s shared by all data and
+  are computed on the fly for the indices of u (memory O(S·d) per datum, no tables; cost
+  S gradients per new datum), the sums from S full-data gradient passes with the same draws.
+
+Selection (``selection=``): ``"uniform"`` (with replacement, as in the paper), or
+``"preferential"`` — Hansen-Hurwitz: u_j i.i.d. with P(u_j = i) = p_i, p_i ∝ (1 − λ) s_i / Σs +
+λ/N with s_i = rms of d_i(θ_s) over ``num_selection_draws`` proxy draws (λ = ``uniform_mix``,
+0.05, so every p_i > 0), drawn in O(1) by a Walker alias table. With y_j = d_{u_j}/p_{u_j}:
+l̂ = Σ_i q_i + (1/m)Σ_j y_j, Var_u[l̂] = (1/m)(Σ_i d_i²/p_i − (Σ_i d_i)²), estimated without bias
+by σ̂² = s²_u(y)/m; the bias correction of Eq. 1 is exp(−σ̂²/2) with this σ̂². The block-Gibbs
+step proposes new blocks from the same law p (independence proposal from the prior of u), so its
+acceptance ratio keeps the form exp(l̂' − σ̂'²/2 − l̂ + σ̂²/2).
 
 The chain runs in coordinates whitened by the proxy (θ = θ_ref + L w), so NUTS starts with a
 sensible metric; the mass matrix is still adapted in warm-up.
@@ -63,14 +84,16 @@ from numpyro.infer.hmc import hmc
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from .datapass import DEFAULT_CHUNK, chunk_indices, value_grad_hessian
+from .datapass import DEFAULT_CHUNK, chunk_indices, map_data, value_grad_hessian
 from .kernel import _default_progress, _same_args
 from .potential import Potential, _set_plate_indices, build_potential, check_data_finite
+from .preferential import AliasTable, alias_draw, build_alias_table, mix_with_uniform
 from .proxy import Proxy, fit_laplace
 
 __all__ = ["EnergyConservingHMC", "ECSState", "ECSPreprocessed", "variational_expectations"]
 
 PROXIES = ("taylor", "variational", "hybrid")
+SELECTIONS = ("uniform", "preferential")
 
 
 class ECSState(NamedTuple):
@@ -79,9 +102,9 @@ class ECSState(NamedTuple):
     ``z``: unconstrained latent values (dict); ``hmc_state``: NumPyro's ``HMCState`` on the
     whitened position w; ``idx``: the subsample u (m,); ``aux``: the proxy's per-datum terms
     for u (``a`` (m,), ``b`` (m, d) or (m, 0), ``c`` (m, d, d) or (m, 0, 0), in whitened
-    coordinates); ``sigma2``: σ̂² at the current draw; ``index_accept_prob``; ``accept_prob``,
-    ``num_steps``, ``diverging``: of the HMC step; ``loglik_estimate``: l̂ without the
-    constant Σa_i.
+    coordinates, and ``r`` (m,) = 1/(N p_i), 1 for uniform selection); ``sigma2``: σ̂² at
+    the current draw; ``index_accept_prob``; ``accept_prob``, ``num_steps``, ``diverging``: of
+    the HMC step; ``loglik_estimate``: l̂ without the constant Σa_i.
     """
 
     i: jax.Array
@@ -108,11 +131,12 @@ class ECSPreprocessed(NamedTuple):
     tril: jax.Array  # L (d, d)
     sum_b: jax.Array  # Lᵀ B (d,)
     sum_c: jax.Array  # Lᵀ C L (d, d) or (0, 0)
-    datum_aux: Callable[[jax.Array], tuple]  # idx (k,) -> (a, b, c) whitened, for new blocks
+    datum_aux: Callable[[jax.Array], tuple]  # idx (k,) -> (a, b, c, r) whitened, for new blocks
     subsample_size: int
     seconds: float
     data_passes: float
     info: dict
+    table: AliasTable | None = None  # preferential selection law (None: uniform)
 
 
 def _moment_matched_normal(key: jax.Array, S: int, d: int) -> jax.Array:
@@ -192,6 +216,11 @@ class EnergyConservingHMC(MCMCKernel):
     :param subsample_size: m, overriding the model's plate subsample size.
     :param algo: ``"NUTS"`` (default) or ``"HMC"``.
     :param num_mc_draws: S, guide draws for E_q[ℓ_i] (and E_q[∇ℓ_i]); default 64.
+    :param hybrid_order: 1 or 2 (default, the L²(q) quadratic projection) for ``"hybrid"``.
+    :param selection: ``"preferential"`` (default: Hansen-Hurwitz, p_i ∝ the proxy error's
+        scale, mixed with ``uniform_mix`` of the uniform law, estimated from
+        ``num_selection_draws`` proxy draws; it gave the lower σ̂² in every measurement) or
+        ``"uniform"`` (the paper's estimator, no extra preprocessing pass).
     :param proxy_kwargs: options of :func:`~numpyro_subsample.proxy.fit_laplace` (Taylor) or
         :func:`~numpyro_subsample.variational.fit_variational` (variational, hybrid; e.g.
         ``guide=``, ``guide_params=``).
@@ -225,6 +254,10 @@ class EnergyConservingHMC(MCMCKernel):
         trajectory_length: float | None = None,
         num_steps: int | None = None,
         num_mc_draws: int = 64,
+        hybrid_order: int = 2,
+        selection: str = "preferential",
+        uniform_mix: float = 0.05,
+        num_selection_draws: int = 16,
         proxy_kwargs: dict | None = None,
         chunk_size: int = DEFAULT_CHUNK,
         seed: int = 0,
@@ -242,6 +275,14 @@ class EnergyConservingHMC(MCMCKernel):
             trajectory_length = 2 * np.pi
         if int(num_mc_draws) < 2:
             raise ValueError(f"num_mc_draws must be at least 2, got {num_mc_draws}.")
+        if hybrid_order not in (1, 2):
+            raise ValueError(f"hybrid_order must be 1 or 2, got {hybrid_order}.")
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}.")
+        if not 0.0 < float(uniform_mix) <= 1.0:
+            raise ValueError(
+                f"uniform_mix must be in (0, 1] so that every p_i > 0, got {uniform_mix}."
+            )
         self._model = model
         self.proxy_kind = proxy
         self.taylor_order = int(taylor_order)
@@ -255,6 +296,10 @@ class EnergyConservingHMC(MCMCKernel):
             trajectory_length=trajectory_length, num_steps=num_steps,
         )
         self.num_mc_draws = int(num_mc_draws) + int(num_mc_draws) % 2
+        self.hybrid_order = int(hybrid_order)
+        self.selection = selection
+        self.uniform_mix = float(uniform_mix)
+        self.num_selection_draws = int(num_selection_draws)
         self.proxy_kwargs = dict(proxy_kwargs or {})
         self.chunk_size = chunk_size
         self.seed = seed
@@ -321,6 +366,7 @@ class EnergyConservingHMC(MCMCKernel):
             else:
                 pre = self._preprocess_variational(potential, k_proxy, k_mc, m, model_args,
                                                    model_kwargs)
+            pre = self._with_selection(pre, jax.random.fold_in(k_mc, 1))
         pre = pre._replace(seconds=time.perf_counter() - t0)
         self._pre, self._pre_args = pre, (model_args, model_kwargs)
         self._sample_fn = None
@@ -375,6 +421,8 @@ class EnergyConservingHMC(MCMCKernel):
         else:
             draws = proxy.info["sample"](k_mc, S)
         hybrid = self.proxy_kind == "hybrid"
+        if hybrid and self.hybrid_order == 2:
+            return self._preprocess_smoothed(potential, proxy, k_mc, m)
         t0 = time.perf_counter()
         e, gbar = jax.jit(
             lambda ph: variational_expectations(potential, ph, grads=hybrid,
@@ -408,16 +456,123 @@ class EnergyConservingHMC(MCMCKernel):
             jnp.zeros((0, 0), ref.dtype), datum_aux, m, 0.0, passes, info,
         )
 
+    def _preprocess_smoothed(self, potential, proxy, k_mc, m) -> ECSPreprocessed:
+        """Second-order hybrid: the L²(q) projection of ℓ_i onto quadratics (module docstring).
+
+        In whitened coordinates z ~ N(0, I) (θ = μ + L z) with S moment-matched antithetic
+        draws z_s shared by all data: a_i = mean_s ℓ_i − ½ tr C_i, b_i = mean_s ∇_z ℓ_i,
+        C_i = sym(mean_s ∇_z ℓ_i z_sᵀ) (Stein: E[∇²f] = E[∇f zᵀ]). Per-datum terms are
+        computed on the fly for the indices of u (no tables, memory O(S·d) per datum); the sums
+        B, C come from S full-data gradient passes with the same draws, so Σ_i q_i is exactly
+        consistent with the per-datum q_i and l̂ stays unbiased whatever the Monte Carlo error.
+        """
+        ref, tril = proxy.centre, proxy.scale_tril
+        S, d = self.num_mc_draws, ref.shape[0]
+        if S // 2 < d:
+            raise ValueError(
+                f"hybrid_order=2 needs num_mc_draws >= 2·dim = {2 * d} (moment-matched draws), "
+                f"got {S}; raise num_mc_draws."
+            )
+        if not proxy.info.get("gaussian", False):
+            raise ValueError(
+                "hybrid_order=2 needs a Gaussian guide (e.g. AutoMultivariateNormal); "
+                "use hybrid_order=1 for other guides."
+            )
+        zs = _moment_matched_normal(k_mc, S, d).astype(ref.dtype)
+        prior = potential.prior
+        t0 = time.perf_counter()
+
+        def lik_grad(z):  # ∇_z Σ_i ℓ_i(μ + L z), one chunked data pass
+            th = ref + tril @ z
+            _, g, _ = value_grad_hessian(potential, th, self.chunk_size, hessian=False)
+            return -(tril.T @ (g - jax.grad(prior)(th)))
+
+        grads = jax.jit(lambda zz: jax.lax.map(lik_grad, zz))(zs)  # (S, d)
+        sum_b = grads.mean(0)
+        sum_c = grads.T @ zs / S
+        sum_c = 0.5 * (sum_c + sum_c.T)
+        mc_seconds = time.perf_counter() - t0
+
+        def datum(i):
+            f = lambda z: -potential.data_terms(ref + tril @ z, i[None])[0]  # noqa: E731
+            vals, g = jax.vmap(jax.value_and_grad(f))(zs)
+            c = g.T @ zs / S
+            c = 0.5 * (c + c.T)
+            return jnp.mean(vals) - 0.5 * jnp.trace(c), jnp.mean(g, 0), c
+
+        datum_aux = jax.vmap(datum)
+        info = {"num_mc_draws": S, "mc_seconds": mc_seconds, "draws": ref + zs @ tril.T,
+                "dim": d, "hybrid_order": 2}
+        return ECSPreprocessed(
+            potential, proxy, "hybrid", ref, tril, sum_b, sum_c, datum_aux, m, 0.0,
+            proxy.num_data_passes + float(S), info,
+        )
+
+    def _with_selection(self, pre: ECSPreprocessed, key) -> ECSPreprocessed:
+        """Append r_i = 1/(N p_i) to the per-datum terms; build p for ``"preferential"``.
+
+        Hansen-Hurwitz (preferential) selection: u_j i.i.d. with P(u_j = i) = p_i,
+        p_i ∝ (1 − λ)·rms_s d_i(θ_s) + λ/N over proxy draws θ_s (Walker alias table, O(1) per
+        draw); see :meth:`_estimate_fn` for the estimator and its variance.
+        """
+        base = pre.datum_aux
+        N = pre.potential.num_data
+        if self.selection == "uniform":
+            def datum_aux(i):
+                return (*base(i), jnp.ones(i.shape, pre.ref.dtype))
+
+            return pre._replace(datum_aux=datum_aux)
+        t0 = time.perf_counter()
+        S, d = self.num_selection_draws, pre.ref.shape[0]
+        zs = jax.random.normal(key, (S, d), pre.ref.dtype)
+        potential, ref, tril = pre.potential, pre.ref, pre.tril
+
+        def chunk(idx):
+            a, b, c = base(idx)
+            vals = jax.vmap(lambda z: -potential.data_terms(ref + tril @ z, idx))(zs)  # (S, k)
+            q = a[None] + zs @ b.T if b.shape[-1] else jnp.broadcast_to(a, vals.shape)
+            if c.shape[-1]:
+                q = q + 0.5 * jnp.einsum("sk,jkl,sl->sj", zs, c, zs)
+            return jnp.sqrt(jnp.mean((vals - q) ** 2, 0))
+
+        scale = np.asarray(jax.jit(lambda: map_data(chunk, N, self.chunk_size))(), np.float64)
+        if not np.all(np.isfinite(scale)):
+            raise ValueError(
+                "selection='preferential': the proxy error is not finite at some proxy draws; "
+                "use selection='uniform'."
+            )
+        table = build_alias_table(mix_with_uniform(scale, self.uniform_mix))
+        r = (1.0 / (N * table.probs.astype(jnp.float64))).astype(pre.ref.dtype)
+
+        def datum_aux(i):
+            return (*base(i), r[i])
+
+        info = dict(pre.info, selection_seconds=time.perf_counter() - t0,
+                    selection_probs=table.probs)
+        return pre._replace(datum_aux=datum_aux, table=table, info=info,
+                            data_passes=pre.data_passes + S)
+
+    def _draw_indices(self, pre: ECSPreprocessed, key, n: int) -> jax.Array:
+        if pre.table is None:
+            return jax.random.randint(key, (n,), 0, pre.potential.num_data)
+        return alias_draw(pre.table, key, n)
+
     # -- the estimator -------------------------------------------------------------------------
     def _estimate_fn(self, pre: ECSPreprocessed):
-        """(w, idx, aux) -> (f0(θ), l̂(θ) − A, σ̂²(θ)), paper 003 'Perturbed method'."""
+        """(w, idx, aux) -> (f0(θ), l̂(θ) − A, σ̂²(θ)), paper 003 'Perturbed method'.
+
+        With y_j = d_{u_j} / p_{u_j} = N r_{u_j} d_{u_j} (Hansen-Hurwitz; uniform: p = 1/N):
+        l̂ = Σ_i q_i + (1/m) Σ_j y_j (unbiased: E[y_j] = Σ_i d_i), and since the y_j are
+        i.i.d., Var_u[l̂] = (1/m)(Σ_i d_i²/p_i − (Σ_i d_i)²), estimated without bias by
+        σ̂² = s²_u(y)/m (ddof = 1) — the (N²/m) s²_u(d) of the paper for uniform p.
+        """
         potential, ref, tril = pre.potential, pre.ref, pre.tril
         N, m = potential.num_data, pre.subsample_size
         has_b = pre.sum_b.shape[0] > 0
         has_c = pre.sum_c.shape[0] > 0
 
         def estimate(w, idx, aux):
-            a, b, c = aux
+            a, b, c, r = aux
             theta = ref + tril @ w
             f0, fi = potential.terms(theta, idx)
             q_sub = a
@@ -428,9 +583,9 @@ class EnergyConservingHMC(MCMCKernel):
             if has_c:
                 q_sub = q_sub + 0.5 * jnp.einsum("jkl,k,l->j", c, w, w)
                 total = total + 0.5 * w @ pre.sum_c @ w
-            diff = -fi - q_sub
-            loglik = total + (N / m) * jnp.sum(diff)
-            sigma2 = (N**2 / m) * jnp.var(diff, ddof=1)
+            y = N * r * (-fi - q_sub)
+            loglik = total + jnp.mean(y)
+            sigma2 = jnp.var(y, ddof=1) / m
             return f0, loglik, sigma2
 
         return estimate
@@ -448,11 +603,11 @@ class EnergyConservingHMC(MCMCKernel):
         w = jax.scipy.linalg.solve_triangular(pre.tril, theta - pre.ref, lower=True)
 
         def one(key):
-            idx = jax.random.randint(key, (pre.subsample_size,), 0, pre.potential.num_data)
+            idx = self._draw_indices(pre, key, pre.subsample_size)
             _, loglik, sigma2 = estimate(w, idx, pre.datum_aux(idx))
             return loglik, sigma2
 
-        return jax.vmap(one)(jax.random.split(rng_key, num_subsamples))
+        return jax.lax.map(one, jax.random.split(rng_key, num_subsamples), batch_size=16)
 
     def proxy_total(self, theta: jax.Array) -> jax.Array:
         """Σ_i q_i(θ) of the proxy, including the constant and (variational) G(θ).
@@ -471,9 +626,13 @@ class EnergyConservingHMC(MCMCKernel):
             if pre.sum_c.shape[0]:
                 out = out + 0.5 * w @ pre.sum_c @ w
             return out
-        sum_e = pre.info["sum_e"]
         if pre.kind == "hybrid":
-            return sum_e + pre.sum_b @ w
+            if "sum_e" in pre.info:
+                return pre.info["sum_e"] + pre.sum_b @ w
+            a_sum = jnp.sum(map_data(lambda i: pre.datum_aux(i)[0], pre.potential.num_data,
+                                     self.chunk_size))
+            return a_sum + pre.sum_b @ w + 0.5 * w @ pre.sum_c @ w
+        sum_e = pre.info["sum_e"]
         if not pre.proxy.info.get("gaussian", False):
             raise ValueError("proxy_total for proxy='variational' needs a Gaussian guide.")
         draws = pre.info["draws"]
@@ -500,11 +659,11 @@ class EnergyConservingHMC(MCMCKernel):
         return estimate, potential_fn_gen, init_kernel, sample_kernel
 
     def _draw_block(self, pre: ECSPreprocessed, key, idx, aux):
-        G, m, N = self.num_blocks, pre.subsample_size, pre.potential.num_data
+        G, m = self.num_blocks, pre.subsample_size
         bs = m // G
         k_block, k_idx = jax.random.split(key)
         start = jax.random.randint(k_block, (), 0, G) * bs
-        new = jax.random.randint(k_idx, (bs,), 0, N)
+        new = self._draw_indices(pre, k_idx, bs)
         new_aux = pre.datum_aux(new)
         idx = jax.lax.dynamic_update_slice_in_dim(idx, new, start, 0)
         aux = tuple(
@@ -516,7 +675,7 @@ class EnergyConservingHMC(MCMCKernel):
     def _init_one(self, pre, init_kernel, estimate, num_warmup, rng_key, init_params):
         k_idx, k_w, k_hmc, key = jax.random.split(rng_key, 4)
         d = pre.ref.shape[0]
-        idx = jax.random.randint(k_idx, (pre.subsample_size,), 0, pre.potential.num_data)
+        idx = self._draw_indices(pre, k_idx, pre.subsample_size)
         aux = pre.datum_aux(idx)
         if init_params is not None:
             theta = ravel_pytree(init_params)[0].astype(pre.ref.dtype)
