@@ -1,4 +1,7 @@
-"""Run every ``benchmarks/bench_*.py`` and collect their tables into ``benchmarks/RESULTS.md``.
+"""Run every benchmark script and collect their tables into ``benchmarks/RESULTS.md``.
+
+Scripts: every ``benchmarks/bench_*.py`` (bench_sgld, bench_preferential, bench_stratified,
+bench_ecs, bench_distributed, ...) and ``zv_benchmark.py``.
 
     python benchmarks/run_all.py            # full benchmarks (long; run on an idle machine)
     python benchmarks/run_all.py --quick    # each script's small version
@@ -19,6 +22,25 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+EXTRA_SCRIPTS = ("zv_benchmark.py",)
+# Small versions for scripts without a ``--quick`` flag.
+QUICK_ARGS = {"bench_distributed.py": ["--N", "4000", "--draws", "100", "--devices", "1", "4"],
+              "bench_step.py": ["--sizes", "10000,100000", "--steps", "3000"]}
+
+
+def benchmark_scripts() -> list[Path]:
+    """Every bench_*.py plus the extra scripts, in name order."""
+    found = set(HERE.glob("bench_*.py")) | {HERE / n for n in EXTRA_SCRIPTS if (HERE / n).is_file()}
+    return sorted(found, key=lambda p: p.name)
+
+
+def script_args(script: Path, quick: bool) -> list[str]:
+    """``--quick`` if the script accepts it, else its entry in QUICK_ARGS (full size: none)."""
+    if not quick:
+        return []
+    if script.name in QUICK_ARGS:
+        return list(QUICK_ARGS[script.name])
+    return ["--quick"] if '"--quick"' in script.read_text() else []
 
 
 def machine_info() -> list[str]:
@@ -58,12 +80,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=None, help="seconds per script")
     p.add_argument("--output", default=str(HERE / "RESULTS.md"))
     args = p.parse_args(argv)
-    scripts = sorted(HERE.glob("bench_*.py"))
+    scripts = benchmark_scripts()
     if args.only:
         wanted = {s.strip() for s in args.only.split(",")}
         scripts = [s for s in scripts if s.name in wanted]
     if not scripts:
-        print("no benchmarks/bench_*.py scripts found", file=sys.stderr)
+        print(f"no benchmark scripts found (--only {args.only!r}?)", file=sys.stderr)
         return 1
     command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
     sections = [
@@ -79,7 +101,8 @@ def main(argv=None) -> int:
     ]
     failures = 0
     for script in scripts:
-        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        extra = script_args(script, args.quick)
+        cmd = [sys.executable, str(script), *extra]
         print(f"== {script.name}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
@@ -92,7 +115,7 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - t0
         sys.stderr.write(err[-2000:] if isinstance(err, str) else "")
         sections += [f"## {script.name}", "",
-                     f"`python benchmarks/{script.name}{' --quick' if args.quick else ''}` "
+                     f"`python benchmarks/{' '.join([script.name, *extra])}` "
                      f"— wall time {wall:.0f} s, exit status {code}", ""]
         if code != 0:
             failures += 1

@@ -181,11 +181,12 @@ class Settings:
     nuts_samples: int
     ksd_draws: int
     checkpoints: int = 12
+    ksd_points: int = 5  # prefixes of the curve with a KSD (each length compiles the KSD once)
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
     if args.quick:
-        s = Settings(300, 3000, 200, 300, 150)
+        s = Settings(300, 3000, 200, 300, 150, ksd_points=3)
     else:
         s = Settings(1000, 20_000, 500, 1000, 500)
     if args.num_samples:
@@ -313,7 +314,8 @@ def evaluate(result: Result, trace: Trace, ref: np.ndarray, settings: Settings,
     curve = {"draws": [], "passes": [], "seconds": [], "mean_err": [], "ksd": []}
     # KSD of prefixes at a few of the points only: each prefix length compiles the KSD once
     # (the lengths are the same for every method with the same chain length, so it is shared).
-    ksd_at = set(points[np.unique(np.linspace(0, len(points) - 1, 5).astype(int))].tolist())
+    pick = np.linspace(0, len(points) - 1, settings.ksd_points).astype(int)
+    ksd_at = set(points[np.unique(pick)].tolist())
     for k in points:
         curve["draws"].append(int(k))
         curve["passes"].append(float(trace.passes[k - 1]))
@@ -391,57 +393,88 @@ class CompileTimer:
 
 
 def run_nuts(problem: Problem, settings: Settings, seed: int, progress: bool) -> dict:
-    """NumPyro NUTS on the full data; warm-up collected to count its gradient evaluations."""
-    import jax
-    from numpyro.infer import MCMC, NUTS
+    """NumPyro NUTS on the full data (warm-up + draws in one compiled loop).
 
-    mcmc = MCMC(NUTS(problem.model), num_warmup=settings.nuts_warmup,
-                num_samples=settings.nuts_samples, progress_bar=progress)
-    key = jax.random.PRNGKey(seed)
-    with _quiet(), CompileTimer() as ct_warm:
+    ``NUTS.init``/``NUTS.sample`` under :func:`numpyro.util.fori_collect` with the warm-up
+    collected, which is what ``MCMC.warmup(collect_warmup=True)`` + ``MCMC.run`` do, but
+    compiled once instead of twice; the warm-up's leapfrog steps are counted as data passes.
+    """
+    import jax
+    from numpyro.infer import NUTS
+    from numpyro.util import fori_collect
+
+    W, S = settings.nuts_warmup, settings.nuts_samples
+    kernel = NUTS(problem.model)
+    args, kwargs = problem.args(), problem.kwargs(full=True)
+    with _quiet(), CompileTimer() as ct:
         t0 = time.perf_counter()
-        mcmc.warmup(key, *problem.args(), **problem.kwargs(full=True), collect_warmup=True,
-                    extra_fields=("num_steps",))
-        warm_steps = np.asarray(mcmc.get_extra_fields()["num_steps"])
-        _block(mcmc.post_warmup_state)
-        t_warm = time.perf_counter() - t0
-    with _quiet(), CompileTimer() as ct_run:
-        t1 = time.perf_counter()
-        mcmc.run(mcmc.post_warmup_state.rng_key, *problem.args(), **problem.kwargs(full=True),
-                 extra_fields=("num_steps",))
-        samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
-        t_run = time.perf_counter() - t1
-    t_warm -= ct_warm.seconds
-    t_run -= ct_run.seconds
-    steps = np.asarray(mcmc.get_extra_fields()["num_steps"])
-    # one full-data gradient per leapfrog step = one data pass
-    passes = warm_steps.sum() + np.cumsum(steps)
-    seconds = t_warm + t_run * np.arange(1, steps.size + 1) / steps.size
-    return {"samples": samples, "passes": passes.astype(float), "seconds": seconds,
-            "sampling_s": t_warm + t_run, "preprocessing_s": 0.0,
-            "compile_s": ct_warm.seconds + ct_run.seconds,
-            "iterations": settings.nuts_warmup + settings.nuts_samples}
+        state = kernel.init(jax.random.PRNGKey(seed), W, None, args, kwargs)
+        zs, steps = fori_collect(
+            0, W + S, lambda s: kernel.sample(s, args, kwargs), state,
+            transform=lambda s: (s.z, s.num_steps), progbar=progress,
+        )
+        samples = jax.vmap(kernel.postprocess_fn(args, kwargs))(
+            jax.tree.map(lambda x: x[W:], zs))
+        samples = {k: np.asarray(v) for k, v in samples.items()}
+        total = time.perf_counter() - t0 - ct.seconds
+    steps = np.asarray(steps, float)
+    # one full-data gradient per leapfrog step = one data pass; time spread over the steps
+    cum = np.cumsum(steps)
+    passes = cum[W:]
+    seconds = total * passes / cum[-1]
+    return {"samples": samples, "passes": passes, "seconds": seconds,
+            "sampling_s": total, "preprocessing_s": 0.0, "compile_s": ct.seconds,
+            "iterations": W + S}
 
 
-def run_hmcecs(problem: Problem, settings: Settings, seed: int, progress: bool) -> dict:
-    """NumPyro HMCECS (NUTS inner kernel) with ``taylor_proxy`` at a MAP from SVI/AutoDelta."""
+@dataclass
+class SharedProxy:
+    """The Laplace proxy fitted once per problem and passed to every method that uses one.
+
+    Every stochastic-gradient kernel would fit exactly this proxy itself (same seed split, same
+    settings as ``SGMCMCKernel.preprocess``); fitting it once removes the repeated fit *and* its
+    JAX compilation (Adam loop, Newton passes, per-datum gradients: several seconds per method
+    in a cold process). Each method is still charged the fit's seconds and data passes.
+    """
+
+    proxy: Any
+    potential: Any
+    seconds: float  # wall time without compilation
+    compile_s: float
+
+
+def fit_shared_proxy(problem: Problem, seed: int, progress: bool) -> SharedProxy:
     import jax
-    import optax
-    from numpyro.infer import HMCECS, MCMC, NUTS, SVI, Trace_ELBO
-    from numpyro.infer.autoguide import AutoDelta
+
+    from .potential import build_potential
+    from .proxy import fit_laplace
+
+    # the seed split of SGMCMCKernel.preprocess (k_model, k_proxy, k_noise)
+    k_model, k_proxy, _ = jax.random.split(jax.random.PRNGKey(seed), 3)
+    with _quiet(), CompileTimer() as ct:
+        t0 = time.perf_counter()
+        pot = build_potential(problem.model, problem.args(), problem.kwargs(), k_model)
+        # the kernels' default: no N×d table of ∇f_i(θ̂) (recomputed on each subsample)
+        proxy = fit_laplace(pot, k_proxy, store_datum_grads=False, progress=progress)
+        _block(proxy.centre)
+        seconds = time.perf_counter() - t0 - ct.seconds
+    return SharedProxy(proxy, pot, seconds, ct.seconds)
+
+
+def run_hmcecs(problem: Problem, settings: Settings, seed: int, progress: bool,
+               shared: SharedProxy) -> dict:
+    """NumPyro HMCECS (NUTS inner kernel) with ``taylor_proxy`` at the posterior mode.
+
+    The mode is the centre of the shared Laplace proxy (Adam on minibatches + full-data Newton,
+    the same MAP the package kernels start from); its seconds and data passes are charged here.
+    """
+    import jax
+    from numpyro.infer import HMCECS, MCMC, NUTS
 
     N, n = problem.num_data, problem.subsample_size
-    key_svi, key_run = jax.random.split(jax.random.PRNGKey(seed))
-    guide = AutoDelta(problem.model)
-    svi = SVI(problem.model, guide, optax.adam(0.01), Trace_ELBO())
-    svi_steps = int(min(max(2 * N // n, 1000), 20_000))
-    with _quiet(), CompileTimer() as ct_pre:
-        t0 = time.perf_counter()
-        res = svi.run(key_svi, svi_steps, *problem.args(), progress_bar=progress,
-                      **problem.kwargs())
-        ref_params = dict(guide.median(res.params))
-        _block(ref_params)
-        pre_s = time.perf_counter() - t0 - ct_pre.seconds
+    pot = shared.potential
+    z_hat = pot.unravel(shared.proxy.centre)
+    ref_params = {k: v for k, v in pot.constrain(z_hat).items() if k in z_hat}
     num_blocks = 100 if n >= 100 else 1
     kernel = HMCECS(NUTS(problem.model), num_blocks=num_blocks,
                     proxy=HMCECS.taylor_proxy(ref_params))
@@ -449,34 +482,45 @@ def run_hmcecs(problem: Problem, settings: Settings, seed: int, progress: bool) 
                 progress_bar=progress)
     with _quiet(), CompileTimer() as ct_run:
         t1 = time.perf_counter()
-        mcmc.run(key_run, *problem.args(), **problem.kwargs(),
+        mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs(),
                  extra_fields=("hmc_state.num_steps",))
         samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
         sampling_s = time.perf_counter() - t1 - ct_run.seconds
     steps = np.asarray(mcmc.get_extra_fields()["hmc_state.num_steps"], float)
-    # proxy: one full pass (per-datum values, gradients, Hessians at the MAP); SVI: its
-    # minibatches; each iteration: one subsample per leapfrog step + the Gibbs proposal.
-    pre_passes = svi_steps * n / N + 1.0
+    # proxy: the Laplace fit's passes + one full pass (per-datum values, gradients, Hessians
+    # at the mode, inside HMCECS's init); each iteration: one subsample per leapfrog step + the
+    # Gibbs proposal.
+    pre_passes = shared.proxy.num_data_passes + 1.0
     warm = settings.nuts_warmup * (steps.mean() + 1) * n / N
     passes = pre_passes + warm + np.cumsum(steps + 1) * n / N
     frac = (settings.nuts_warmup + np.arange(1, steps.size + 1)) / (
         settings.nuts_warmup + steps.size)
+    pre_s = shared.seconds
     return {"samples": samples, "passes": passes, "seconds": pre_s + sampling_s * frac,
             "sampling_s": sampling_s, "preprocessing_s": pre_s,
-            "compile_s": ct_pre.seconds + ct_run.seconds,
-            "iterations": settings.nuts_warmup + settings.nuts_samples,
-            "note": "warm-up passes estimated from the sampling phase's steps"}
+            "compile_s": ct_run.seconds, "iterations": settings.nuts_warmup + settings.nuts_samples,
+            "note": "warm-up passes estimated from the sampling phase's steps; taylor_proxy at "
+                    "the shared Laplace mode"}
 
 
 def run_package_kernel(method: Method, problem: Problem, settings: Settings, seed: int,
-                       progress: bool) -> dict:
-    """A package kernel under ``numpyro.infer.MCMC``; compile time measured separately."""
+                       progress: bool, shared: SharedProxy | None = None) -> dict:
+    """A package kernel under ``numpyro.infer.MCMC``; compile time measured separately.
+
+    Stochastic-gradient kernels get the ``shared`` Laplace proxy (``proxy=Proxy``) and are
+    charged its fit time; the proxy's data passes are counted by the kernel itself.
+    """
     import jax
     from numpyro.infer import MCMC
 
+    pre_s = pre_compile = 0.0
     if method.kind == "sg":
+        opts = {}
+        if shared is not None:
+            opts["proxy"] = shared.proxy
+            pre_s = shared.seconds
         kernel = method.kernel_cls(problem.model, estimator=method.estimator, seed=seed,
-                                   progress_bar=progress)
+                                   progress_bar=progress, **opts)
     else:
         kernel = method.kernel_cls(problem.model)
     if method.kind == "sg":
@@ -485,13 +529,12 @@ def run_package_kernel(method: Method, problem: Problem, settings: Settings, see
         W, S = settings.nuts_warmup, settings.nuts_samples
     mcmc = MCMC(kernel, num_warmup=W, num_samples=S, progress_bar=False)
     key = jax.random.PRNGKey(seed)
-    pre_s = pre_compile = 0.0
     with _quiet():
         if hasattr(kernel, "preprocess"):
             with CompileTimer() as ct_pre:
                 t0 = time.perf_counter()
                 kernel.preprocess(problem.args(), problem.kwargs())
-                pre_s = time.perf_counter() - t0 - ct_pre.seconds
+                pre_s += time.perf_counter() - t0 - ct_pre.seconds
             pre_compile = ct_pre.seconds
         with CompileTimer() as ct_run:
             t1 = time.perf_counter()
@@ -730,16 +773,24 @@ def run_compare(args: argparse.Namespace) -> dict:
     if cached:
         ref_res.note = "cached reference: timings from the run that made it"
     finish(ref_res, ref_out, plot_it=False)
+    shared: SharedProxy | None = None
     for m in methods:
         if m.kind == "nuts":
             continue
         bar.set_postfix_str(m.name)
         res = Result(m.name)
         try:
+            if m.kind in ("hmcecs", "sg") and shared is None:
+                bar.set_postfix_str(f"{m.name}: shared Laplace proxy")
+                shared = fit_shared_proxy(problem, args.seed, progress)
+                print(f"note: Laplace proxy fitted once for all methods using one: "
+                      f"{shared.seconds:.2f} s + {shared.compile_s:.2f} s compile, "
+                      f"{shared.proxy.num_data_passes:.1f} data passes", file=sys.stderr)
+                bar.set_postfix_str(m.name)
             if m.kind == "hmcecs":
-                out = run_hmcecs(problem, settings, args.seed, progress)
+                out = run_hmcecs(problem, settings, args.seed, progress, shared)
             else:
-                out = run_package_kernel(m, problem, settings, args.seed, progress)
+                out = run_package_kernel(m, problem, settings, args.seed, progress, shared)
             finish(res, out)
         except Exception as err:  # noqa: BLE001 - one method failing must not stop the others
             res.status = "failed"
@@ -759,6 +810,11 @@ def run_compare(args: argparse.Namespace) -> dict:
         "quick": bool(args.quick),
         "settings": settings.__dict__,
         "reference": {"method": "NUTS, full data, 1 chain", "cached": cached},
+        "shared_proxy": None if shared is None else {
+            "kind": shared.proxy.kind, "seconds": shared.seconds, "compile_s": shared.compile_s,
+            "data_passes": shared.proxy.num_data_passes},
+        "compile_cache": args.compile_cache_dir,
+        "fast_compile": args.fast_compile,
         "ksd": ksd_note or "IMQ kernel Stein discrepancy on thinned draws, full-data scores",
         "skipped": found.skipped,
         "machine": _machine(),
@@ -814,10 +870,60 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cache-dir", default=None,
                    help="reference cache folder (default ~/.cache/numpyro_subsample/reference)")
     c.add_argument("--no-cache", action="store_true", help="recompute the NUTS reference")
+    c.add_argument("--compile-cache-dir", default=None,
+                   help="persistent JAX compilation cache (default "
+                   "~/.cache/numpyro_subsample/jax); re-runs skip most compilation")
+    c.add_argument("--no-compile-cache", action="store_true",
+                   help="do not read or write the persistent JAX compilation cache")
+    c.add_argument("--optimized-xla", action="store_true",
+                   help="with --quick: compile with XLA's full optimisations (slower to compile, "
+                   "faster to run; --quick otherwise compiles fast, unoptimised code)")
     c.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="progress bars (default: on when stderr is a terminal)")
     c.add_argument("--no-progress", dest="progress", action="store_false")
     return parser
+
+
+def setup_compile_cache(args: argparse.Namespace) -> str | None:
+    """Point JAX's persistent compilation cache at a user cache folder (unless opted out).
+
+    A cache already configured in this process (e.g. by a test suite or the user's own
+    ``jax.config``) is left alone and reported. Returns the folder in use, or None.
+    """
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if args.no_compile_cache:
+        return None
+    if current:
+        return str(current)
+    if args.compile_cache_dir:
+        path = Path(args.compile_cache_dir).expanduser()
+    else:
+        path = _cache_dir(argparse.Namespace(cache_dir=None)).parent / "jax"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"note: no compilation cache ({path}: {err})", file=sys.stderr)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    # cache everything: most of a cold run is many compilations of a second or less
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return str(path)
+
+
+@contextlib.contextmanager
+def _xla_fast_compile(on: bool):
+    """``jax_disable_most_optimizations`` for the block (restored afterwards)."""
+    import jax
+
+    before = bool(jax.config.read("jax_disable_most_optimizations"))
+    jax.config.update("jax_disable_most_optimizations", bool(on) or before)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 def _positive_int(text: str) -> int:
@@ -856,6 +962,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in found.skipped:
             print(f"skipped: {s}")
         return 0
+    args.compile_cache_dir = setup_compile_cache(args)
+    # --quick: most of a cold run is XLA compiling ~10 programs that then run for well under a
+    # second each, so compile them without XLA's expensive optimisations (the run's timings
+    # are then those of unoptimised code; recorded in meta["fast_compile"]).
+    args.fast_compile = bool(args.quick and not args.optimized_xla)
     try:
         if args.dataset not in (None, "default", "synthetic"):
             from .datasets import DATASET_NAMES
@@ -868,7 +979,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} exists and is not a folder.")
-        result = run_compare(args)
+        with _xla_fast_compile(args.fast_compile):
+            result = run_compare(args)
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
         print(f"numpyro-subsample: error: {err}", file=sys.stderr)
         return 2
@@ -877,6 +989,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if notes:
         print("notes:\n" + "\n".join(notes))
     print(f"KSD: {result['meta']['ksd']}")
+    if args.fast_compile:
+        print("timings: --quick compiles with most XLA optimisations off (fast compile, slower "
+              "steps); use --optimized-xla or a full run for speed comparisons")
     print("saved: " + ", ".join(str(p) for p in result["paths"].values()))
     return 0
 

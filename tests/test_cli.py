@@ -54,6 +54,13 @@ def test_compare_writes_table_csv_json_png(run, capsys):
     assert passes == sorted(passes) and len(passes) >= 5
     png = (out / "compare.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    # one Laplace proxy for both kernels; each is charged its seconds and data passes
+    shared = data["meta"]["shared_proxy"]
+    assert shared is not None and shared["data_passes"] >= 2
+    for r in (cv, by["sgld-uniform"]):
+        assert r["preprocessing_s"] >= shared["seconds"]
+        assert r["data_passes"] >= shared["data_passes"] + 1300 * 50 / 2000 - 1e-6
+    assert data["meta"]["fast_compile"] is True  # --quick compiles without XLA optimisations
 
 
 def _has_ksd() -> bool:
@@ -75,6 +82,31 @@ def test_reference_is_cached(run, tmp_path, capsys):
     assert data["meta"]["reference"]["cached"] is True
     printed = capsys.readouterr().out
     assert "nuts (reference)" in printed and "KSD disabled" in printed
+
+
+def test_compile_cache_setup(tmp_path, monkeypatch):
+    import argparse
+
+    import jax
+
+    from numpyro_subsample.cli import setup_compile_cache
+
+    ns = argparse.Namespace(no_compile_cache=True, compile_cache_dir=str(tmp_path))
+    assert setup_compile_cache(ns) is None  # opt-out: nothing configured
+    before = jax.config.jax_compilation_cache_dir
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    min_size = jax.config.jax_persistent_cache_min_entry_size_bytes
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        ns = argparse.Namespace(no_compile_cache=False, compile_cache_dir=str(tmp_path / "jc"))
+        assert setup_compile_cache(ns) == str(tmp_path / "jc")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jc")
+        ns.compile_cache_dir = str(tmp_path / "other")  # an existing setting is left alone
+        assert setup_compile_cache(ns) == str(tmp_path / "jc")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", min_size)
 
 
 def test_discovery_lists_core_methods():
