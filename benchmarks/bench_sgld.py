@@ -3,7 +3,7 @@
 d = 21 (20 features + intercept), prior N(0, 10²), N = 10^5 and 10^6, subsample n = 1000.
 Compared in one run against the NUTS full-data reference (500 warm-up + 1000 draws):
 
-- NumPyro HMCECS (NUTS inner kernel) with ``taylor_proxy`` at an SVI/AutoDelta MAP;
+- NumPyro HMCECS (NUTS inner kernel) with ``taylor_proxy`` at the Laplace mode;
 - a hand-written BlackJAX SGLD-CV loop (``blackjax.sgld`` +
   ``blackjax.sgmcmc.gradients.control_variates``, centre from full-batch L-BFGS), at the best
   step size of a grid (chosen with the reference: oracle tuning, in its favour);
@@ -40,6 +40,7 @@ from numpyro_subsample.cli import (
     Settings,
     _errors,
     _flatten,
+    fit_shared_proxy,
     run_hmcecs,
     run_nuts,
     run_package_kernel,
@@ -207,7 +208,9 @@ def main(argv=None) -> int:
         rows.append(dict(r, N=N))
         log(f"N={N}: HMCECS")
         rows.append(dict(row_from("NumPyro HMCECS (taylor_proxy)",
-                                  run_hmcecs(prob, nuts, args.seed, False), ref, sites), N=N))
+                                  run_hmcecs(prob, nuts, args.seed, False,
+                                             fit_shared_proxy(prob, args.seed, False)),
+                                  ref, sites), N=N))
         log(f"N={N}: BlackJAX SGLD-CV grid")
         rows.append(dict(blackjax_sgld_cv(prob, ref, sg_iters, sg_warm, grid, args.seed), N=N))
         log(f"N={N}: numpyro_subsample SGLD(estimator='cv')")
