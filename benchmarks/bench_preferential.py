@@ -143,11 +143,13 @@ def fig2_datasets():
             ("ijcnn1", logistic, load_ijcnn1())]
 
 
-def run_chains(model, X, y, n, name, steps, step_size, proxy, num_chains, seed=0):
+def run_chains(model, X, y, n, name, steps, step_size, proxy, num_chains, seed=0,
+               whitened=False):
     """Paper 000 Appendix E protocol: plain (unpreconditioned) SGLD with the given common step
-    size, ``num_chains`` vectorised chains started at the proxy centre θ̂."""
+    size, ``num_chains`` vectorised chains started at the proxy centre θ̂. ``whitened``: the
+    package's preconditioned SGLD instead (the step is then in whitened units)."""
     kernel = SGLD(model, estimator=name, proxy=proxy, step_size=step_size,
-                  preconditioning=False, init_strategy="centre", progress_bar=False)
+                  preconditioning=whitened, init_strategy="centre", progress_bar=False)
     t0 = time.perf_counter()
     kernel.preprocess((X, y), {"subsample_size": n})
     t_pre = time.perf_counter() - t0
@@ -192,17 +194,21 @@ def chain_ksd(potential, runs, checkpoints, max_draws):
 
 
 def fig2_dataset(model, X, y, *, passes, step_factor, num_chains, num_checkpoints,
-                 max_draws):
-    """Fig. 2 on one data set; returns (rows, checkpoints, {label: KSD (checkpoints, chains)})."""
+                 max_draws, whitened_step=None):
+    """Fig. 2 on one data set; returns (rows, checkpoints, {label: KSD (checkpoints, chains)}).
+
+    ``whitened_step``: instead of the paper's plain SGLD at ε = step_factor/N, the package's
+    preconditioned SGLD with this common step (whitened units) for all four samplers."""
     N = X.shape[0]
     n = max(2, round(0.001 * N))
     steps = int(passes * N / n)
-    eps = step_factor / N
+    eps = step_factor / N if whitened_step is None else whitened_step
     fit = SGLD(model, estimator="cv", progress_bar=False)
     t0 = time.perf_counter()
     proxy = fit.preprocess((X, y), {"subsample_size": n}).proxy  # shared θ̂, ∇f_i(θ̂)
     t_proxy = time.perf_counter() - t0
-    runs = {lab: run_chains(model, X, y, n, name, steps, eps, proxy, num_chains)
+    runs = {lab: run_chains(model, X, y, n, name, steps, eps, proxy, num_chains,
+                            whitened=whitened_step is not None)
             for name, lab in FIG2_LABELS}
     checkpoints = np.linspace(passes / num_checkpoints, passes, num_checkpoints)
     curves = chain_ksd(runs["SGLD"]["kernel"].potential, runs, checkpoints, max_draws)
@@ -219,7 +225,8 @@ def fig2_dataset(model, X, y, *, passes, step_factor, num_chains, num_checkpoint
     return rows, checkpoints, curves
 
 
-def fig2(quick: bool, step_factor: float = 0.5):
+def fig2(quick: bool, step_factor: float = 0.5, whitened_step: float | None = None,
+         datasets: str | None = None):
     """Paper 000 Fig. 2 with the paper's protocol (Sect. 5.3.2, Appendix E): 0.1% subsample,
     10 passes, one common step ε = step_factor/N for all four samplers (paper: ε ≈ 1/N; its
     Table 1 has 1e-5 for CASP, 1e-6 for the 581k covertype ≈ 0.5/N), plain SGLD (no
@@ -229,16 +236,20 @@ def fig2(quick: bool, step_factor: float = 0.5):
     rows, curves = [], {}
     passes = 2 if quick else 10
     chains = 2
-    for dname, model, (X, y) in fig2_datasets()[: 2 if quick else 3]:
+    sets = fig2_datasets()[: 2 if quick else 3]
+    if datasets:
+        sets = [s for s in sets if s[0] in datasets.split(",")]
+    for dname, model, (X, y) in sets:
         r, cp, cv = fig2_dataset(model, X, y, passes=passes, step_factor=step_factor,
                                  num_chains=chains, num_checkpoints=3 if quick else 4,
-                                 max_draws=100 if quick else 150)
+                                 max_draws=100 if quick else 150, whitened_step=whitened_step)
         rows += [dict(row, data=dname) for row in r]
         for lab, c in cv.items():
             curves[(dname, lab)] = (cp, c)
-    print(f"\nFig. 2: 0.1% subsample, {passes} data passes, common step ε = {step_factor}/N, "
-          f"no preconditioning, {chains} chains from θ̂; KSD (mean ± se over chains) of the "
-          "second half")
+    how = (f"common step ε = {step_factor}/N, no preconditioning" if whitened_step is None
+           else f"preconditioned SGLD, common whitened step ε = {whitened_step}")
+    print(f"\nFig. 2: 0.1% subsample, {passes} data passes, {how}, {chains} chains from θ̂; "
+          "KSD (mean ± se over chains) of the second half")
     print(f"{'data':<11}{'method':<12}{'N':>7}{'d':>4}{'n':>4}{'ε':>9}{'wall s':>8}"
           f"{'passes':>8}{'prep passes':>12}{'prep s':>8}{'KSD':>11}{'± se':>10}{'div':>6}")
     for r in rows:
@@ -283,11 +294,15 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="save curves/traces to this .npz")
     parser.add_argument("--step-factor", type=float, default=0.5,
                         help="Fig. 2 common step size ε = factor/N (paper: ≈ 0.5-1)")
+    parser.add_argument("--whitened-step", type=float, default=None,
+                        help="Fig. 2 with the package's preconditioned SGLD at this common "
+                             "step (whitened units) instead of the paper's plain SGLD")
+    parser.add_argument("--datasets", default=None, help="Fig. 2 data sets (comma list)")
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("NUMPYRO_SUBSAMPLE_QUICK") == "1"
     saved = {}
     if args.only in (None, "fig2"):
-        rows2, curves = fig2(quick, args.step_factor)
+        rows2, curves = fig2(quick, args.step_factor, args.whitened_step, args.datasets)
         saved["fig2/rows"] = np.asarray(json.dumps(rows2))
         for (d, m), (x, c) in curves.items():
             saved[f"fig2/{d}/{m}/passes"], saved[f"fig2/{d}/{m}/ksd"] = x, c

@@ -41,8 +41,8 @@ from numpyro_subsample.cli import (
     _errors,
     _flatten,
     fit_shared_proxy,
+    reference,
     run_hmcecs,
-    run_nuts,
     run_package_kernel,
 )
 from numpyro_subsample.datasets import default_problem, logistic_regression_model
@@ -180,6 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small version (minutes, not tens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sizes", type=str, default=None, help="comma list of N (override)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the NUTS reference")
     args = p.parse_args(argv)
     n = 1000
     if args.quick:
@@ -201,7 +202,13 @@ def main(argv=None) -> int:
     for N in sizes:
         prob = make(N, n)
         log(f"N={N}: NUTS reference ({nuts.nuts_warmup}+{nuts.nuts_samples})")
-        ref_out = run_nuts(prob, nuts, args.seed, False)
+        # full-data NUTS, cached on disk (shared with bench_ecs.py: same problem and settings)
+        from types import SimpleNamespace
+        ref_out, cached = reference(prob, nuts, SimpleNamespace(
+            cache_dir=str(Path(__file__).resolve().parent / "results" / "reference_cache"),
+            no_cache=args.no_cache, seed=args.seed), False)
+        if cached:
+            log(f"N={N}: NUTS reference read from the cache (timings of the run that made it)")
         sites = sorted(ref_out["samples"])
         ref = _flatten(ref_out["samples"], sites)
         r = row_from("NumPyro NUTS (full data, reference)", ref_out, ref, sites)
