@@ -724,6 +724,32 @@ def select_methods(found: Discovery, spec: str | None, quick: bool = False) -> l
     return chosen
 
 
+def _peer_runs(problem: Problem, settings: Settings, args: argparse.Namespace,
+               with_hmcecs: bool) -> tuple[tuple[dict, bool], dict | Exception | None]:
+    """NUTS reference and NumPyro HMCECS, in a worker process (``--jobs 2``).
+
+    The worker configures JAX as the main process does (fast compile, compilation cache) and
+    fits the shared Laplace proxy itself (same seed: the same mode) for HMCECS's Taylor proxy.
+    """
+    import jax
+
+    if args.fast_compile:
+        jax.config.update("jax_disable_most_optimizations", True)
+    if args.compile_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(args.compile_cache_dir))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    ref = reference(problem, settings, args, False)
+    hmcecs: dict | Exception | None = None
+    if with_hmcecs:
+        try:
+            shared = fit_shared_proxy(problem, args.seed, False)
+            hmcecs = run_hmcecs(problem, settings, args.seed, False, shared)
+        except Exception as err:  # noqa: BLE001 - reported as the method's failure
+            hmcecs = err
+    return ref, hmcecs
+
+
 def run_compare(args: argparse.Namespace) -> dict:
     """Run the comparison; returns {"rows", "curves", "meta", "paths"}."""
     from tqdm.auto import tqdm
@@ -748,11 +774,32 @@ def run_compare(args: argparse.Namespace) -> dict:
     bar = tqdm(total=sum(m.kind != "nuts" for m in methods) + 1, desc="compare",
                disable=not progress, file=sys.stderr)
     bar.set_postfix_str("reference: NUTS on the full data")
-    ref_out, cached = reference(problem, settings, args, progress)
-    bar.update(1)
-    sites = sorted(ref_out["samples"])
-    ref = _flatten(ref_out["samples"], sites)
+    peer = None
+    if args.jobs > 1:
+        # NUTS reference + HMCECS in a second process while this one runs the package's kernels
+        # (a cold run is mostly single-threaded JAX compilation; timings then share the CPU)
+        import concurrent.futures
+        import multiprocessing
+
+        pool = concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"))
+        peer = pool.submit(_peer_runs, problem, settings, args,
+                           any(m.kind == "hmcecs" for m in methods))
+        pool.shutdown(wait=False)
+        pending = []
+        ref = sites = None
+    else:
+        ref_out, cached = reference(problem, settings, args, progress)
+        bar.update(1)
+        sites = sorted(ref_out["samples"])
+        ref = _flatten(ref_out["samples"], sites)
     rows, curves = [], {}
+
+    def fail(res: Result, err: Exception):
+        res.status = "failed"
+        res.note = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        rows.append(res.row())
+        print(f"note: {res.method} failed: {res.note}", file=sys.stderr)
 
     def finish(res: Result, out: dict, plot_it: bool = True):
         res.preprocessing_s = out["preprocessing_s"]
@@ -769,13 +816,20 @@ def run_compare(args: argparse.Namespace) -> dict:
         if plot_it:
             curves[res.method] = res.curve
 
-    ref_res = Result("nuts (reference)", note="cached" if cached else "")
-    if cached:
-        ref_res.note = "cached reference: timings from the run that made it"
-    finish(ref_res, ref_out, plot_it=False)
+    def finish_reference(ref_out, cached):
+        ref_res = Result("nuts (reference)", note="cached" if cached else "")
+        if cached:
+            ref_res.note = "cached reference: timings from the run that made it"
+        finish(ref_res, ref_out, plot_it=False)
+
+    if peer is None:
+        finish_reference(ref_out, cached)
     shared: SharedProxy | None = None
     for m in methods:
         if m.kind == "nuts":
+            continue
+        if m.kind == "hmcecs" and peer is not None:
+            pending.append((m, None))  # runs in the worker process
             continue
         bar.set_postfix_str(m.name)
         res = Result(m.name)
@@ -791,12 +845,26 @@ def run_compare(args: argparse.Namespace) -> dict:
                 out = run_hmcecs(problem, settings, args.seed, progress, shared)
             else:
                 out = run_package_kernel(m, problem, settings, args.seed, progress, shared)
-            finish(res, out)
+            if peer is not None:
+                pending.append((m, out))  # evaluated once the reference is back
+            else:
+                finish(res, out)
         except Exception as err:  # noqa: BLE001 - one method failing must not stop the others
-            res.status = "failed"
-            res.note = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-            rows.append(res.row())
-            print(f"note: {m.name} failed: {res.note}", file=sys.stderr)
+            fail(res, err)
+        bar.update(1)
+    if peer is not None:
+        bar.set_postfix_str("waiting for the reference / HMCECS process")
+        (ref_out, cached), hmcecs_out = peer.result()
+        sites = sorted(ref_out["samples"])
+        ref = _flatten(ref_out["samples"], sites)
+        finish_reference(ref_out, cached)
+        for m, out in pending:
+            res = Result(m.name)
+            out = hmcecs_out if m.kind == "hmcecs" else out
+            if isinstance(out, Exception):
+                fail(res, out)
+            else:
+                finish(res, out)
         bar.update(1)
     bar.close()
     meta = {
@@ -815,6 +883,7 @@ def run_compare(args: argparse.Namespace) -> dict:
             "data_passes": shared.proxy.num_data_passes},
         "compile_cache": args.compile_cache_dir,
         "fast_compile": args.fast_compile,
+        "jobs": args.jobs,
         "ksd": ksd_note or "IMQ kernel Stein discrepancy on thinned draws, full-data scores",
         "skipped": found.skipped,
         "machine": _machine(),
@@ -867,6 +936,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--nuts-samples", type=_positive_int, default=None,
                    help="draws of NUTS and HMCECS (default 1000; quick 400)")
     c.add_argument("--no-ksd", action="store_true", help="skip the KSD column (faster)")
+    c.add_argument("--jobs", type=_positive_int, default=None,
+                   help="processes: 2 runs the NUTS reference and HMCECS in a second process "
+                        "while the package's kernels run (default 2 with --quick, else 1: "
+                        "concurrent runs share the CPU, so their timings are noisier)")
     c.add_argument("--cache-dir", default=None,
                    help="reference cache folder (default ~/.cache/numpyro_subsample/reference)")
     c.add_argument("--no-cache", action="store_true", help="recompute the NUTS reference")
@@ -967,6 +1040,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # second each, so compile them without XLA's expensive optimisations (the run's timings
     # are then those of unoptimised code; recorded in meta["fast_compile"]).
     args.fast_compile = bool(args.quick and not args.optimized_xla)
+    if args.jobs is None:
+        args.jobs = 2 if args.quick else 1
     try:
         if args.dataset not in (None, "default", "synthetic"):
             from .datasets import DATASET_NAMES
@@ -989,9 +1064,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if notes:
         print("notes:\n" + "\n".join(notes))
     print(f"KSD: {result['meta']['ksd']}")
-    if args.fast_compile:
-        print("timings: --quick compiles with most XLA optimisations off (fast compile, slower "
-              "steps); use --optimized-xla or a full run for speed comparisons")
+    if args.fast_compile or args.jobs > 1:
+        why = [w for w, on in (("--quick compiles with most XLA optimisations off (fast "
+                                "compile, slower steps)", args.fast_compile),
+                               ("the NUTS reference and HMCECS ran in a second process at the "
+                                "same time", args.jobs > 1)) if on]
+        print(f"timings: {'; '.join(why)}; use --optimized-xla --jobs 1 or a full run for "
+              "speed comparisons")
     print("saved: " + ", ".join(str(p) for p in result["paths"].values()))
     return 0
 

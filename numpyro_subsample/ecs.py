@@ -384,10 +384,10 @@ class EnergyConservingHMC(MCMCKernel):
         _, g_all, h_all = jax.jit(
             lambda t: value_grad_hessian(potential, t, self.chunk_size, hessian=second)
         )(ref)
-        g0 = jax.grad(potential.prior)(ref)
+        g0 = jax.jit(jax.grad(potential.prior))(ref)  # jitted: eager ops compile one by one
         sum_b = tril.T @ (-(g_all - g0))
         if second:
-            h0 = jax.hessian(potential.prior)(ref)
+            h0 = jax.jit(jax.hessian(potential.prior))(ref)
             sum_c = tril.T @ (-(h_all - h0)) @ tril
         else:
             sum_c = jnp.zeros((0, 0), ref.dtype)
@@ -542,7 +542,7 @@ class EnergyConservingHMC(MCMCKernel):
                 "use selection='uniform'."
             )
         table = build_alias_table(mix_with_uniform(scale, self.uniform_mix))
-        r = (1.0 / (N * table.probs.astype(jnp.float64))).astype(pre.ref.dtype)
+        r = jnp.asarray(1.0 / (N * np.asarray(table.probs, np.float64)), pre.ref.dtype)
 
         def datum_aux(i):
             return (*base(i), r[i])
@@ -733,11 +733,12 @@ class EnergyConservingHMC(MCMCKernel):
             pre, init_kernel, estimate, num_warmup, k, p
         )
         step = self._step_fn(pre, estimate, pe_gen, sample_kernel)
+        # jitted: run eagerly, the init's hundreds of small ops each compile on their own
         if is_prng_key(rng_key):
-            state = one(rng_key, init_params)
+            state = jax.jit(one)(rng_key, init_params)
             self._sample_fn = step
         else:
-            state = jax.vmap(one)(rng_key, init_params)
+            state = jax.jit(jax.vmap(one))(rng_key, init_params)
             self._sample_fn = jax.vmap(step)
         return state
 

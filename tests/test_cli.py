@@ -61,6 +61,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
         assert r["preprocessing_s"] >= shared["seconds"]
         assert r["data_passes"] >= shared["data_passes"] + 1300 * 50 / 2000 - 1e-6
     assert data["meta"]["fast_compile"] is True  # --quick compiles without XLA optimisations
+    assert data["meta"]["jobs"] == 2  # --quick: the NUTS reference ran in a worker process
 
 
 def _has_ksd() -> bool:
