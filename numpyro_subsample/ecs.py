@@ -81,11 +81,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc import hmc
-from numpyro.infer.mcmc import MCMCKernel
-from numpyro.util import is_prng_key
 
 from .datapass import DEFAULT_CHUNK, chunk_indices, map_data, value_grad_hessian
-from .kernel import _default_progress, _same_args
+from .kernel import PreprocessedKernel, _default_progress, _same_args
 from .potential import Potential, _set_plate_indices, build_potential, check_data_finite
 from .preferential import AliasTable, alias_draw, build_alias_table, mix_with_uniform
 from .proxy import Proxy, fit_laplace
@@ -201,7 +199,7 @@ def variational_expectations(
     return e, g
 
 
-class EnergyConservingHMC(MCMCKernel):
+class EnergyConservingHMC(PreprocessedKernel):
     """HMC/NUTS with energy-conserving subsampling and a Taylor, variational or hybrid proxy.
 
     :param model: a NumPyro model with its likelihood in ``numpyro.plate(name, N,
@@ -733,24 +731,4 @@ class EnergyConservingHMC(MCMCKernel):
             pre, init_kernel, estimate, num_warmup, k, p
         )
         step = self._step_fn(pre, estimate, pe_gen, sample_kernel)
-        # jitted: run eagerly, the init's hundreds of small ops each compile on their own
-        if is_prng_key(rng_key):
-            state = jax.jit(one)(rng_key, init_params)
-            self._sample_fn = step
-        else:
-            state = jax.jit(jax.vmap(one))(rng_key, init_params)
-            self._sample_fn = jax.vmap(step)
-        return state
-
-    def sample(self, state: ECSState, model_args, model_kwargs) -> ECSState:
-        if self._sample_fn is None:
-            raise RuntimeError("`init` must be called before `sample`.")
-        return self._sample_fn(state)
-
-    def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
-        return self.preprocess(model_args, model_kwargs).potential.constrain
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_sample_fn"] = None
-        return state
+        return self._start_chains(one, step, rng_key, init_params)

@@ -117,7 +117,38 @@ def _same_args(a, b) -> bool:
     return ta == tb and len(la) == len(lb) and all(x is y for x, y in zip(la, lb, strict=True))
 
 
-class SGMCMCKernel(MCMCKernel):
+class PreprocessedKernel(MCMCKernel):
+    """The NumPyro adapter shared by the package's kernels: ``init`` runs the cached
+    ``preprocess`` (which returns an object with a ``potential``) and a jitted per-chain init,
+    ``sample`` is the pure step it stored, ``postprocess_fn`` maps to constrained space."""
+
+    _sample_fn: Callable | None = None
+
+    def _start_chains(self, init_one: Callable, step: Callable, rng_key, init_params):
+        """Initial state(s) for one key or a batch of keys (vectorized chains), jitted (run
+        eagerly, an init's hundreds of small ops would each compile on their own); stores the
+        matching (vmapped) step for ``sample``."""
+        if is_prng_key(rng_key):
+            self._sample_fn = step
+            return jax.jit(init_one)(rng_key, init_params)
+        self._sample_fn = jax.vmap(step)
+        return jax.jit(jax.vmap(init_one))(rng_key, init_params)
+
+    def sample(self, state, model_args, model_kwargs):
+        if self._sample_fn is None:
+            raise RuntimeError("`init` must be called before `sample`.")
+        return self._sample_fn(state)
+
+    def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
+        return self.preprocess(model_args, model_kwargs).potential.constrain
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_sample_fn"] = None
+        return state
+
+
+class SGMCMCKernel(PreprocessedKernel):
     """Stochastic-gradient MCMC for a NumPyro model with a subsample plate.
 
     :param model: a NumPyro model whose likelihood sits in
@@ -407,12 +438,7 @@ class SGMCMCKernel(MCMCKernel):
 
             step = streaming_step(step, self, num_warmup, self.zv_degree)
         init_one = lambda k, p: self._init_one(pre, k, p)
-        if is_prng_key(rng_key):
-            state = jax.jit(init_one)(rng_key, init_params)
-            self._sample_fn = step
-        else:
-            state = jax.jit(jax.vmap(init_one))(rng_key, init_params)
-            self._sample_fn = jax.vmap(step)
+        state = self._start_chains(init_one, step, rng_key, init_params)
         if self.zv_stream:
             from .zv import init_stream_stats
 
@@ -428,20 +454,6 @@ class SGMCMCKernel(MCMCKernel):
                 "The gradient estimate is not finite at the initial position; check the "
                 "model and init_params."
             )
-        return state
-
-    def sample(self, state: SGMCMCState, model_args, model_kwargs) -> SGMCMCState:
-        if self._sample_fn is None:
-            raise RuntimeError("`init` must be called before `sample`.")
-        return self._sample_fn(state)
-
-    def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
-        pre = self.preprocess(model_args, model_kwargs)
-        return pre.potential.constrain
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_sample_fn"] = None
         return state
 
 
