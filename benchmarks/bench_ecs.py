@@ -44,7 +44,11 @@ from numpyro.infer import HMCECS, MCMC, NUTS
 
 from numpyro_subsample import EnergyConservingHMC, build_potential, fit_laplace
 from numpyro_subsample.cli import Problem, Settings, reference
-from numpyro_subsample.datasets import default_problem, logistic_regression_model
+from numpyro_subsample.datasets import (
+    default_problem,
+    logistic_regression_model,
+    make_quasi_separated,
+)
 
 FIELDS = ("sigma2", "index_accept_prob", "accept_prob", "num_steps")
 CACHE = Path(__file__).resolve().parent / "results" / "reference_cache"
@@ -162,15 +166,11 @@ def rare_event_data(N, d=5, seed=0):
     return jnp.asarray(X), jnp.asarray(y)
 
 
-def quasi_separated_data(N, d=5, k=30, seed=0):
-    """A binary feature present in k data only (true coefficient 5): nearly all of them have
-    y = 1, so its coefficient's posterior is wide and right-skewed (Laplace is poor)."""
-    rng = np.random.default_rng(seed)
-    X = np.concatenate([np.ones((N, 1)), rng.normal(size=(N, d - 2)), np.zeros((N, 1))], 1)
-    X[rng.choice(N, k, replace=False), -1] = 1.0
-    beta = np.concatenate([[-1.0], 0.5 * rng.normal(size=d - 2), [5.0]])
-    y = (rng.uniform(size=N) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
-    return jnp.asarray(X, jnp.float32), jnp.asarray(y)
+def quasi_separated_data(N):
+    """``datasets.make_quasi_separated``: a rare binary feature (30 data, true coefficient 5),
+    nearly all of them y = 1, so its coefficient's posterior is wide and right-skewed."""
+    ds = make_quasi_separated(N)
+    return jnp.asarray(ds.X_train), jnp.asarray(ds.y_train)
 
 
 def sigma2_table(name, X, y, m, warmup, samples, num_draws=40, num_sub=200) -> list[str]:

@@ -57,6 +57,7 @@ __all__ = [
     "split_train_test",
     "make_bivariate_gaussian",
     "make_logistic",
+    "make_quasi_separated",
     "make_linear",
     "default_problem",
     "bivariate_gaussian_posterior",
@@ -555,6 +556,24 @@ def make_logistic(
     name = "logistic_imbalanced" if frac != 0.5 else "logistic_balanced"
     return _finish(name, "logistic", X_tr, y_tr, X_te, y_te, True, None, seed, False,
                    {"positive_fraction": frac})
+
+
+def make_quasi_separated(
+    num_data: int = 2000, num_features: int = 5, *, num_rare: int = 30, seed: int = 0
+) -> Dataset:
+    """Logistic regression where the Laplace approximation is poor: x_i = (1, z_i, b_i) with
+    z_i ~ N(0, I) and a binary feature b_i present in ``num_rare`` data only, true coefficient
+    5 (intercept −1): nearly all of those data have y = 1, so that coefficient's posterior is
+    wide and right-skewed (skewness ≈ 0.9-1). Used for the σ̂² comparison of paper 003's proxies.
+    """
+    rng = np.random.default_rng(seed)
+    N, d = num_data, num_features
+    X = np.concatenate([np.ones((N, 1)), rng.normal(size=(N, d - 2)), np.zeros((N, 1))], 1)
+    X[rng.choice(N, num_rare, replace=False), -1] = 1.0
+    beta = np.concatenate([[-1.0], 0.5 * rng.normal(size=d - 2), [5.0]])
+    y = (rng.uniform(size=N) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
+    return Dataset("quasi_separated", "logistic", X.astype(np.float32), y, None, None,
+                   {"seed": seed, "num_rare": num_rare, "true_beta": beta})
 
 
 def make_linear(

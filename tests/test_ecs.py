@@ -16,6 +16,7 @@ from numpyro.infer.autoguide import AutoMultivariateNormal
 
 from numpyro_subsample import EnergyConservingHMC
 from numpyro_subsample.datapass import datum_values_and_grads
+from numpyro_subsample.datasets import make_quasi_separated
 
 N, M = 2000, 100
 FIELDS = ("sigma2", "index_accept_prob", "accept_prob")
@@ -200,15 +201,11 @@ def test_bad_settings_raise(data):
         )
 
 
-def quasi_separated_data(N=2000, d=5, k=30, seed=0):
-    """A binary feature present in k data only (as in benchmarks/bench_ecs.py): its
-    coefficient's posterior is wide and right-skewed (skewness ≈ 1), Laplace is poor."""
-    rng = np.random.default_rng(seed)
-    X = np.concatenate([np.ones((N, 1)), rng.normal(size=(N, d - 2)), np.zeros((N, 1))], 1)
-    X[rng.choice(N, k, replace=False), -1] = 1.0
-    beta = np.concatenate([[-1.0], 0.5 * rng.normal(size=d - 2), [5.0]])
-    y = (rng.uniform(size=N) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
-    return jnp.asarray(X, jnp.float32), jnp.asarray(y)
+def quasi_separated_data(N=2000):
+    """Quasi-separated logistic regression (datasets.make_quasi_separated): the rare feature's
+    coefficient has a wide, right-skewed posterior (skewness ≈ 1), Laplace is poor."""
+    ds = make_quasi_separated(N)
+    return jnp.asarray(ds.X_train), jnp.asarray(ds.y_train)
 
 
 def test_sigma2_ordering_poor_laplace():
