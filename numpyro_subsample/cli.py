@@ -735,10 +735,7 @@ def _peer_runs(problem: Problem, settings: Settings, args: argparse.Namespace,
 
     if args.fast_compile:
         jax.config.update("jax_disable_most_optimizations", True)
-    if args.compile_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(args.compile_cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    setup_compile_cache(args)  # args.compile_cache_dir: the folder the main process uses
     ref = reference(problem, settings, args, False)
     hmcecs: dict | Exception | None = None
     if with_hmcecs:
