@@ -60,15 +60,13 @@ def make(N: int, n: int) -> Problem:
                    jnp.asarray(ds.y_train), n, "logistic", ds.info)
 
 
-def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
-                     grid: list[float], seed: int) -> dict:
-    """Hand-written BlackJAX SGLD-CV, best step of ``grid`` (step = c / N)."""
+def blackjax_cv_sampler(X, y, centre, n: int, num_steps: int):
+    """Hand-written BlackJAX SGLD-CV (``blackjax.sgld`` + ``control_variates`` at ``centre``)
+    in ``lax.scan``: ``run(key, step_size)`` -> the (num_steps, d) positions."""
     import blackjax
-    import optax
     from blackjax.sgmcmc.gradients import control_variates, grad_estimator
 
-    X, y = problem.X, problem.y
-    N, n = problem.num_data, problem.subsample_size
+    N = X.shape[0]
 
     def logprior(beta):
         return jnp.sum(jax.scipy.stats.norm.logpdf(beta, 0.0, PRIOR_SD))
@@ -77,6 +75,31 @@ def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
         x, t = datum
         z = x @ beta
         return t * z - jnp.logaddexp(0.0, z)
+
+    sgld = blackjax.sgld(control_variates(grad_estimator(logprior, loglik, N), centre, (X, y)))
+
+    def run(key, step_size):
+        def one(pos, k):
+            k_idx, k_step = jax.random.split(k)
+            idx = jax.random.randint(k_idx, (n,), 0, N)
+            pos = sgld.step(k_step, pos, (X[idx], y[idx]), step_size)
+            return pos, pos
+
+        return jax.lax.scan(one, sgld.init(centre), jax.random.split(key, num_steps))[1]
+
+    return run
+
+
+def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
+                     grid: list[float], seed: int) -> dict:
+    """Hand-written BlackJAX SGLD-CV, best step of ``grid`` (step = c / N)."""
+    import optax
+
+    X, y = problem.X, problem.y
+    N, n = problem.num_data, problem.subsample_size
+
+    def logprior(beta):
+        return jnp.sum(jax.scipy.stats.norm.logpdf(beta, 0.0, PRIOR_SD))
 
     # Centring value: full-batch L-BFGS (Optax), each iteration about one data pass.
     def neg_logpost(beta):
@@ -102,23 +125,15 @@ def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
             beta, state, gnorm = lbfgs_step(beta, state)
             if float(gnorm) < 1e-3:
                 break
-        grad_fn = control_variates(grad_estimator(logprior, loglik, N), beta, (X, y))
-        sgld = blackjax.sgld(grad_fn)
         jax.block_until_ready(beta)
         pre_s = time.perf_counter() - t0 - ct_pre.seconds
     # line search: a few function evaluations per iteration; + 1 pass for the CV full gradient
     pre_passes = 2.0 * lbfgs_iters + 1.0
 
-    def run(key, step_size):
-        def one(pos, k):
-            k_idx, k_step = jax.random.split(k)
-            idx = jax.random.randint(k_idx, (n,), 0, N)
-            pos = sgld.step(k_step, pos, (X[idx], y[idx]), step_size)
-            return pos, pos
+    sampler = blackjax_cv_sampler(X, y, beta, n, warmup + iters)
 
-        keys = jax.random.split(key, warmup + iters)
-        _, draws = jax.lax.scan(one, sgld.init(beta), keys)
-        return draws[warmup:]
+    def run(key, step_size):
+        return sampler(key, step_size)[warmup:]
 
     run_jit = jax.jit(run)
     key = jax.random.PRNGKey(seed)

@@ -22,6 +22,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+from bench_sgld import blackjax_cv_sampler  # the same hand-written BlackJAX loop
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD
@@ -32,31 +33,8 @@ n = 1000
 
 
 def blackjax_per_step(X, y, centre, steps: int, reps: int) -> float:
-    import blackjax
-    from blackjax.sgmcmc.gradients import control_variates, grad_estimator
-
-    N = X.shape[0]
-
-    def logprior(b):
-        return jnp.sum(jax.scipy.stats.norm.logpdf(b, 0.0, 10.0))
-
-    def loglik(b, datum):
-        x, t = datum
-        z = x @ b
-        return t * z - jnp.logaddexp(0.0, z)
-
-    sgld = blackjax.sgld(control_variates(grad_estimator(logprior, loglik, N), centre, (X, y)))
-
-    def run(key):
-        def one(pos, k):
-            k_idx, k_step = jax.random.split(k)
-            idx = jax.random.randint(k_idx, (n,), 0, N)
-            pos = sgld.step(k_step, pos, (X[idx], y[idx]), 1e-5)
-            return pos, pos
-
-        return jax.lax.scan(one, sgld.init(centre), jax.random.split(key, steps))[1]
-
-    compiled = jax.jit(run).lower(jax.random.PRNGKey(0)).compile()
+    run = blackjax_cv_sampler(X, y, centre, n, steps)
+    compiled = jax.jit(lambda key: run(key, 1e-5)).lower(jax.random.PRNGKey(0)).compile()
     best = float("inf")
     for r in range(reps):
         t = time.perf_counter()
