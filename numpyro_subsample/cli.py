@@ -654,6 +654,8 @@ def plot(path: Path, curves: dict, meta: dict) -> None:
     if has_ksd:
         metrics.append(("ksd", "KSD"))
     fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.8 * len(metrics)), squeeze=False)
+    # one colour per method in every panel (the default cycle repeats after 10 lines)
+    colours = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(curves)}
     for row, (metric, label) in enumerate(metrics):
         for col, (xkey, xlabel) in enumerate([("passes", "data passes"), ("seconds", "seconds")]):
             ax = axes[row, col]
@@ -662,7 +664,7 @@ def plot(path: Path, curves: dict, meta: dict) -> None:
                        y is not None and x is not None and np.isfinite(x) and x > 0]
                 if pts:
                     xs, ys = zip(*pts, strict=False)
-                    ax.plot(xs, ys, marker="o", ms=3, label=name)
+                    ax.plot(xs, ys, marker="o", ms=3, label=name, color=colours[name])
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(xlabel)
