@@ -28,7 +28,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD
-from numpyro_subsample.diagnostics import full_data_scores, ksd
+from numpyro_subsample.post.diagnostics import full_data_scores, ksd
 
 DATA = os.environ.get("NUMPYRO_SUBSAMPLE_DATA", "/work/shared/data")
 PRIOR_SD = float(np.sqrt(10.0))  # paper 000 Appendix C: N(0, 10) priors

@@ -42,7 +42,7 @@ import scipy.linalg
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGHMC, SGLD, strata_of
-from numpyro_subsample.stratified import _draw_positions, allocate_batch_sizes
+from numpyro_subsample.estimators.stratified import _draw_positions, allocate_batch_sizes
 
 DATA = "/work/shared/data/covtype_subset20k/covtype_subset20k.npz"
 RESULTS = os.path.join(os.path.dirname(__file__), "results")

@@ -1,42 +1,33 @@
-"""numpyro_subsample: stochastic-gradient MCMC for large-data NumPyro models."""
+"""numpyro_subsample: stochastic-gradient and energy-conserving subsampling MCMC for NumPyro."""
 
-from . import datasets
-from .diagnostics import ksd, mcmc_ksd, pseudo_variance
-from .distributed import DistributedSGLD, ShardLayout, shard_design, shard_layout
-from .ecs import ECSState, EnergyConservingHMC
-from .estimators import ControlVariate, GradientEstimator, configure_estimator, make_estimator
-from .io import full_log_likelihood, full_observed_data, to_arviz
-from .kernel import SGHMC, SGLD, SGNHT, Preprocessed, SGMCMCKernel, SGMCMCState
-from .potential import DataPlate, Potential, build_potential
-from .preferential import configure_preferential
-from .proxy import Proxy, fit_laplace, proxy_from_moments
-from .selection import SamplingDesign, sample_without_replacement, uniform_design
-from .stratified import Strata, strata_of
-from .variational import fit_variational
-from .zv import ZVResult, zv_fit, zv_mean, zv_summary
+from numpyro_subsample.core.potential import DataPlate, ModelData, Potential, build_potential
+from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
+from numpyro_subsample.estimators.registry import ESTIMATORS, configure_estimator
+from numpyro_subsample.estimators.selection import (
+    SamplingDesign,
+    sample_without_replacement,
+    uniform_design,
+)
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
+from numpyro_subsample.sgmcmc.kernel import (
+    SGHMC,
+    SGLD,
+    SGNHT,
+    Preprocessed,
+    SGMCMCKernel,
+    SGMCMCState,
+)
 
 __all__ = [
-    "DistributedSGLD",
-    "ShardLayout",
-    "shard_layout",
-    "shard_design",
-    "datasets",
-    "zv_mean",
-    "zv_fit",
-    "zv_summary",
-    "ZVResult",
     "SGLD",
     "SGHMC",
     "SGNHT",
-    "Strata",
-    "strata_of",
     "SGMCMCKernel",
     "SGMCMCState",
     "Preprocessed",
-    "to_arviz",
-    "full_observed_data",
-    "full_log_likelihood",
     "Potential",
+    "ModelData",
     "DataPlate",
     "build_potential",
     "Proxy",
@@ -49,12 +40,6 @@ __all__ = [
     "GradientEstimator",
     "make_estimator",
     "configure_estimator",
-    "configure_preferential",
-    "pseudo_variance",
-    "ksd",
-    "mcmc_ksd",
-    "EnergyConservingHMC",
-    "ECSState",
-    "fit_variational",
+    "ESTIMATORS",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

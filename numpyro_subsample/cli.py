@@ -74,8 +74,8 @@ def available_methods() -> Discovery:
 
     import numpyro_subsample as pkg
 
-    from .estimators import ESTIMATORS
-    from .kernel import SGMCMCKernel
+    from numpyro_subsample.estimators.base import ESTIMATORS
+    from numpyro_subsample.sgmcmc.kernel import SGMCMCKernel
 
     found = Discovery()
     found.methods["nuts"] = Method("nuts", "nuts")
@@ -149,7 +149,7 @@ class Problem:
 def make_problem(args: argparse.Namespace) -> Problem:
     import jax.numpy as jnp
 
-    from . import datasets
+    from numpyro_subsample import datasets
 
     if args.dataset in (None, "default", "synthetic"):
         n_data = args.num_data or (10_000 if args.quick else 200_000)
@@ -229,8 +229,8 @@ class ScoreFn:
         import jax
         import jax.numpy as jnp
 
-        from .datapass import chunk_indices
-        from .potential import build_potential
+        from numpyro_subsample.core.datapass import chunk_indices
+        from numpyro_subsample.core.potential import build_potential
 
         pot = build_potential(problem.model, problem.args(), problem.kwargs(),
                               jax.random.PRNGKey(0))
@@ -257,7 +257,7 @@ class ScoreFn:
 
 def _ksd_available() -> tuple[Callable | None, str]:
     try:
-        from .diagnostics import ksd
+        from numpyro_subsample.post.diagnostics import ksd
     except Exception as err:  # noqa: BLE001 - the module is written concurrently
         return None, f"numpyro_subsample.diagnostics.ksd not importable ({err}); KSD n/a"
     return ksd, ""
@@ -446,8 +446,8 @@ class SharedProxy:
 def fit_shared_proxy(problem: Problem, seed: int, progress: bool) -> SharedProxy:
     import jax
 
-    from .potential import build_potential
-    from .proxy import fit_laplace
+    from numpyro_subsample.core.potential import build_potential
+    from numpyro_subsample.proxies.laplace import fit_laplace
 
     # the seed split of SGMCMCKernel.preprocess (k_model, k_proxy, k_noise)
     k_model, k_proxy, _ = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -1043,7 +1043,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.jobs = 2 if args.quick else 1
     try:
         if args.dataset not in (None, "default", "synthetic"):
-            from .datasets import DATASET_NAMES
+            from numpyro_subsample.datasets import DATASET_NAMES
 
             if args.dataset not in DATASET_NAMES and not Path(args.dataset).exists():
                 raise FileNotFoundError(

@@ -13,8 +13,8 @@ from models import linreg_data, linreg_exact, linreg_model, logistic_data, logis
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD, build_potential, configure_estimator, fit_laplace
-from numpyro_subsample.adaptive import bucket_sizes, lipschitz_constants
-from numpyro_subsample.datapass import value_grad_hessian
+from numpyro_subsample.estimators.adaptive import bucket_sizes, lipschitz_constants
+from numpyro_subsample.core.datapass import value_grad_hessian
 
 
 def poisson_model(X, y=None, subsample_size=50):

@@ -46,7 +46,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
     assert cv["data_passes"] > 1000 * 50 / 2000  # sampling passes + preprocessing
     assert cv["iterations"] == 1300 and cv["it_per_s"] > 0 and cv["ess_per_s"] > 0
     assert cv["compile_s"] >= 0 and cv["preprocessing_s"] > 0
-    if "numpyro_subsample.diagnostics" in sys.modules or _has_ksd():
+    if "numpyro_subsample.post.diagnostics" in sys.modules or _has_ksd():
         assert cv["ksd"] is not None and cv["ksd"] > 0
     # one plotted curve per non-reference method, increasing in passes
     assert set(data["curves"]) == {"sgld-cv", "sgld-uniform"}
@@ -66,7 +66,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
 
 def _has_ksd() -> bool:
     try:
-        from numpyro_subsample.diagnostics import ksd  # noqa: F401
+        from numpyro_subsample.post.diagnostics import ksd  # noqa: F401
     except Exception:  # noqa: BLE001
         return False
     return True

@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from numpyro_subsample.distributed import shard_layout
+from numpyro_subsample.sgmcmc.distributed import shard_layout
 
 SCRIPT = textwrap.dedent(
     r"""
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     from numpyro.infer import MCMC
     from models import linreg_model, linreg_data, linreg_exact
     from numpyro_subsample import to_arviz
-    from numpyro_subsample.distributed import DistributedSGLD
+    from numpyro_subsample.sgmcmc.distributed import DistributedSGLD
 
     out = {"devices": len(jax.devices())}
     X, y = linreg_data(N=4000, d=4, seed=3)

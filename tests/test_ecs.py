@@ -15,7 +15,7 @@ from numpyro.infer import MCMC
 from numpyro.infer.autoguide import AutoMultivariateNormal
 
 from numpyro_subsample import EnergyConservingHMC
-from numpyro_subsample.datapass import datum_values_and_grads
+from numpyro_subsample.core.datapass import datum_values_and_grads
 from numpyro_subsample.datasets import make_quasi_separated
 
 N, M = 2000, 100

@@ -12,7 +12,7 @@ from numpyro_subsample import (
     fit_laplace,
     sample_without_replacement,
 )
-from numpyro_subsample.datapass import value_grad_hessian
+from numpyro_subsample.core.datapass import value_grad_hessian
 
 KEY = jax.random.PRNGKey(0)
 NUM_DRAWS = 4000

@@ -10,7 +10,7 @@ from models import logistic_data, logistic_hier_model
 from numpyro.infer.util import potential_energy
 
 from numpyro_subsample import SGLD, build_potential
-from numpyro_subsample.potential import check_data_finite
+from numpyro_subsample.core.potential import check_data_finite
 
 KEY = jax.random.PRNGKey(0)
 

@@ -14,10 +14,10 @@ from numpyro.infer import MCMC
 from sklearn.datasets import make_classification
 
 from numpyro_subsample import SGLD, build_potential, configure_estimator, fit_laplace
-from numpyro_subsample.datapass import datum_values_and_grads, value_grad_hessian
-from numpyro_subsample.diagnostics import estimator_pseudo_variance
-from numpyro_subsample.estimators import weighted_gradient
-from numpyro_subsample.preferential import (
+from numpyro_subsample.core.datapass import datum_values_and_grads, value_grad_hessian
+from numpyro_subsample.post.diagnostics import estimator_pseudo_variance
+from numpyro_subsample.estimators.base import weighted_gradient
+from numpyro_subsample.estimators.preferential import (
     alias_draw,
     analytic_pseudo_variance,
     build_alias_table,

@@ -18,9 +18,9 @@ from models import (
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGHMC, SGNHT, to_arviz
-from numpyro_subsample.potential import build_potential
-from numpyro_subsample.proxy import fit_laplace
-from numpyro_subsample.stepsize import sghmc_step_size, sgnht_step_size
+from numpyro_subsample.core.potential import build_potential
+from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgnht_step_size
 
 N, n = 2000, 500
 

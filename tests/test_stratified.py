@@ -12,11 +12,11 @@ from models import linreg_data, linreg_exact, linreg_model
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD, strata_of
-from numpyro_subsample.datapass import value_grad_hessian
-from numpyro_subsample.estimators import configure_estimator
-from numpyro_subsample.potential import build_potential
-from numpyro_subsample.proxy import fit_laplace
-from numpyro_subsample.stratified import (
+from numpyro_subsample.core.datapass import value_grad_hessian
+from numpyro_subsample.estimators.base import configure_estimator
+from numpyro_subsample.core.potential import build_potential
+from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.estimators.stratified import (
     allocate_batch_sizes,
     make_strata,
     stratified_design,
@@ -78,7 +78,7 @@ def test_floyd_draw_every_subset_equally_likely(method):
     (b_j = n_j) is taken whole; members are read through a shuffled CSR layout."""
     from itertools import combinations
 
-    from numpyro_subsample.stratified import Strata
+    from numpyro_subsample.estimators.stratified import Strata
 
     sizes, b = np.array([5, 6, 3, 40]), np.array([2, 3, 3, 4])
     labels = np.repeat(np.arange(4), sizes)

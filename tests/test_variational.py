@@ -64,7 +64,7 @@ def test_cv_preferential_with_variational_proxy(linreg, cv_run):
     """SGLD-CV-PS (preferential weights from the variational proxy), reusing the fitted guide
     through guide=/guide_params= (no second SVI)."""
     pytest.importorskip(
-        "numpyro_subsample.preferential",
+        "numpyro_subsample.estimators.preferential",
         reason="estimator 'cv-preferential' lives in numpyro_subsample/preferential.py "
         "(another issue); this test runs once that module exists",
     )

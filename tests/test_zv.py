@@ -16,8 +16,8 @@ from models import linreg_data, linreg_exact, linreg_model, logistic_data, logis
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD, to_arviz, zv_fit, zv_mean, zv_summary
-from numpyro_subsample.estimators import configure_estimator
-from numpyro_subsample.zv import unconstrained_draws
+from numpyro_subsample.estimators.base import configure_estimator
+from numpyro_subsample.post.zv import unconstrained_draws
 
 CHAINS = 10  # the "10 seeds": one chain per PRNG key, vectorised so it compiles once
 

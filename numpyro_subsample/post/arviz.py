@@ -13,9 +13,9 @@ from numpyro import handlers
 from numpyro.infer import MCMC
 from numpyro.infer import log_likelihood as numpyro_log_likelihood
 
-from .datapass import chunk_indices
-from .kernel import SGMCMCKernel, warn_divergences
-from .potential import _set_plate_indices
+from numpyro_subsample.core.datapass import chunk_indices
+from numpyro_subsample.sgmcmc.kernel import SGMCMCKernel, warn_divergences
+from numpyro_subsample.core.potential import _set_plate_indices
 
 __all__ = ["to_arviz", "full_observed_data", "full_log_likelihood"]
 
@@ -96,7 +96,7 @@ def to_arviz(
     (``coords``, ``dims``, ...).
 
     ``zv=True`` (or the degree, 1 or 2) adds ZV post-processing (paper 002 Sect. 4, see
-    :mod:`numpyro_subsample.zv`): a ``zv_posterior`` group with, per site, the ZV-corrected
+    :mod:`numpyro_subsample.post.zv`): a ``zv_posterior`` group with, per site, the ZV-corrected
     ``mean`` and ``var`` and the raw values along a ``zv_stat`` axis, and (when the gradients
     were collected with ``extra_fields=("grad",)``) ``unconstrained_posterior``. It needs
     ``extra_fields=("grad",)`` or a kernel built with ``zv_stream=True``.
@@ -135,7 +135,7 @@ def to_arviz(
     for group in ("posterior", "sample_stats"):
         getattr(idata, group).attrs.update(attrs)
     if zv:
-        from .zv import add_zv_groups
+        from numpyro_subsample.post.zv import add_zv_groups
 
         add_zv_groups(idata, mcmc, degree=1 if zv is True else int(zv))
     return idata

@@ -2,14 +2,15 @@
 
 A :class:`SamplingDesign` draws ``(idx, weights)`` such that, for any per-datum quantity h_i,
 E[Σ_j weights_j · h_{idx_j}] = Σ_{i=1}^N h_i. All estimators of the package are this sum
-applied to control-variate residuals (see :mod:`numpyro_subsample.estimators`), so a new
+applied to control-variate residuals (see :mod:`numpyro_subsample.estimators.base`), so a new
 selection law is a new design, nothing else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +19,16 @@ __all__ = ["SamplingDesign", "uniform_design", "sample_without_replacement"]
 
 
 class SamplingDesign(NamedTuple):
-    """``draw(key) -> (idx (n,), weights (n,))`` with n = ``size`` fixed (static)."""
+    """``draw(params, key) -> (idx (n,), weights (n,))`` with n = ``size`` fixed (static)."""
 
-    draw: Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+    draw: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
     size: int
     num_data: int
+    params: Any = None
+
+    def sample(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``draw`` with the design's own params."""
+        return self.draw(self.params, key)
 
 
 def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.Array:
@@ -54,19 +60,24 @@ def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.A
     return idx
 
 
+@lru_cache(maxsize=256)
+def _uniform_draw(num_data: int, n: int, replace: bool) -> Callable:
+    def draw(weight, key):
+        if replace:
+            idx = jax.random.randint(key, (n,), 0, num_data)
+        else:
+            idx = sample_without_replacement(key, num_data, n)
+        return idx, jnp.broadcast_to(weight, (n,))
+
+    return draw
+
+
 def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> SamplingDesign:
-    """Simple random sampling, weights N/n (paper 000, Eq. 3)."""
+    """Simple random sampling, weights N/n (Putcha et al. 2023, Eq. 3)."""
+    if not 1 <= int(n) <= int(num_data):
+        raise ValueError(
+            f"The subsample size must be between 1 and N={num_data}, got {n!r}."
+        )
     dtype = dtype or jnp.result_type(float)
-    w = jnp.full((n,), num_data / n, dtype)
-
-    if replace:
-
-        def draw(key):
-            return jax.random.randint(key, (n,), 0, num_data), w
-
-    else:
-
-        def draw(key):
-            return sample_without_replacement(key, num_data, n), w
-
-    return SamplingDesign(draw, n, num_data)
+    weight = jnp.asarray(num_data / n, dtype)
+    return SamplingDesign(_uniform_draw(int(num_data), int(n), bool(replace)), int(n), int(num_data), weight)

@@ -40,6 +40,16 @@ import pandas as pd
 import xarray as xr
 from jax.flatten_util import ravel_pytree
 
+from numpyro_subsample.estimators.zv import (
+    ZVStats,
+    check_degree,
+    default_g,
+    empty_stats,
+    flat_fn,
+    welford_update,
+    zv_covariates,
+)
+
 __all__ = [
     "ZVStats",
     "ZVResult",
@@ -47,8 +57,6 @@ __all__ = [
     "zv_fit",
     "zv_mean",
     "zv_summary",
-    "streaming_step",
-    "init_stream_stats",
 ]
 
 ZV_GROUP = "zv_posterior"
@@ -57,67 +65,6 @@ _STATS = ("mean", "var", "raw_mean", "raw_var", "mcse_mean", "raw_mcse_mean",
 
 
 # --- control variates ---------------------------------------------------------------------------
-def zv_covariates(theta: Any, grad: Any, degree: int = 1, xp: Any = jnp) -> Any:
-    """Zero-mean ZV covariates u(θ, ŝ) (module docstring; paper 002 Eq. 13).
-
-    ``theta``, ``grad``: (..., d) unconstrained position and estimate of ∇ log π at it.
-    Returns (..., d) for degree 1 and (..., d(d+3)/2) for degree 2.
-    """
-    _check_degree(degree)
-    if degree == 1:
-        return grad
-    d = theta.shape[-1]
-    k, j = np.triu_indices(d, 1)
-    diag = 1.0 + theta * grad
-    cross = theta[..., j] * grad[..., k] + theta[..., k] * grad[..., j]
-    return xp.concatenate([grad, diag, cross], axis=-1)
-
-
-def _check_degree(degree: int) -> None:
-    if degree not in (1, 2):
-        raise ValueError(f"degree must be 1 or 2 (polynomial Q of Eq. 13), got {degree!r}.")
-
-
-def _default_g(sample: dict) -> dict:
-    """Every coordinate of every site and its square (for ZV means and variances)."""
-    return {"first": dict(sample), "second": {k: v * v for k, v in sample.items()}}
-
-
-# --- sufficient statistics ----------------------------------------------------------------------
-class ZVStats(NamedTuple):
-    """Welford sufficient statistics of (u, g): count, means and co-moments Σ(x − x̄)(y − ȳ).
-
-    ``m_gg`` keeps only the diagonal (variances of g). O(p² + p·m) memory for p covariates and
-    m functions; a leading chain axis when stacked.
-    """
-
-    count: Any
-    mean_u: Any
-    mean_g: Any
-    m_uu: Any
-    m_ug: Any
-    m_gg: Any
-
-
-def _empty_stats(p: int, m: int, dtype) -> ZVStats:
-    z = lambda *s: jnp.zeros(s, dtype)  # noqa: E731
-    return ZVStats(z(), z(p), z(m), z(p, p), z(p, m), z(m))
-
-
-def _welford_update(stats: ZVStats, u, g, active) -> ZVStats:
-    """One masked Welford step (active=False leaves the statistics unchanged)."""
-    a = active.astype(stats.count.dtype)
-    count = stats.count + a
-    w = a / jnp.maximum(count, 1.0)
-    du, dg = u - stats.mean_u, g - stats.mean_g
-    mean_u, mean_g = stats.mean_u + w * du, stats.mean_g + w * dg
-    du2, dg2 = a * (u - mean_u), a * (g - mean_g)
-    return ZVStats(
-        count, mean_u, mean_g,
-        stats.m_uu + jnp.outer(du, du2), stats.m_ug + jnp.outer(du, dg2), stats.m_gg + dg * dg2,
-    )
-
-
 def _moments(U: np.ndarray, G: np.ndarray) -> ZVStats:
     """The same statistics from stored draws U (M, p), G (M, m), in float64."""
     U = np.asarray(U, np.float64)
@@ -201,39 +148,16 @@ class _Draws(NamedTuple):
     unflatten: Callable[[np.ndarray], Any]  # (..., m) -> pytree with leading dims
 
 
-def _flat_fn(fn: Callable, example: dict) -> tuple[Callable, Callable]:
-    """Flatten a pytree-valued fn to a vector and return its inverse for leading-dim arrays."""
-    out = jax.eval_shape(fn, example)
-    leaves, treedef = jax.tree.flatten(out)
-    shapes = [tuple(x.shape) for x in leaves]
-    sizes = [int(np.prod(s)) for s in shapes]
-
-    def flat(sample):
-        vals = jax.tree.leaves(fn(sample))
-        return jnp.concatenate([jnp.ravel(v).astype(jnp.result_type(float)) for v in vals])
-
-    def unflatten(arr):
-        arr = np.asarray(arr)
-        lead = arr.shape[:-1]
-        parts, start = [], 0
-        for s, k in zip(shapes, sizes, strict=True):
-            parts.append(arr[..., start:start + k].reshape(lead + s))
-            start += k
-        return jax.tree.unflatten(treedef, parts)
-
-    return flat, unflatten
-
-
 def _eval_fn(fn: Callable, samples: dict) -> tuple[np.ndarray, Callable]:
     """fn over all (chain, draw) samples -> (C, D, m) and the unflattener."""
     example = {k: v[0, 0] for k, v in samples.items()}
-    flat, unflatten = _flat_fn(fn, example)
+    flat, unflatten = flat_fn(fn, example)
     G = jax.jit(jax.vmap(jax.vmap(flat)))({k: jnp.asarray(v) for k, v in samples.items()})
     return np.asarray(G, np.float64), unflatten
 
 
 def _kernel_of(mcmc):
-    from .io import _kernel_of as package_kernel_of
+    from numpyro_subsample.post.arviz import _kernel_of as package_kernel_of
 
     return package_kernel_of(
         mcmc,
@@ -247,7 +171,7 @@ def unconstrained_draws(mcmc) -> np.ndarray:
     """Flat unconstrained θ (chain, draw, d) of a run (inverse transforms of the stored draws)."""
     from numpyro.infer.util import unconstrain_fn
 
-    from .potential import _set_plate_indices
+    from numpyro_subsample.core.potential import _set_plate_indices
 
     kernel = _kernel_of(mcmc)
     pot = kernel.potential
@@ -277,7 +201,7 @@ def _draws_from_mcmc(mcmc, fn, degree, unconstrained) -> _Draws | None:
             raise ValueError("Pass either fn or unconstrained=True, not both.")
     else:
         samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
-    G, unflatten = _eval_fn(fn or _default_g, samples)
+    G, unflatten = _eval_fn(fn or default_g, samples)
     U = zv_covariates(theta, grad, degree, np) if degree == 2 else grad
     return _Draws(np.asarray(U, np.float64), G, unflatten)
 
@@ -313,7 +237,7 @@ def _draws_from_idata(idata, fn, degree, unconstrained) -> _Draws:
         samples = {"theta": theta}
     else:
         samples = {k: np.asarray(v.values) for k, v in idata.posterior.data_vars.items()}
-    G, unflatten = _eval_fn(fn or _default_g, samples)
+    G, unflatten = _eval_fn(fn or default_g, samples)
     U = zv_covariates(theta, grad, degree, np) if degree == 2 else grad
     return _Draws(np.asarray(U, np.float64), G, unflatten)
 
@@ -427,7 +351,7 @@ def zv_fit(
     :param mode: ``"stored"`` (draws + gradients), ``"stream"`` (the kernel's accumulated
         statistics) or ``"auto"`` (stored if the gradients were collected).
     """
-    _check_degree(degree)
+    check_degree(degree)
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}.")
     if mode not in ("auto", "stored", "stream"):
@@ -487,43 +411,6 @@ def zv_mean(
 
 
 # --- streaming mode -----------------------------------------------------------------------------
-def _stream_functions(kernel) -> tuple[Callable, Callable]:
-    """The flat g of a streaming kernel (its ``zv_fn`` or the default) and the unflattener."""
-    pot = kernel.potential
-    fn = kernel.zv_fn or _default_g
-    return _flat_fn(lambda z: fn(pot.constrain(z)), pot.unravel(pot.init_theta))
-
-
-def init_stream_stats(kernel, degree: int) -> ZVStats:
-    """Zero statistics for one chain of a streaming kernel."""
-    pot = kernel.potential
-    d = pot.dim
-    p = d if degree == 1 else d * (d + 3) // 2
-    flat, _ = _stream_functions(kernel)
-    m = jax.eval_shape(flat, pot.unravel(pot.init_theta)).shape[0]
-    return _empty_stats(p, m, pot.init_theta.dtype)
-
-
-def streaming_step(step: Callable, kernel, num_warmup: int, degree: int) -> Callable:
-    """Wrap a kernel step so it also accumulates the ZV statistics of post-warmup draws.
-
-    The draw after step i (i = 1, 2, ...) is collected by NumPyro when i > num_warmup; the same
-    draws (with their gradients, which pair with the position ``z``) are accumulated here.
-    """
-    _check_degree(degree)
-    flat, _ = _stream_functions(kernel)
-
-    def wrapped(state):
-        new = step(state)
-        theta = ravel_pytree(new.z)[0]
-        u = zv_covariates(theta, new.grad, degree)
-        g = flat(new.z).astype(theta.dtype)
-        stats = _welford_update(state.zv_stats, u, g, new.i > num_warmup)
-        return new._replace(zv_stats=stats)
-
-    return wrapped
-
-
 # --- ArviZ --------------------------------------------------------------------------------------
 def _flat_names(name: str, shape: tuple) -> list[str]:
     if not shape:

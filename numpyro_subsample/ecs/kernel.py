@@ -82,11 +82,11 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc import hmc
 
-from .datapass import DEFAULT_CHUNK, chunk_indices, map_data, value_grad_hessian
-from .kernel import PreprocessedKernel, _default_progress, _same_args
-from .potential import Potential, _set_plate_indices, build_potential, check_data_finite
-from .preferential import AliasTable, alias_draw, build_alias_table, mix_with_uniform
-from .proxy import Proxy, fit_laplace
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, chunk_indices, map_data, value_grad_hessian
+from numpyro_subsample.sgmcmc.kernel import PreprocessedKernel, _default_progress, _same_args
+from numpyro_subsample.core.potential import Potential, _set_plate_indices, build_potential, check_data_finite
+from numpyro_subsample.estimators.preferential import AliasTable, alias_draw, build_alias_table, mix_with_uniform
+from numpyro_subsample.proxies.laplace import Proxy, fit_laplace
 
 __all__ = ["EnergyConservingHMC", "ECSState", "ECSPreprocessed", "variational_expectations"]
 
@@ -404,7 +404,7 @@ class EnergyConservingHMC(PreprocessedKernel):
         )
 
     def _preprocess_variational(self, potential, key, k_mc, m, model_args, model_kwargs):
-        from .variational import fit_variational
+        from numpyro_subsample.proxies.variational import fit_variational
 
         opts = dict(self.proxy_kwargs)
         proxy = fit_variational(

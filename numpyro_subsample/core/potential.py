@@ -1,18 +1,23 @@
-"""From a NumPyro model to the terms of the potential, in unconstrained space.
+"""From a NumPyro model to the terms of its potential, in unconstrained space.
 
-Notation of paper 000 (Eq. 1-3): the potential is f(θ) = f0(θ) + Σ_{i=1}^N f_i(θ) with
-f0 = −log prior (plus the negative log-Jacobians of the transforms to unconstrained space) and
-f_i = −log p(x_i | θ), the negative log-likelihood of datum i of the subsample plate.
+Notation of Putcha, Nemeth and Fearnhead (2023, Eq. 1-3): the potential is
+f(θ) = f0(θ) + Σ_{i=1}^N f_i(θ), with f0 = −log prior (plus the negative log-Jacobians of the
+transforms to unconstrained space) and f_i = −log p(x_i | θ), the negative log-likelihood of
+datum i of the subsample plate.
 
-The model is the user's, unchanged. Its subsample plate is located in a prototype trace; the
-per-datum terms are evaluated for an arbitrary (traced) index vector by setting the plate's
-indices with a small handler, the latent values by NumPyro's own `_unconstrain_reparam`.
+The data are an argument, never a captured constant: :class:`ModelData` splits the model's
+``(args, kwargs)`` into array leaves (traced by ``jax.jit``) and everything else (static, kept
+in the pytree structure), and ``Potential.terms(θ, idx, data)`` runs the user's model, unchanged,
+with the plate's indices set to ``idx`` (a small handler) and the latent values substituted by
+NumPyro's own ``_unconstrain_reparam``. A compiled program therefore never grows with N and is
+reused for new data of the same shapes.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -26,7 +31,89 @@ from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 from numpyro.primitives import Messenger
 
-__all__ = ["DataPlate", "Potential", "build_potential"]
+__all__ = ["DataPlate", "ModelData", "Potential", "build_potential", "check_data_finite"]
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray)) and not isinstance(x, np.generic)
+
+
+@jax.tree_util.register_pytree_node_class
+class ModelData:
+    """The model's ``(args, kwargs)`` as a pytree whose leaves are its arrays only.
+
+    Array leaves (JAX or NumPy) are the children, so ``jax.jit`` traces them; every other
+    leaf (Python numbers, strings, ``None``, callables) is static and lives in the structure,
+    so a jitted function of ``ModelData`` is recompiled only when those change. NumPy arrays
+    are converted to JAX arrays once, here.
+    """
+
+    __slots__ = ("arrays", "static")
+
+    def __init__(self, arrays: tuple, static: tuple):
+        self.arrays = tuple(arrays)
+        self.static = static  # (treedef, positions of arrays, non-array leaves)
+
+    @classmethod
+    def from_args(cls, model_args: tuple = (), model_kwargs: dict | None = None) -> ModelData:
+        leaves, treedef = jax.tree.flatten(
+            (tuple(model_args), dict(model_kwargs or {})), is_leaf=lambda x: x is None
+        )
+        pos = tuple(i for i, x in enumerate(leaves) if _is_array(x))
+        arrays = tuple(jnp.asarray(leaves[i]) for i in pos)
+        others = tuple(x for i, x in enumerate(leaves) if i not in set(pos))
+        return cls(arrays, (treedef, pos, others))
+
+    def args_kwargs(self) -> tuple[tuple, dict]:
+        treedef, pos, others = self.static
+        leaves, it_a, it_o = [], iter(self.arrays), iter(others)
+        posset = set(pos)
+        for i in range(len(pos) + len(others)):
+            leaves.append(next(it_a) if i in posset else next(it_o))
+        args, kwargs = jax.tree.unflatten(treedef, leaves)
+        return args, kwargs
+
+    def names(self) -> tuple[str, ...]:
+        """Readable names of the array leaves (``model_args[0]``, ``model_kwargs['y']``)."""
+        args, kwargs = self.args_kwargs()
+        out = []
+        for prefix, tree in (("model_args", args), ("model_kwargs", kwargs)):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                if _is_array(leaf) or isinstance(leaf, jax.core.Tracer):
+                    out.append(prefix + jax.tree_util.keystr(path))
+        return tuple(out)
+
+    def signature(self) -> tuple:
+        """Hashable: static part, shapes and dtypes (equal signatures share compiled code)."""
+        treedef, pos, others = self.static
+        try:
+            hash(others)
+            stat = others
+        except TypeError:
+            stat = tuple(id(o) for o in others)
+        return (treedef, pos, stat, tuple((a.shape, str(a.dtype)) for a in self.arrays))
+
+    def same_values(self, other: ModelData | None) -> bool:
+        """True if ``other`` holds the same static part and equal arrays (by identity or value)."""
+        if other is None or self.signature() != other.signature():
+            return False
+        # compared on the host: no compiled program per shape, and free on CPU
+        return all(
+            a is b or np.array_equal(np.asarray(a), np.asarray(b))
+            for a, b in zip(self.arrays, other.arrays)
+        )
+
+    def tree_flatten(self):
+        return self.arrays, self.static
+
+    @classmethod
+    def tree_unflatten(cls, static, arrays):
+        obj = object.__new__(cls)
+        obj.arrays, obj.static = tuple(arrays), static
+        return obj
+
+    def __repr__(self) -> str:
+        return f"ModelData({', '.join(f'{n}: {a.shape}' for n, a in zip(self.names(), self.arrays))})"
 
 
 class DataPlate(NamedTuple):
@@ -38,20 +125,26 @@ class DataPlate(NamedTuple):
     dim: int  # the (negative) batch dimension of the plate
 
 
-class Potential(NamedTuple):
+@dataclass(frozen=True, eq=False)
+class Potential:
     """The potential of a model as pure functions of a flat unconstrained vector θ ∈ R^d.
 
-    ``terms(θ, idx)`` returns ``(f0(θ), f_idx(θ))``: the prior term and the vector of per-datum
-    terms for the plate indices ``idx`` (any length, traced or not), paper 000 Eq. (1).
+    ``terms(θ, idx, data)`` returns ``(f0(θ), f_idx(θ))``: the prior term and the vector of
+    per-datum terms for the plate indices ``idx`` (any length, traced or not), Putcha et al.
+    (2023, Eq. 1), for the model's data ``data`` (a :class:`ModelData`). The object is hashable
+    by identity, so it can be a static argument of ``jax.jit``: one potential per model and data
+    signature, compiled once.
     """
 
     plate: DataPlate
-    terms: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+    terms: Callable[[jax.Array, jax.Array, ModelData], tuple[jax.Array, jax.Array]]
     unravel: Callable[[jax.Array], dict]
     init_theta: jax.Array  # flat unconstrained starting point (prior median)
     latent_sites: tuple[str, ...]
     plate_deterministic_sites: tuple[str, ...]
-    constrain: Callable[[dict], dict]  # unconstrained dict -> constrained latent + deterministic
+    constrain: Callable[[dict, ModelData], dict]  # unconstrained -> constrained + deterministic
+    model: Callable
+    data_leaves: tuple[int, ...]  # positions in ModelData.arrays of arrays with N rows
 
     @property
     def dim(self) -> int:
@@ -61,13 +154,19 @@ class Potential(NamedTuple):
     def num_data(self) -> int:
         return self.plate.size
 
-    def prior(self, theta: jax.Array) -> jax.Array:
+    def prior(self, theta: jax.Array, data: ModelData) -> jax.Array:
         """f0(θ)."""
-        return self.terms(theta, jnp.zeros((1,), jnp.int32))[0]
+        return self.terms(theta, jnp.zeros((1,), jnp.int32), data)[0]
 
-    def data_terms(self, theta: jax.Array, idx: jax.Array) -> jax.Array:
+    def data_terms(self, theta: jax.Array, idx: jax.Array, data: ModelData) -> jax.Array:
         """f_i(θ) for i in idx."""
-        return self.terms(theta, idx)[1]
+        return self.terms(theta, idx, data)[1]
+
+    def full_data_model(self) -> Callable:
+        """The user's model with its subsample plate set to all N indices."""
+        return _set_plate_indices(
+            self.model, name=self.plate.name, indices=jnp.arange(self.plate.size)
+        )
 
 
 class _set_plate_indices(Messenger):
@@ -118,27 +217,20 @@ def _per_datum(lp: jax.Array, plate: DataPlate, m: int, name: str) -> jax.Array:
     return lp.reshape((m, -1)).sum(-1)
 
 
-def _flat_arrays(tree: Any, prefix: str) -> list[tuple[str, Any]]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [(prefix + jax.tree_util.keystr(path), leaf) for path, leaf in leaves]
+def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
+    """Raise if a floating array of the data holds non-finite values.
 
-
-def check_data_finite(model_args: tuple, model_kwargs: dict, num_data: int | None = None) -> None:
-    """Raise if a floating array argument holds non-finite values.
-
-    With ``num_data`` only arguments whose leading dimension is N (the data the plate indexes)
-    are checked; without it, every floating array argument.
+    With ``num_data`` only arrays whose leading dimension is N (the data the plate indexes)
+    are checked; without it, every floating array.
     """
-    named = _flat_arrays(model_args, "model_args") + _flat_arrays(model_kwargs, "model_kwargs")
-    for name, leaf in named:
-        if not hasattr(leaf, "shape") or len(leaf.shape) == 0:
+    for name, leaf in zip(data.names(), data.arrays):
+        if isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0:
             continue
         if num_data is not None and leaf.shape[0] != num_data:
             continue
-        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             continue
-        rows = leaf.shape[0]
-        finite = np.asarray(jnp.isfinite(leaf).reshape(rows, -1).all(-1))
+        finite = np.asarray(_rows_finite(leaf))
         if not finite.all():
             bad = np.flatnonzero(~finite)
             raise ValueError(
@@ -146,6 +238,11 @@ def check_data_finite(model_args: tuple, model_kwargs: dict, num_data: int | Non
                 f"in {bad.size} rows, the first at row {int(bad[0])}. Remove or impute those "
                 "rows before sampling."
             )
+
+
+@jax.jit
+def _rows_finite(x: jax.Array) -> jax.Array:
+    return jnp.isfinite(x).reshape(x.shape[0], -1).all(-1)
 
 
 def _prototype_trace(model, model_args, model_kwargs, rng_key):
@@ -225,17 +322,15 @@ def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[
     return tuple(latent), tuple(plate_det)
 
 
-def build_potential(
-    model: Callable, model_args: tuple, model_kwargs: dict, rng_key: jax.Array
-) -> Potential:
-    """Inspect and validate ``model`` and return its :class:`Potential`.
+def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Potential:
+    """Inspect and validate ``model`` on ``data`` and return its :class:`Potential`.
 
     Raises ``ValueError`` naming the site or setting for: no subsample plate, several subsample
     plates, subsample size > N, discrete latent sites, latent sites inside the plate, observed
     sites that do not follow the plate, non-finite data.
     """
-    model_kwargs = dict(model_kwargs or {})
-    check_data_finite(model_args, model_kwargs)
+    check_data_finite(data)
+    model_args, model_kwargs = data.args_kwargs()
     tr = _prototype_trace(model, model_args, model_kwargs, rng_key)
     plate = _find_data_plate(tr)
     latent, plate_det = _validate_sites(tr, plate)
@@ -246,16 +341,15 @@ def build_potential(
     init_theta, unravel = ravel_pytree(init_z)
     seed_key = jax.random.PRNGKey(0)
 
-    def terms(theta: jax.Array, idx: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def terms(theta: jax.Array, idx: jax.Array, data: ModelData) -> tuple[jax.Array, jax.Array]:
         m = int(idx.shape[0])
         params = unravel(theta)
+        args, kwargs = data.args_kwargs()
         fn = _set_plate_indices(model, name=plate.name, indices=idx)
         fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, params))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mtr = handlers.trace(handlers.seed(fn, seed_key)).get_trace(
-                *model_args, **model_kwargs
-            )
+            mtr = handlers.trace(handlers.seed(fn, seed_key)).get_trace(*args, **kwargs)
         f0 = jnp.zeros((), theta.dtype)
         fi = jnp.zeros((m,), theta.dtype)
         for name, site in mtr.items():
@@ -277,7 +371,7 @@ def build_potential(
     # observed values not indexed by the plate are caught here rather than silently.
     m_check = 3 if plate.subsample_size != 3 else 2
     try:
-        f0, fi = jax.eval_shape(terms, init_theta, jnp.arange(m_check))
+        jax.eval_shape(terms, init_theta, jnp.arange(m_check), data)
     except (ValueError, TypeError, IndexError) as err:
         if "does not follow the plate" in str(err):
             raise
@@ -287,16 +381,18 @@ def build_potential(
             f"the plate's indices (e.g. obs=y[idx]). Original error: {err}"
         ) from err
 
-    fixed = partial(_set_plate_indices, name=plate.name, indices=jnp.arange(1))
+    one = partial(_set_plate_indices, name=plate.name, indices=jnp.arange(1))
 
-    def constrain(z: dict) -> dict:
+    def constrain(z: dict, data: ModelData) -> dict:
+        args, kwargs = data.args_kwargs()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = constrain_fn(
-                fixed(model), model_args, model_kwargs, z, return_deterministic=True
-            )
+            out = constrain_fn(one(model), args, kwargs, z, return_deterministic=True)
         return {k: v for k, v in out.items() if k not in plate_det}
 
+    data_leaves = tuple(
+        i for i, a in enumerate(data.arrays) if a.ndim >= 1 and a.shape[0] == plate.size
+    )
     return Potential(
         plate=plate,
         terms=terms,
@@ -305,4 +401,6 @@ def build_potential(
         latent_sites=latent,
         plate_deterministic_sites=plate_det,
         constrain=constrain,
+        model=model,
+        data_leaves=data_leaves,
     )

@@ -40,18 +40,18 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro import handlers
 
-from .datapass import DEFAULT_CHUNK, map_data
-from .dynamics import sgld_dynamics
-from .estimators import GradientEstimator, control_variate_from_proxy, make_estimator
-from .potential import Potential
-from .preferential import (
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data
+from numpyro_subsample.sgmcmc.dynamics import sgld_dynamics
+from numpyro_subsample.estimators.base import GradientEstimator, control_variate_from_proxy, make_estimator
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.preferential import (
     PreferentialEstimator,
     alias_design,
     build_alias_table,
     preferential_probabilities,
 )
-from .selection import uniform_design
-from .stepsize import measure_whitened_noise, sgld_step_size
+from numpyro_subsample.estimators.selection import uniform_design
+from numpyro_subsample.sgmcmc.stepsize import measure_whitened_noise, sgld_step_size
 
 __all__ = [
     "lipschitz_constants",

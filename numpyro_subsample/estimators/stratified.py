@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .estimators import GradientEstimator, control_variate_from_proxy, make_estimator
-from .potential import Potential
-from .selection import SamplingDesign
+from numpyro_subsample.estimators.base import GradientEstimator, control_variate_from_proxy, make_estimator
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.selection import SamplingDesign
 
 __all__ = [
     "Strata",
@@ -316,7 +316,7 @@ def stratified_features(
     chunk_size: int = 2048,
 ) -> np.ndarray:
     """Default features to cluster (module docstring), as a float32 (N, p) array."""
-    from .datapass import datum_values_and_grads
+    from numpyro_subsample.core.datapass import datum_values_and_grads
 
     if proxy is None:
         raise ValueError(

@@ -47,13 +47,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from numpyro.util import is_prng_key
 
-from .datapass import map_data
-from .estimators import ControlVariate, GradientEstimator, make_estimator
-from .kernel import SGLD, Preprocessed, SGMCMCState
-from .potential import Potential, build_potential, check_data_finite
-from .proxy import Proxy, fit_laplace
-from .selection import SamplingDesign, uniform_design
-from .stepsize import sgld_step_size
+from numpyro_subsample.core.datapass import map_data
+from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
+from numpyro_subsample.sgmcmc.kernel import SGLD, Preprocessed, SGMCMCState
+from numpyro_subsample.core.potential import Potential, build_potential, check_data_finite
+from numpyro_subsample.proxies.laplace import Proxy, fit_laplace
+from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
+from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 __all__ = ["ShardLayout", "shard_layout", "shard_design", "DistributedSGLD"]
 
@@ -342,7 +342,7 @@ class DistributedSGLD(SGLD):
     ) -> Preprocessed:
         """Potential and proxy as in the core kernel, then the shards, their control-variate
         tables, the distributed estimator and its measured noise → step size (cached)."""
-        from .kernel import _same_args
+        from numpyro_subsample.sgmcmc.kernel import _same_args
 
         model_kwargs = dict(model_kwargs or {})
         if self._pre is not None and _same_args(self._pre_args, (model_args, model_kwargs)):

@@ -21,9 +21,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import get_transforms, transform_fn
 
-from .datapass import DEFAULT_CHUNK, value_grad_hessian
-from .estimators import GradientEstimator
-from .potential import Potential, _set_plate_indices
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, value_grad_hessian
+from numpyro_subsample.estimators.base import GradientEstimator
+from numpyro_subsample.core.potential import Potential, _set_plate_indices
 
 __all__ = [
     "estimator_pseudo_variance",

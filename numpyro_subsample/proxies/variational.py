@@ -5,7 +5,7 @@ of :attr:`Potential.unravel`; :func:`fit_variational` turns them into a
 :class:`~numpyro_subsample.proxy.Proxy` with :func:`~numpyro_subsample.proxy.proxy_from_moments`,
 so the control variates, the preconditioning, the CV-PS weights and the adaptive rule use it
 exactly as they use the Laplace proxy. The guide and its parameters stay in ``proxy.info`` for
-the variational energy-conserving proxy (paper 003, Eq. 2-4; :mod:`numpyro_subsample.ecs`).
+the variational energy-conserving proxy (paper 003, Eq. 2-4; :mod:`numpyro_subsample.ecs.kernel`).
 
 Guide: ``AutoMultivariateNormal`` up to ``max_full_rank_dim`` (default 200) unconstrained
 dimensions, ``AutoLowRankMultivariateNormal`` above (its d² parameters would otherwise dominate
@@ -55,9 +55,9 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_median, init_to_value
 from tqdm.auto import tqdm
 
-from .datapass import DEFAULT_CHUNK
-from .potential import Potential
-from .proxy import Proxy, proxy_from_moments
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.proxies.laplace import Proxy, proxy_from_moments
 
 __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
 

@@ -29,15 +29,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .datapass import DEFAULT_CHUNK, map_data
-from .estimators import (
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data
+from numpyro_subsample.estimators.base import (
     GradientEstimator,
     control_variate_from_proxy,
     make_estimator,
     weighted_gradient,
 )
-from .potential import Potential
-from .selection import SamplingDesign
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.selection import SamplingDesign
 
 __all__ = [
     "DEFAULT_UNIFORM_MIX",
@@ -340,7 +340,7 @@ def configure_preferential(
             )
         if isinstance(weights, str) and weights == "exact":
             raise ValueError("adaptive=True works with static weights; drop weights='exact'.")
-        from .adaptive import configure_adaptive
+        from numpyro_subsample.estimators.adaptive import configure_adaptive
 
         return configure_adaptive(
             name, potential, proxy, n, replace, weights=weights, uniform_mix=uniform_mix,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import NamedTuple
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -19,24 +19,11 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from .datapass import DEFAULT_CHUNK, datum_values_and_grads, value_grad_hessian
-from .potential import Potential
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, datum_values_and_grads, value_grad_hessian
+from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.proxies.base import Proxy
 
-__all__ = ["Proxy", "fit_laplace", "proxy_from_moments"]
-
-
-class Proxy(NamedTuple):
-    """Centre θ̂ (d,), covariance Σ̂ (d, d), its Cholesky factor L, and the data at θ̂."""
-
-    centre: jax.Array
-    cov: jax.Array
-    scale_tril: jax.Array
-    datum_grads: jax.Array | None  # ∇f_i(θ̂), (N, d)
-    sum_grads: jax.Array  # Σ_i ∇f_i(θ̂)
-    num_data_passes: float
-    seconds: float
-    kind: str
-    info: dict
+__all__ = ["fit_laplace", "proxy_from_moments"]
 
 
 def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -46,40 +33,40 @@ def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cov, np.linalg.cholesky(cov)
 
 
-def _adam_phase(potential, theta, n, num_steps, key, lr, progress):
+@partial(jax.jit, static_argnames=("potential", "n", "num_steps", "lr", "block"))
+def _adam_block(potential, n, num_steps, lr, block, carry, start, key, data):
+    """``block`` Adam steps on minibatches of size n, from step ``start`` (cosine schedule)."""
     N = potential.num_data
-    sched = optax.cosine_decay_schedule(lr, num_steps, alpha=0.05)
-    opt = optax.adam(sched)
+    opt = optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05))
 
     def loss(t, idx):
-        f0, fi = potential.terms(t, idx)
+        f0, fi = potential.terms(t, idx, data)
         return f0 + (N / n) * jnp.sum(fi)
 
-    @jax.jit
-    def run_block(carry, keys):
-        def step(c, k):
-            t, s = c
-            idx = jax.random.randint(k, (n,), 0, N)
-            g = jax.grad(loss)(t, idx)
-            upd, s = opt.update(g, s, t)
-            return (optax.apply_updates(t, upd), s), None
+    def step(c, i):
+        t, s = c
+        idx = jax.random.randint(jax.random.fold_in(key, i), (n,), 0, N)
+        upd, s = opt.update(jax.grad(loss)(t, idx), s, t)
+        return (optax.apply_updates(t, upd), s), None
 
-        return jax.lax.scan(step, carry, keys)[0]
+    return jax.lax.scan(step, carry, start + jnp.arange(block))[0]
 
+
+def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
+    opt = optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05))
     carry = (theta, opt.init(theta))
-    block = 250
-    keys = jax.random.split(key, num_steps)
+    block = min(250, num_steps)
     bar = tqdm(total=num_steps, desc="proxy: Adam on minibatches", disable=not progress)
     for start in range(0, num_steps, block):
-        ks = keys[start : start + block]
-        carry = run_block(carry, ks)
-        bar.update(ks.shape[0])
+        carry = _adam_block(potential, n, num_steps, float(lr), block, carry, start, key, data)
+        bar.update(min(block, num_steps - start))
     bar.close()
     return carry[0]
 
 
 def fit_laplace(
     potential: Potential,
+    data: ModelData,
     rng_key: jax.Array,
     *,
     subsample_size: int | None = None,
@@ -100,12 +87,13 @@ def fit_laplace(
     N = potential.num_data
     n = int(subsample_size or potential.plate.subsample_size)
     num_steps = int(min(max(math.ceil(num_epochs * N / n), 500), 50_000))
+    num_steps = -(-num_steps // 250) * 250  # whole blocks: one compiled block program
     passes = num_steps * n / N
     theta = _adam_phase(
-        potential, potential.init_theta, n, num_steps, rng_key, learning_rate, progress
+        potential, data, potential.init_theta, n, num_steps, rng_key, learning_rate, progress
     )
 
-    vgh = jax.jit(lambda t: value_grad_hessian(potential, t, chunk_size))
+    vgh = lambda t: value_grad_hessian(potential, t, data, chunk_size)  # noqa: E731
     f, g, h = vgh(theta)
     passes += 1
     bar = tqdm(total=max_newton_steps, desc="proxy: Newton on full data", disable=not progress)
@@ -162,7 +150,7 @@ def fit_laplace(
         ) from err
 
     datum_grads = None
-    values, grads = jax.jit(lambda t: datum_values_and_grads(potential, t, chunk_size))(theta)
+    values, grads = datum_values_and_grads(potential, theta, data, chunk_size)
     passes += 1
     bad = ~np.asarray(jnp.isfinite(values) & jnp.all(jnp.isfinite(grads), axis=-1))
     if bad.any():
@@ -191,6 +179,7 @@ def fit_laplace(
 
 def proxy_from_moments(
     potential: Potential,
+    data: ModelData,
     centre: jax.Array,
     cov: jax.Array,
     *,
@@ -203,7 +192,7 @@ def proxy_from_moments(
     t0 = time.perf_counter()
     centre = jnp.asarray(centre)
     cov = 0.5 * (jnp.asarray(cov) + jnp.asarray(cov).T)
-    values, grads = jax.jit(lambda t: datum_values_and_grads(potential, t, chunk_size))(centre)
+    values, grads = datum_values_and_grads(potential, centre, data, chunk_size)
     return Proxy(
         centre=centre,
         cov=cov,

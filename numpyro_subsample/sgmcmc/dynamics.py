@@ -3,14 +3,16 @@
 The sampler moves w, with θ = θ̂ + L w and Σ̂ = L Lᵀ the proxy covariance (or L = I without
 preconditioning); the gradient of log π with respect to w is Lᵀ ∇_θ log π.
 
-Step-size convention (SGLD): ``step_size`` is ε of paper 000 Eq. (4),
-θ ← θ − (ε/2) ĝ + N(0, ε), applied to w. BlackJAX's ``overdamped_langevin`` computes
-x + h ∇log π + sqrt(2h) ξ, so it is called with h = ε/2.
+Step-size convention, the same for every dynamic: ``step_size`` is the time step h of the
+diffusion, BlackJAX's ``step_size``. For SGLD, BlackJAX's ``overdamped_langevin`` computes
+w + h ∇log π + sqrt(2h) ξ, which is Putcha et al. (2023, Eq. 4) with ε = 2h. The constructors
+are cached, so equal settings give the same object and compiled code is shared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import NamedTuple
 
 import jax
@@ -33,15 +35,16 @@ class Dynamics(NamedTuple):
     step: Callable
 
 
+@lru_cache(maxsize=None)
 def sgld_dynamics() -> Dynamics:
-    """Langevin dynamics, paper 000 Eq. (4), via BlackJAX's ``overdamped_langevin``."""
+    """Langevin dynamics (Welling and Teh 2011) via BlackJAX's ``overdamped_langevin``."""
     integrator = diffusions.overdamped_langevin()
 
     def init_momentum(key, w):
         return jnp.zeros((0,), w.dtype), jnp.zeros((), w.dtype)
 
     def step(key, w, momentum, thermostat, grad_w, step_size):
-        return integrator(key, w, grad_w, 0.5 * step_size), momentum, thermostat
+        return integrator(key, w, grad_w, step_size), momentum, thermostat
 
     return Dynamics("sgld", init_momentum, step)
 
@@ -62,6 +65,7 @@ def sgld_dynamics() -> Dynamics:
 # :func:`numpyro_subsample.stepsize.sghmc_step_size` bounds the noise's effect instead.
 
 
+@lru_cache(maxsize=None)
 def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
     """SGHMC (Chen et al. 2014) via ``blackjax.sgmcmc.diffusions.sghmc`` (convention above).
 
@@ -81,6 +85,7 @@ def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
     return Dynamics("sghmc", init_momentum, step)
 
 
+@lru_cache(maxsize=None)
 def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
     """SGNHT (Ding et al. 2014) via ``blackjax.sgmcmc.diffusions.sgnht`` (convention above).
 

@@ -1,0 +1,176 @@
+"""The NumPyro ``MCMCKernel`` adapter shared by the package's kernels.
+
+A kernel is a functional core (a pure ``step(state, data)`` and a pure per-chain init, both
+compiled once per static configuration) wrapped by this thin class, in the manner of
+``numpyro.infer.hmc`` (``hmc()`` returning init/sample functions, wrapped by ``HMC``):
+
+- the data arrive in ``init``/``sample`` as the model's ``(args, kwargs)`` and become a
+  :class:`~numpyro_subsample.core.potential.ModelData` argument of every compiled program;
+- the :class:`~numpyro_subsample.core.potential.Potential` is built once per data *signature*
+  (static arguments, shapes, dtypes), so compiled programs are reused for new data of the same
+  shapes;
+- the preprocessing (proxy fit, estimator, step size) is cached per data *value*: a continued
+  run, a second ``MCMC`` object or new arrays holding equal values refit nothing;
+- the preprocessing's arrays travel in the chain state, so NumPyro's compiled loop (with
+  ``MCMC(..., jit_model_args=True)``) is reused on new data without recompiling.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import jax
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.util import is_prng_key
+
+from numpyro_subsample.core.potential import ModelData, Potential, build_potential
+
+__all__ = ["SubsampleKernel", "default_progress"]
+
+
+@lru_cache(maxsize=64)
+def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0) -> Callable:
+    """The compiled per-chain init (vmapped over keys and init params for vectorized chains,
+    with the state's shared fields unbatched), one object per init function so that reruns
+    reuse the compiled program."""
+    if not batched:
+        return jax.jit(init_one)
+    return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None, None), out_axes=out_axes))
+
+
+def default_progress() -> bool:
+    """Progress bars by default, except under CI or pytest-xdist."""
+    return not ("CI" in os.environ or "PYTEST_XDIST_WORKER" in os.environ)
+
+
+class SubsampleKernel(MCMCKernel):
+    """Base class: caches per data signature and value; subclasses provide
+
+    - ``_preprocess(potential, data) -> Preprocessed`` (a NamedTuple with a ``potential``);
+    - ``_programs(pre, num_warmup=, traced=) -> (init_one, step, params)``:
+      ``init_one(key, init_params, data, params)`` and ``step(state, data)``, pure and
+      jittable, identical objects for equal static configurations (so that compiled code is
+      reused), and the preprocessing's arrays ``params`` that ``init_one`` puts in the state.
+    """
+
+    _pre = None
+    _pre_data: ModelData | None = None
+    _step: Callable | None = None
+    _batched: bool = False
+
+    def __init__(self, model: Callable, *, seed: int = 0) -> None:
+        self._model = model
+        self.seed = int(seed)
+        self._potentials: dict = {}
+
+    # -- caches -----------------------------------------------------------------------------
+    @property
+    def user_model(self) -> Callable:
+        """The model as given."""
+        return self._model
+
+    def potential_for(self, data: ModelData) -> Potential:
+        """The potential for data of this signature (built and validated once)."""
+        sig = data.signature()
+        pot = self._potentials.get(sig)
+        if pot is None:
+            k_model = jax.random.split(jax.random.PRNGKey(self.seed), 3)[0]
+            pot = build_potential(self._model, data, k_model)
+            self._potentials[sig] = pot
+        return pot
+
+    def preprocess(self, model_args: tuple = (), model_kwargs: dict | None = None):
+        """Build (or fetch from the cache) everything computed once per data set.
+
+        Call it before ``MCMC.run`` to inspect the proxy or the step size; ``init`` calls it.
+        """
+        data = ModelData.from_args(model_args, model_kwargs)
+        return self._preprocess_data(data)
+
+    def _preprocess_data(self, data: ModelData):
+        if self._pre is not None and data.same_values(self._pre_data):
+            return self._pre
+        potential = self.potential_for(data)
+        pre = self._preprocess(potential, data)
+        self._pre, self._pre_data = pre, data
+        return pre
+
+    def _preprocess(self, potential: Potential, data: ModelData):
+        raise NotImplementedError
+
+    def _programs(self, pre, *, num_warmup: int, traced: bool) -> tuple[Callable, Callable, Any]:
+        raise NotImplementedError
+
+    @property
+    def preprocessed(self):
+        if self._pre is None:
+            raise RuntimeError(
+                "Run MCMC (or call kernel.preprocess(*model_args)) before reading the "
+                "preprocessing."
+            )
+        return self._pre
+
+    @property
+    def potential(self) -> Potential:
+        return self.preprocessed.potential
+
+    @property
+    def model(self) -> Callable:
+        """The model with its subsample plate set to all N indices (after ``init``).
+
+        This is the full-data model that ``arviz.from_numpyro`` and
+        ``numpyro.infer.Predictive`` need to see the whole data set; before ``init`` it is the
+        user's model.
+        """
+        if self._pre is None:
+            return self._model
+        return self._pre.potential.full_data_model()
+
+    # -- MCMCKernel interface -----------------------------------------------------------------
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        data = ModelData.from_args(model_args, model_kwargs)
+        traced = isinstance(rng_key, jax.core.Tracer)  # under pmap (chain_method="parallel")
+        if traced:
+            with jax.ensure_compile_time_eval():
+                pre = self._preprocess_data(data)
+        else:
+            pre = self._preprocess_data(data)
+        init_one, step, params = self._programs(pre, num_warmup=num_warmup, traced=traced)
+        self._batched = not is_prng_key(rng_key)
+        self._step = step
+        axes = self._state_axes() if self._batched else 0
+        return _jitted_init(init_one, self._batched, axes)(rng_key, init_params, data, params)
+
+    def _state_axes(self) -> Any:
+        """vmap axes of a batched state (0 everywhere; subclasses share unbatched fields)."""
+        return 0
+
+    def sample(self, state, model_args, model_kwargs):
+        if self._step is None:
+            raise RuntimeError(
+                "`init` must be called before `sample` (MCMC.run does this; after unpickling "
+                "a kernel, run MCMC again)."
+            )
+        data = ModelData.from_args(model_args, model_kwargs)
+        if self._batched:
+            axes = self._state_axes()
+            return jax.vmap(self._step, in_axes=(axes, None), out_axes=axes)(state, data)
+        return self._step(state, data)
+
+    def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
+        data = ModelData.from_args(model_args, model_kwargs)
+        potential = self.potential_for(data)
+        return lambda z: potential.constrain(z, data)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_pre", "_pre_data", "_step", "_batched"):
+            state.pop(key, None)
+        state["_potentials"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

@@ -1,0 +1,105 @@
+"""Full passes over the data in chunks, with memory O(chunk · d + d²), never O(N · d²).
+
+Every function here visits each datum once (one *data pass*), vmapping over a chunk of plate
+indices and scanning over chunks. Chunk indices are generated inside the program (an iota per
+chunk), the last chunk is padded with index 0 and masked out, and the data enter as an
+argument: the compiled program is the same for every N with the same chunk count structure,
+and never embeds the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_subsample.core.potential import ModelData, Potential
+
+__all__ = [
+    "DEFAULT_CHUNK",
+    "chunk_count",
+    "chunk_at",
+    "scan_chunks",
+    "map_data",
+    "value_grad_hessian",
+    "datum_values_and_grads",
+]
+
+DEFAULT_CHUNK = 2048
+
+
+def chunk_count(num_data: int, chunk_size: int) -> tuple[int, int]:
+    """``(chunk, num_chunks)``: the chunk length actually used and how many chunks cover N."""
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
+    chunk = int(min(chunk_size, num_data))
+    return chunk, -(-num_data // chunk)
+
+
+def chunk_at(c: jax.Array, chunk: int, num_data: int) -> tuple[jax.Array, jax.Array]:
+    """Plate indices of chunk ``c`` (padded with 0) and the validity mask."""
+    idx = c * chunk + jax.lax.iota(jnp.int32, chunk)
+    mask = idx < num_data
+    return jnp.where(mask, idx, 0), mask
+
+
+def scan_chunks(fn: Callable, num_data: int, chunk_size: int, init):
+    """Σ over chunks of ``fn(idx, mask)`` (a pytree like ``init``), one data pass."""
+    chunk, num_chunks = chunk_count(num_data, chunk_size)
+
+    def body(acc, c):
+        idx, mask = chunk_at(c, chunk, num_data)
+        return jax.tree.map(jnp.add, acc, fn(idx, mask)), None
+
+    return jax.lax.scan(body, init, jnp.arange(num_chunks, dtype=jnp.int32))[0]
+
+
+def map_data(fn: Callable, num_data: int, chunk_size: int = DEFAULT_CHUNK):
+    """Stack ``fn(idx)`` (a pytree with leading dimension len(idx)) over all N indices."""
+    chunk, num_chunks = chunk_count(num_data, chunk_size)
+    out = jax.lax.map(
+        lambda c: fn(chunk_at(c, chunk, num_data)[0]), jnp.arange(num_chunks, dtype=jnp.int32)
+    )
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_data], out)
+
+
+@partial(jax.jit, static_argnames=("potential", "chunk_size", "hessian"))
+def value_grad_hessian(
+    potential: Potential,
+    theta: jax.Array,
+    data: ModelData,
+    chunk_size: int = DEFAULT_CHUNK,
+    hessian: bool = True,
+):
+    """f(θ), ∇f(θ) and (optionally) ∇²f(θ) of the full potential, in one data pass."""
+    d = theta.shape[0]
+
+    def chunk_value(t, idx, mask):
+        return jnp.dot(mask.astype(t.dtype), potential.data_terms(t, idx, data))
+
+    def chunk_fn(idx, mask):
+        v, g = jax.value_and_grad(chunk_value)(theta, idx, mask)
+        h = jax.hessian(chunk_value)(theta, idx, mask) if hessian else jnp.zeros((0, 0))
+        return v, g, h
+
+    zero_h = jnp.zeros((d, d) if hessian else (0, 0), theta.dtype)
+    init = (jnp.zeros((), theta.dtype), jnp.zeros((d,), theta.dtype), zero_h)
+    v, g, h = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
+    prior = lambda t: potential.prior(t, data)  # noqa: E731
+    v0, g0 = jax.value_and_grad(prior)(theta)
+    out_h = h + jax.hessian(prior)(theta) if hessian else None
+    return v + v0, g + g0, out_h
+
+
+@partial(jax.jit, static_argnames=("potential", "chunk_size"))
+def datum_values_and_grads(
+    potential: Potential, theta: jax.Array, data: ModelData, chunk_size: int = DEFAULT_CHUNK
+) -> tuple[jax.Array, jax.Array]:
+    """Per-datum f_i(θ) (N,) and ∇f_i(θ) (N, d), one data pass."""
+
+    def one(i):
+        return jax.value_and_grad(lambda t: potential.data_terms(t, i[None], data)[0])(theta)
+
+    return map_data(jax.vmap(one), potential.num_data, chunk_size)

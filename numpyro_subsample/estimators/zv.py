@@ -1,0 +1,111 @@
+"""Zero-variance control variates: the covariates and their streaming statistics.
+
+The ZV estimate of E_π[g] (Baker, Fearnhead, Fox and Nemeth 2019, Sect. 4, Eq. 13-14;
+Mira et al. 2013) averages g̃(θ) = g(θ) − βᵀu(θ, ŝ), with u zero-mean covariates built from
+the stochastic gradient ŝ ≈ ∇ log π(θ) the sampler computes anyway. This module holds the
+pieces the sampling loop needs (covariates, Welford sufficient statistics); the fit of β and
+the ArviZ output are in :mod:`numpyro_subsample.post.zv`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["ZVStats", "zv_covariates", "empty_stats", "welford_update", "flat_fn",
+           "default_g", "check_degree", "num_covariates"]
+
+
+def zv_covariates(theta: Any, grad: Any, degree: int = 1, xp: Any = jnp) -> Any:
+    """Zero-mean ZV covariates u(θ, ŝ) (module docstring; paper 002 Eq. 13).
+
+    ``theta``, ``grad``: (..., d) unconstrained position and estimate of ∇ log π at it.
+    Returns (..., d) for degree 1 and (..., d(d+3)/2) for degree 2.
+    """
+    check_degree(degree)
+    if degree == 1:
+        return grad
+    d = theta.shape[-1]
+    k, j = np.triu_indices(d, 1)
+    diag = 1.0 + theta * grad
+    cross = theta[..., j] * grad[..., k] + theta[..., k] * grad[..., j]
+    return xp.concatenate([grad, diag, cross], axis=-1)
+
+
+def check_degree(degree: int) -> None:
+    if degree not in (1, 2):
+        raise ValueError(f"degree must be 1 or 2 (polynomial Q of Eq. 13), got {degree!r}.")
+
+
+def default_g(sample: dict) -> dict:
+    """Every coordinate of every site and its square (for ZV means and variances)."""
+    return {"first": dict(sample), "second": {k: v * v for k, v in sample.items()}}
+
+
+class ZVStats(NamedTuple):
+    """Welford sufficient statistics of (u, g): count, means and co-moments Σ(x − x̄)(y − ȳ).
+
+    ``m_gg`` keeps only the diagonal (variances of g). O(p² + p·m) memory for p covariates and
+    m functions; a leading chain axis when stacked.
+    """
+
+    count: Any
+    mean_u: Any
+    mean_g: Any
+    m_uu: Any
+    m_ug: Any
+    m_gg: Any
+
+
+def empty_stats(p: int, m: int, dtype) -> ZVStats:
+    z = lambda *s: jnp.zeros(s, dtype)  # noqa: E731
+    return ZVStats(z(), z(p), z(m), z(p, p), z(p, m), z(m))
+
+
+def welford_update(stats: ZVStats, u, g, active) -> ZVStats:
+    """One masked Welford step (active=False leaves the statistics unchanged)."""
+    a = active.astype(stats.count.dtype)
+    count = stats.count + a
+    w = a / jnp.maximum(count, 1.0)
+    du, dg = u - stats.mean_u, g - stats.mean_g
+    mean_u, mean_g = stats.mean_u + w * du, stats.mean_g + w * dg
+    du2, dg2 = a * (u - mean_u), a * (g - mean_g)
+    return ZVStats(
+        count, mean_u, mean_g,
+        stats.m_uu + jnp.outer(du, du2), stats.m_ug + jnp.outer(du, dg2), stats.m_gg + dg * dg2,
+    )
+
+
+def flat_fn(fn: Callable, example: dict) -> tuple[Callable, Callable]:
+    """Flatten a pytree-valued fn to a vector and return its inverse for leading-dim arrays."""
+    out = jax.eval_shape(fn, example)
+    leaves, treedef = jax.tree.flatten(out)
+    shapes = [tuple(x.shape) for x in leaves]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    def flat(sample):
+        vals = jax.tree.leaves(fn(sample))
+        return jnp.concatenate([jnp.ravel(v).astype(jnp.result_type(float)) for v in vals])
+
+    def unflatten(arr):
+        arr = np.asarray(arr)
+        lead = arr.shape[:-1]
+        parts, start = [], 0
+        for s, k in zip(shapes, sizes, strict=True):
+            parts.append(arr[..., start:start + k].reshape(lead + s))
+            start += k
+        return jax.tree.unflatten(treedef, parts)
+
+    return flat, unflatten
+
+
+
+
+def num_covariates(d: int, degree: int) -> int:
+    """Number of ZV covariates: d (degree 1) or d(d+3)/2 (degree 2)."""
+    check_degree(degree)
+    return d if degree == 1 else d * (d + 3) // 2

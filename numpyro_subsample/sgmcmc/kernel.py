@@ -1,0 +1,511 @@
+"""Stochastic-gradient MCMC kernels for NumPyro: SGLD, SGHMC, SGNHT.
+
+A functional core (pure ``step(state, data)`` and per-chain init over the NamedTuple
+:class:`SGMCMCState`) wrapped by the thin adapter of :mod:`numpyro_subsample.core.adapter`.
+The chain moves in coordinates whitened by the proxy, θ = θ̂ + L w with Σ̂ = L Lᵀ; the arrays
+of the preprocessing (θ̂, L, step size, the estimator's arrays) travel in the state's
+``params`` field, so the compiled loop is reused for new data of the same shapes.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from numpyro_subsample.core.adapter import SubsampleKernel, default_progress
+from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.core.rng import STEP_RNG, raw_key, split_step_key
+from numpyro_subsample.estimators.base import GradientEstimator
+from numpyro_subsample.estimators.noise import measure_whitened_noise
+from numpyro_subsample.estimators.registry import ESTIMATORS, NEEDS_PROXY, configure_estimator
+from numpyro_subsample.estimators.zv import (
+    ZVStats,
+    check_degree,
+    default_g,
+    empty_stats,
+    flat_fn,
+    num_covariates,
+    welford_update,
+    zv_covariates,
+)
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.sgmcmc.dynamics import Dynamics, sghmc_dynamics, sgld_dynamics, sgnht_dynamics
+from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgld_step_size, sgnht_step_size
+
+__all__ = [
+    "SamplerParams",
+    "SGMCMCState",
+    "Preprocessed",
+    "SGMCMCKernel",
+    "SGLD",
+    "SGHMC",
+    "SGNHT",
+    "warn_divergences",
+]
+
+
+class SamplerParams(NamedTuple):
+    """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w,
+    the step size h and the estimator's arrays."""
+
+    centre: jax.Array
+    scale_tril: jax.Array
+    step_size: jax.Array
+    estimator: Any
+    init_tril: jax.Array  # Cholesky factor of the proxy covariance, for initial draws
+
+
+class SGMCMCState(NamedTuple):
+    """State of a stochastic-gradient chain.
+
+    ``z``: unconstrained latent values (dict); ``w``: whitened position (θ = θ̂ + L w);
+    ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step;
+    ``subsample_size``: data used for ``grad``; ``diverging``: the last proposed step was
+    non-finite and was rejected; ``data_passes``: cumulative data evaluations / N, including
+    preprocessing; ``params``: the preprocessing's arrays (shared by vectorized chains);
+    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``).
+    """
+
+    i: jax.Array
+    z: dict
+    w: jax.Array
+    momentum: jax.Array
+    thermostat: jax.Array
+    grad: jax.Array
+    subsample_size: jax.Array
+    diverging: jax.Array
+    data_passes: jax.Array
+    rng_key: jax.Array
+    params: SamplerParams
+    zv_stats: ZVStats | None = None
+
+
+class Preprocessed(NamedTuple):
+    """Everything computed once per data set before sampling."""
+
+    potential: Potential
+    proxy: Proxy | None
+    estimator: GradientEstimator
+    step_size: float
+    noise: float
+    centre: jax.Array
+    scale_tril: jax.Array
+    seconds: float
+    data_passes: float
+    params: SamplerParams
+
+
+class _Config(NamedTuple):
+    """Static configuration of the compiled step (hashable; equal configs share code)."""
+
+    potential: Potential
+    estimate: Callable
+    dynamics: Dynamics
+    rng_impl: str
+    init_strategy: str  # "proxy", "centre"
+    precondition_draw: bool  # w is whitened by the proxy (True) or raw θ − θ̂ (False)
+    base_passes: float
+    zv_degree: int  # 0: no ZV streaming
+    zv_fn: Callable | None
+    num_warmup: int
+
+
+@lru_cache(maxsize=64)
+def _programs(cfg: _Config) -> tuple[Callable, Callable]:
+    """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)`` of a config."""
+    pot, estimate, dynamics = cfg.potential, cfg.estimate, cfg.dynamics
+    inv_n = 1.0 / pot.num_data
+    zv_flat = None
+    if cfg.zv_degree:
+        g_fn = cfg.zv_fn or default_g
+
+        def zv_flat(z, data):
+            return flat_fn(lambda zz: g_fn(pot.constrain(zz, data)), z)[0](z)
+
+    def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
+        p = state.params
+        key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
+        grad_w = p.scale_tril.T @ state.grad
+        w, mom, xi = dynamics.step(
+            k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size
+        )
+        theta = p.centre + p.scale_tril @ w
+        g, n = estimate(p.estimator, k_est, theta, data)
+        finite = jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(g))
+        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
+        grad = keep(-g, state.grad)
+        z = jax.tree.map(keep, pot.unravel(theta), state.z)
+        new = SGMCMCState(
+            state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~finite,
+            state.data_passes + n * inv_n, key, p, state.zv_stats,
+        )
+        if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
+            theta_z = ravel_pytree(new.z)[0]
+            u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
+            gv = zv_flat(new.z, data).astype(theta_z.dtype)
+            stats = welford_update(state.zv_stats, u, gv, new.i > cfg.num_warmup)
+            new = new._replace(zv_stats=stats)
+        return new
+
+    def init_one(rng_key, init_params, data, params: SamplerParams) -> SGMCMCState:
+        k_pos, k_mom, k_est, key = jax.random.split(rng_key, 4)
+        key = raw_key(key)
+        centre, tril = params.centre, params.scale_tril
+        d = centre.shape[0]
+        if init_params is not None:
+            theta = ravel_pytree(init_params)[0].astype(centre.dtype)
+            w = jax.scipy.linalg.solve_triangular(tril, theta - centre, lower=True)
+        elif cfg.init_strategy == "proxy":  # θ ~ N(θ̂, Σ̂) of the proxy
+            xi = jax.random.normal(k_pos, (d,), centre.dtype)
+            w = xi if cfg.precondition_draw else params.init_tril @ xi
+        else:
+            w = jnp.zeros((d,), centre.dtype)
+        theta = centre + tril @ w
+        g, n = estimate(params.estimator, k_est, theta, data)
+        mom, xi = dynamics.init_momentum(k_mom, w)
+        stats = None
+        if cfg.zv_degree:
+            m = jax.eval_shape(zv_flat, pot.unravel(theta), data).shape[0]
+            stats = empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype)
+        return SGMCMCState(
+            jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
+            jnp.asarray(n, jnp.int32), jnp.zeros((), bool),
+            jnp.asarray(cfg.base_passes + n * inv_n, centre.dtype), key, params, stats,
+        )
+
+    return init_one, step
+
+
+class SGMCMCKernel(SubsampleKernel):
+    """Stochastic-gradient MCMC for a NumPyro model with a subsample plate.
+
+    Parameters
+    ----------
+    model
+        A NumPyro model whose likelihood sits in ``numpyro.plate(name, N, subsample_size=n)``;
+        n is the subsample size per step.
+    estimator
+        The gradient estimator: a name of
+        :data:`~numpyro_subsample.estimators.registry.ESTIMATORS` (``"uniform"``, Welling and
+        Teh 2011; ``"cv"``, Baker et al. 2019; ``"preferential"``, ``"cv-preferential"``,
+        Putcha et al. 2023; ``"stratified"``, ``"cv-stratified"``, Fu and Zhang 2023).
+    step_size
+        The time step h of the diffusion in whitened coordinates, for every dynamic:
+        SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
+        Putcha et al. 2023, Eq. 4, is 2h). ``None`` picks h from the measured gradient noise
+        so that the stationary variance of a Gaussian target is inflated by at most
+        ``max_variance_inflation`` (:mod:`numpyro_subsample.sgmcmc.stepsize`).
+    proxy
+        ``"laplace"`` (mode and inverse Hessian), ``"variational"`` (an autoguide fitted by
+        SVI, :func:`~numpyro_subsample.proxies.variational.fit_variational`; ``guide=`` in
+        ``proxy_kwargs``) or a :class:`~numpyro_subsample.proxies.base.Proxy`.
+    preconditioning
+        Sample in coordinates whitened by the proxy covariance.
+    max_variance_inflation
+        δ of the default step-size rule (default 0.05).
+    replace
+        Draw subsample indices with replacement (default) or without.
+    proxy_kwargs
+        Options of the proxy fit.
+    chunk_size
+        Data per vmapped evaluation in full-data passes.
+    store_datum_grads
+        Keep the N×d table of ∇f_i(θ̂) and gather its rows each step, or (default) recompute
+        ∇f_i(θ̂) on the subsample, which shares the gathered data rows with the first
+        evaluation (per-step costs in ``benchmarks/RESULTS.md``).
+    init_strategy
+        ``"proxy"`` (each chain starts at a draw from N(θ̂, Σ̂)) or ``"centre"``.
+    seed
+        Seed of the preprocessing (proxy fit, noise measurement), done once per data set and
+        shared by all chains and runs.
+    progress_bar
+        Progress bars for preprocessing (default: on, off under CI).
+    zv_stream, zv_degree, zv_fn
+        Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
+        post-warmup draws inside the sampling loop, with polynomial degree 1 or 2 and the
+        function g of the constrained sample (default: every coordinate and its square); read
+        them with :func:`~numpyro_subsample.post.zv.zv_mean`.
+    **estimator_options
+        Further options of the estimator (see its module).
+    """
+
+    sample_field = "z"
+    _dynamics_name = "sgld"
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        estimator: str = "cv",
+        step_size: float | None = None,
+        proxy: str | Proxy = "laplace",
+        preconditioning: bool = True,
+        max_variance_inflation: float = 0.05,
+        replace: bool = True,
+        proxy_kwargs: dict | None = None,
+        chunk_size: int = 2048,
+        store_datum_grads: bool = False,
+        init_strategy: str = "proxy",
+        seed: int = 0,
+        progress_bar: bool | None = None,
+        zv_stream: bool = False,
+        zv_degree: int = 1,
+        zv_fn: Callable | None = None,
+        **estimator_options: Any,
+    ) -> None:
+        super().__init__(model, seed=seed)
+        if estimator not in ESTIMATORS:
+            raise ValueError(
+                f"Unknown estimator {estimator!r}; choose one of {sorted(ESTIMATORS)}."
+            )
+        if step_size is not None and not (
+            isinstance(step_size, (int, float)) and np.isfinite(step_size) and step_size > 0
+        ):
+            raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
+        if not (isinstance(proxy, Proxy) or proxy in ("laplace", "variational")):
+            raise ValueError(f"proxy must be 'laplace', 'variational' or a Proxy, got {proxy!r}.")
+        if init_strategy not in ("proxy", "centre"):
+            raise ValueError(f"init_strategy must be 'proxy' or 'centre', got {init_strategy!r}.")
+        if int(chunk_size) < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
+        if not (np.isfinite(max_variance_inflation) and 0 < max_variance_inflation <= 1):
+            raise ValueError(
+                "max_variance_inflation must be in (0, 1] (the tolerated relative inflation "
+                f"of the posterior variance), got {max_variance_inflation!r}."
+            )
+        if zv_stream:
+            check_degree(zv_degree)
+        self.estimator_name = estimator
+        self.estimator_options = estimator_options
+        self._step_size = None if step_size is None else float(step_size)
+        self._proxy_spec = proxy
+        self.preconditioning = bool(preconditioning)
+        self.max_variance_inflation = float(max_variance_inflation)
+        self.replace = bool(replace)
+        self.proxy_kwargs = dict(proxy_kwargs or {})
+        self.chunk_size = int(chunk_size)
+        self.store_datum_grads = bool(store_datum_grads)
+        self.init_strategy = init_strategy
+        self.progress_bar = default_progress() if progress_bar is None else progress_bar
+        self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
+
+    # -- what a subclass chooses ------------------------------------------------------------
+    def _dynamics(self) -> Dynamics:
+        return sgld_dynamics()
+
+    def _default_step_size(self, noise: float) -> float:
+        return sgld_step_size(noise, self.max_variance_inflation)
+
+    # -- properties users read ----------------------------------------------------------------
+    @property
+    def default_fields(self) -> tuple[str, ...]:
+        return ("z", "diverging", "subsample_size", "data_passes")
+
+    @property
+    def proxy(self) -> Proxy | None:
+        """The fitted proxy: ``proxy.centre`` (θ̂, flat unconstrained), ``proxy.cov`` (Σ̂)."""
+        return self.preprocessed.proxy
+
+    @property
+    def step_size(self) -> float:
+        """The time step h in use (see the class docstring)."""
+        return self.preprocessed.step_size
+
+    def get_diagnostics_str(self, state: SGMCMCState) -> str:
+        return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
+
+    # -- preprocessing --------------------------------------------------------------------------
+    def _needs_proxy(self) -> bool:
+        return self.preconditioning or self.estimator_name in NEEDS_PROXY
+
+    def _fit_proxy(self, potential: Potential, data: ModelData, key) -> Proxy | None:
+        proxy = self._proxy_spec
+        store = self.store_datum_grads
+        if isinstance(proxy, Proxy):
+            if proxy.centre.shape != (potential.dim,):
+                raise ValueError(
+                    f"The given proxy has dimension {proxy.centre.shape}, the model "
+                    f"{potential.dim}."
+                )
+        elif not self._needs_proxy():
+            return None
+        elif proxy == "variational":
+            from numpyro_subsample.proxies.variational import fit_variational
+
+            proxy = fit_variational(
+                potential, data, key, chunk_size=self.chunk_size, store_datum_grads=store,
+                progress=self.progress_bar, **self.proxy_kwargs,
+            )
+        else:
+            proxy = fit_laplace(
+                potential, data, key, chunk_size=self.chunk_size, store_datum_grads=store,
+                progress=self.progress_bar, **self.proxy_kwargs,
+            )
+        if not store and proxy.datum_grads is not None:
+            proxy = proxy._replace(datum_grads=None)
+        return proxy
+
+    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+        t0 = time.perf_counter()
+        _, k_proxy, k_noise = jax.random.split(jax.random.PRNGKey(self.seed), 3)
+        d = potential.dim
+        proxy = self._fit_proxy(potential, data, k_proxy)
+        estimator = configure_estimator(
+            self.estimator_name, potential, data, proxy, replace=self.replace,
+            rng_key=jax.random.fold_in(k_proxy, 1), chunk_size=self.chunk_size,
+            **self.estimator_options,
+        )
+        if self.preconditioning:
+            centre, tril = proxy.centre, proxy.scale_tril
+        else:
+            centre = proxy.centre if proxy is not None else potential.init_theta
+            tril = jnp.eye(d, dtype=centre.dtype)
+        noise, _ = measure_whitened_noise(estimator, centre, tril, k_noise, data)
+        if self._step_size is not None:
+            step_size = self._step_size
+        elif self.preconditioning:
+            step_size = self._default_step_size(noise)
+        else:
+            raise ValueError(
+                "step_size=None needs preconditioning=True (the default rule works in "
+                "whitened coordinates); pass a step_size."
+            )
+        passes = (proxy.num_data_passes if proxy is not None else 0.0) + estimator.data_passes
+        init_tril = proxy.scale_tril if proxy is not None else jnp.eye(d, dtype=centre.dtype)
+        params = SamplerParams(
+            centre, tril, jnp.asarray(step_size, centre.dtype), estimator.params, init_tril
+        )
+        return Preprocessed(
+            potential, proxy, estimator, float(step_size), noise, centre, tril,
+            time.perf_counter() - t0, float(passes), params,
+        )
+
+    # -- the functional core --------------------------------------------------------------------
+    def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
+        init_strategy = self.init_strategy if self._needs_proxy() else "centre"
+        return _Config(
+            pre.potential, pre.estimator.estimate, self._dynamics(),
+            "threefry2x32" if traced else STEP_RNG, init_strategy, self.preconditioning,
+            pre.data_passes, self.zv_degree if self.zv_stream else 0, self.zv_fn,
+            int(num_warmup) if self.zv_stream else 0,
+        )
+
+    def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
+        init_one, step = _programs(self._config(pre, num_warmup, traced))
+        return init_one, step, pre.params
+
+    def _state_axes(self) -> SGMCMCState:
+        return SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+        if isinstance(state.grad, jax.core.Tracer):
+            return state
+        if not bool(jnp.all(jnp.isfinite(state.grad))):
+            raise ValueError(
+                "The gradient estimate is not finite at the initial position; check the "
+                "model and init_params."
+            )
+        return state
+
+
+class SGLD(SGMCMCKernel):
+    """Stochastic gradient Langevin dynamics (Welling and Teh 2011; Putcha et al. 2023, Eq. 4),
+    preconditioned by the proxy.
+
+    ``step_size`` is the time step h: w ← w + h ∇log π(w) + sqrt(2h) ξ, so the ε of Putcha et
+    al. (Eq. 4) is 2h. Earlier releases took ε here; an explicit ``step_size`` therefore raises
+    a ``DeprecationWarning`` for one release (pass ``step_size=ε/2``). See
+    :class:`SGMCMCKernel` for the other arguments. Example::
+
+        kernel = SGLD(model, estimator="cv")
+        mcmc = MCMC(kernel, num_warmup=1000, num_samples=5000)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    """
+
+    def __init__(self, model: Callable, **kwargs: Any) -> None:
+        if kwargs.get("step_size") is not None:
+            warnings.warn(
+                "SGLD's step_size is now the time step h of w + h∇log π + sqrt(2h)ξ (BlackJAX's "
+                "convention, shared with SGHMC and SGNHT); it used to be ε = 2h of Putcha et "
+                "al. (2023, Eq. 4). Pass step_size=ε/2 for the old value.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        super().__init__(model, **kwargs)
+
+
+class SGHMC(SGMCMCKernel):
+    """Stochastic gradient HMC (Chen, Fox and Guestrin 2014) on whitened coordinates, with
+    BlackJAX's ``diffusions.sghmc`` (update in :mod:`numpyro_subsample.sgmcmc.dynamics`).
+
+    Parameters
+    ----------
+    friction
+        α of dp = ∇log π dt − αp dt + sqrt(2α) dW in whitened units (default 1.0, see
+        :func:`~numpyro_subsample.sgmcmc.stepsize.sghmc_step_size`).
+    **kwargs
+        As :class:`SGMCMCKernel` (``step_size`` is the time step h); the momentum is the
+        state's ``momentum`` field.
+    """
+
+    _default_friction = 1.0
+
+    def __init__(self, model: Callable, *, friction: float | None = None, **kwargs: Any) -> None:
+        friction = self._default_friction if friction is None else friction
+        if not (isinstance(friction, (int, float)) and np.isfinite(friction) and friction > 0):
+            raise ValueError(f"friction must be a positive number, got {friction!r}.")
+        self.friction = float(friction)
+        super().__init__(model, **kwargs)
+
+    def _dynamics(self) -> Dynamics:
+        return sghmc_dynamics(self.friction)
+
+    def _default_step_size(self, noise: float) -> float:
+        return sghmc_step_size(noise, self.friction, self.max_variance_inflation)
+
+
+class SGNHT(SGHMC):
+    """Stochastic gradient Nosé-Hoover thermostat (Ding et al. 2014) on whitened coordinates,
+    with BlackJAX's ``diffusions.sgnht``; the thermostat ξ is the state's ``thermostat`` field.
+
+    Parameters
+    ----------
+    friction
+        The diffusion A of the injected noise; ξ starts at A and adapts so that the mean
+        kinetic energy per coordinate is 1/2 (default 0.5: the default step is about 2δ/ξ, so
+        a smaller A allows a larger step).
+    **kwargs
+        As :class:`SGMCMCKernel` (``step_size`` is the time step h, default from
+        :func:`~numpyro_subsample.sgmcmc.stepsize.sgnht_step_size`).
+    """
+
+    _default_friction = 0.5
+
+    def _dynamics(self) -> Dynamics:
+        return sgnht_dynamics(self.friction)
+
+    def _default_step_size(self, noise: float) -> float:
+        return sgnht_step_size(noise, self.friction, self.max_variance_inflation)
+
+
+def warn_divergences(diverging: Any, step_size: float) -> None:
+    """Warn with a suggestion when a run had rejected non-finite steps."""
+    count = int(np.sum(np.asarray(diverging)))
+    if count:
+        warnings.warn(
+            f"{count} steps produced non-finite values and were rejected (marked `diverging`). "
+            f"The step size {step_size:.3g} is too large for this posterior: pass a smaller "
+            "step_size (e.g. half) or a smaller max_variance_inflation.",
+            stacklevel=2,
+        )
