@@ -26,103 +26,94 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from numpyro_subsample import SGLD
-from numpyro_subsample.cli import (
+from numpyro_subsample.compare import (
     CompileTimer,
-    Method,
     Problem,
+    RunOutput,
     Settings,
-    _errors,
-    _flatten,
+    available_methods,
     fit_shared_proxy,
-    reference,
+    flatten_draws,
+    make_problem,
+    reference_run,
     run_hmcecs,
-    run_package_kernel,
+    run_kernel,
+    standardised_errors,
 )
-from numpyro_subsample.datasets import default_problem, logistic_regression_model
 
 PRIOR_SD = 10.0
+LBFGS_MAX_ITERS = 100
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def make(N: int, n: int) -> Problem:
-    ds = default_problem(N)
-    return Problem(ds.name, logistic_regression_model, jnp.asarray(ds.X_train),
-                   jnp.asarray(ds.y_train), n, "logistic", ds.info)
+def _logprior(beta):
+    return jnp.sum(jax.scipy.stats.norm.logpdf(beta, 0.0, PRIOR_SD))
 
 
-def blackjax_cv_sampler(X, y, centre, n: int, num_steps: int):
+def _loglik(beta, datum):
+    x, t = datum
+    z = x @ beta
+    return t * z - jnp.logaddexp(0.0, z)
+
+
+@partial(jax.jit, static_argnames=("n", "num_steps"))
+def blackjax_cv_chain(key, step_size, X, y, centre, *, n: int, num_steps: int):
     """Hand-written BlackJAX SGLD-CV (``blackjax.sgld`` + ``control_variates`` at ``centre``)
-    in ``lax.scan``: ``run(key, step_size)`` -> the (num_steps, d) positions."""
+    in ``lax.scan``: the (num_steps, d) positions. The data are arguments, so one compiled
+    program serves every data set of the same shapes and every step size."""
     import blackjax
     from blackjax.sgmcmc.gradients import control_variates, grad_estimator
 
     N = X.shape[0]
+    sgld = blackjax.sgld(control_variates(grad_estimator(_logprior, _loglik, N), centre, (X, y)))
 
-    def logprior(beta):
-        return jnp.sum(jax.scipy.stats.norm.logpdf(beta, 0.0, PRIOR_SD))
+    def one(pos, k):
+        k_idx, k_step = jax.random.split(k)
+        idx = jax.random.randint(k_idx, (n,), 0, N)
+        pos = sgld.step(k_step, pos, (X[idx], y[idx]), step_size)
+        return pos, pos
 
-    def loglik(beta, datum):
-        x, t = datum
-        z = x @ beta
-        return t * z - jnp.logaddexp(0.0, z)
+    return jax.lax.scan(one, sgld.init(centre), jax.random.split(key, num_steps))[1]
 
-    sgld = blackjax.sgld(control_variates(grad_estimator(logprior, loglik, N), centre, (X, y)))
 
-    def run(key, step_size):
-        def one(pos, k):
-            k_idx, k_step = jax.random.split(k)
-            idx = jax.random.randint(k_idx, (n,), 0, N)
-            pos = sgld.step(k_step, pos, (X[idx], y[idx]), step_size)
-            return pos, pos
+def _neg_logpost(beta, X, y):
+    z = X @ beta
+    return -(_logprior(beta) + jnp.sum(y * z - jnp.logaddexp(0.0, z)))
 
-        return jax.lax.scan(one, sgld.init(centre), jax.random.split(key, num_steps))[1]
 
-    return run
+@jax.jit
+def _lbfgs_step(beta, state, X, y):
+    """One full-batch L-BFGS step (Optax) on the negative log posterior."""
+    fn = lambda b: _neg_logpost(b, X, y)  # noqa: E731 - X, y are this program's arguments
+    value, grad = optax.value_and_grad_from_state(fn)(beta, state=state)
+    upd, state = optax.lbfgs().update(grad, state, beta, value=value, grad=grad, value_fn=fn)
+    return optax.apply_updates(beta, upd), state, jnp.linalg.norm(grad)
 
 
 def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
                      grid: list[float], seed: int) -> dict:
     """Hand-written BlackJAX SGLD-CV, best step of ``grid`` (step = c / N)."""
-    import optax
-
     X, y = problem.X, problem.y
     N, n = problem.num_data, problem.subsample_size
-
-    def logprior(beta):
-        return jnp.sum(jax.scipy.stats.norm.logpdf(beta, 0.0, PRIOR_SD))
-
     # Centring value: full-batch L-BFGS (Optax), each iteration about one data pass.
-    def neg_logpost(beta):
-        z = X @ beta
-        return -(logprior(beta) + jnp.sum(y * z - jnp.logaddexp(0.0, z)))
-
     with CompileTimer() as ct_pre:
         t0 = time.perf_counter()
-        opt = optax.lbfgs()
-        vg = optax.value_and_grad_from_state(neg_logpost)
-
-        @jax.jit
-        def lbfgs_step(beta, state):
-            value, grad = vg(beta, state=state)
-            upd, state = opt.update(grad, state, beta, value=value, grad=grad,
-                                    value_fn=neg_logpost)
-            return optax.apply_updates(beta, upd), state, jnp.linalg.norm(grad)
-
         beta = jnp.zeros(problem.dim)
-        state = opt.init(beta)
+        state = optax.lbfgs().init(beta)
         lbfgs_iters = 0
-        for lbfgs_iters in range(1, 101):  # noqa: B007
-            beta, state, gnorm = lbfgs_step(beta, state)
+        for lbfgs_iters in range(1, LBFGS_MAX_ITERS + 1):  # noqa: B007
+            beta, state, gnorm = _lbfgs_step(beta, state, X, y)
             if float(gnorm) < 1e-3:
                 break
         jax.block_until_ready(beta)
@@ -130,24 +121,20 @@ def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
     # line search: a few function evaluations per iteration; + 1 pass for the CV full gradient
     pre_passes = 2.0 * lbfgs_iters + 1.0
 
-    sampler = blackjax_cv_sampler(X, y, beta, n, warmup + iters)
-
-    def run(key, step_size):
-        return sampler(key, step_size)[warmup:]
-
-    run_jit = jax.jit(run)
     key = jax.random.PRNGKey(seed)
     with CompileTimer() as ct:
-        compiled = run_jit.lower(key, jnp.asarray(1.0 / N)).compile()
+        compiled = blackjax_cv_chain.lower(key, jnp.asarray(1.0 / N), X, y, beta, n=n,
+                                           num_steps=warmup + iters).compile()
     best = None
     for c in grid:
         t1 = time.perf_counter()
-        draws = np.asarray(jax.block_until_ready(compiled(key, jnp.asarray(c / N))))
+        draws = np.asarray(jax.block_until_ready(
+            compiled(key, jnp.asarray(c / N), X, y, beta)))[warmup:]
         secs = time.perf_counter() - t1
         if not np.all(np.isfinite(draws)):
             log(f"  blackjax step {c}/N: diverged")
             continue
-        mean_err, sd_err = _errors(draws.astype(np.float64), ref)
+        mean_err, sd_err = standardised_errors(draws.astype(np.float64), ref)
         log(f"  blackjax step {c}/N: mean err {mean_err:.3f}, sd err {sd_err:.3f}")
         score = max(mean_err, sd_err)
         if best is None or score < best["score"]:
@@ -165,14 +152,12 @@ def blackjax_sgld_cv(problem: Problem, ref: np.ndarray, iters: int, warmup: int,
     }
 
 
-def row_from(method: str, out: dict, ref: np.ndarray, sites) -> dict:
-    draws = _flatten(out["samples"], sites)
-    mean_err, sd_err = _errors(draws, ref)
+def row_from(method: str, out: RunOutput, ref: np.ndarray, sites) -> dict:
+    mean_err, sd_err = standardised_errors(flatten_draws(out.samples, sites), ref)
     return {
-        "method": method, "preprocessing_s": out["preprocessing_s"],
-        "sampling_s": out["sampling_s"], "compile_s": out.get("compile_s", float("nan")),
-        "data_passes": float(out["passes"][-1]),
-        "it_per_s": out["iterations"] / out["sampling_s"],
+        "method": method, "preprocessing_s": out.preprocessing_s,
+        "sampling_s": out.sampling_s, "compile_s": out.compile_s,
+        "data_passes": float(out.passes[-1]), "it_per_s": out.iterations / out.sampling_s,
         "mean_err": mean_err, "sd_log_ratio": sd_err,
     }
 
@@ -213,40 +198,37 @@ def main(argv=None) -> int:
     if args.sizes:
         sizes = [int(float(s)) for s in args.sizes.split(",")]
     nuts.sg_samples, nuts.sg_warmup = sg_iters, sg_warm
+    sgld_cv = available_methods()["sgld-cv"]
+    cache_dir = Path(__file__).resolve().parent / "results" / "reference_cache"
     rows = []
     for N in sizes:
-        prob = make(N, n)
+        prob = make_problem("default", num_data=N, subsample_size=n, seed=args.seed)
         log(f"N={N}: NUTS reference ({nuts.nuts_warmup}+{nuts.nuts_samples})")
         # full-data NUTS, cached on disk (shared with bench_ecs.py: same problem and settings)
-        from types import SimpleNamespace
-        ref_out, cached = reference(prob, nuts, SimpleNamespace(
-            cache_dir=str(Path(__file__).resolve().parent / "results" / "reference_cache"),
-            no_cache=args.no_cache, seed=args.seed), False)
+        ref_out, cached = reference_run(prob, nuts, seed=args.seed, cache_dir=cache_dir,
+                                        use_cache=not args.no_cache)
         if cached:
             log(f"N={N}: NUTS reference read from the cache (timings of the run that made it)")
-        sites = sorted(ref_out["samples"])
-        ref = _flatten(ref_out["samples"], sites)
-        r = row_from("NumPyro NUTS (full data, reference)", ref_out, ref, sites)
-        rows.append(dict(r, N=N))
+        sites = sorted(ref_out.samples)
+        ref = flatten_draws(ref_out.samples, sites)
+        rows.append(dict(row_from("NumPyro NUTS (full data, reference)", ref_out, ref, sites),
+                         N=N))
         log(f"N={N}: HMCECS")
-        rows.append(dict(row_from("NumPyro HMCECS (taylor_proxy)",
-                                  run_hmcecs(prob, nuts, args.seed, False,
-                                             fit_shared_proxy(prob, args.seed, False)),
-                                  ref, sites), N=N))
+        hmcecs = run_hmcecs(prob, nuts, fit_shared_proxy(prob, seed=args.seed), seed=args.seed)
+        rows.append(dict(row_from("NumPyro HMCECS (taylor_proxy)", hmcecs, ref, sites), N=N))
         log(f"N={N}: BlackJAX SGLD-CV grid")
         rows.append(dict(blackjax_sgld_cv(prob, ref, sg_iters, sg_warm, grid, args.seed), N=N))
         log(f"N={N}: numpyro_subsample SGLD(estimator='cv')")
-        out = run_package_kernel(Method("sgld-cv", "sg", SGLD, "cv"), prob, nuts, args.seed,
-                                 False)
+        out = run_kernel(sgld_cv, prob, nuts, seed=args.seed)
         rows.append(dict(row_from("numpyro_subsample SGLD cv (defaults)", out, ref, sites),
                          N=N))
     # Per-step cost of our kernel versus N (same n).
     per_step = {}
     for N in step_sizes:
         log(f"per-step time at N={N}")
-        out = run_package_kernel(Method("sgld-cv", "sg", SGLD, "cv"), make(N, n), nuts,
-                                 args.seed, False)
-        per_step[N] = out["sampling_s"] / out["iterations"]
+        out = run_kernel(sgld_cv, make_problem("default", num_data=N, subsample_size=n), nuts,
+                         seed=args.seed)
+        per_step[N] = out.sampling_s / out.iterations
     a, b = step_sizes
     text = [
         f"### bench_sgld: SGLD vs NUTS / HMCECS / BlackJAX, logistic regression d=21, n={n}",

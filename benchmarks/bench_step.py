@@ -22,28 +22,29 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-from bench_sgld import blackjax_cv_sampler  # the same hand-written BlackJAX loop
+from bench_sgld import blackjax_cv_chain  # the same hand-written BlackJAX loop
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD
-from numpyro_subsample.cli import CompileTimer
-from numpyro_subsample.datasets import default_problem, logistic_regression_model
+from numpyro_subsample.compare import CompileTimer, make_problem
+from numpyro_subsample.datasets import logistic_regression_model
 
 n = 1000
 
 
 def blackjax_per_step(X, y, centre, steps: int, reps: int) -> float:
-    run = blackjax_cv_sampler(X, y, centre, n, steps)
-    compiled = jax.jit(lambda key: run(key, 1e-5)).lower(jax.random.PRNGKey(0)).compile()
+    step_size = jnp.asarray(1e-5)
+    compiled = blackjax_cv_chain.lower(jax.random.PRNGKey(0), step_size, X, y, centre, n=n,
+                                       num_steps=steps).compile()
     best = float("inf")
     for r in range(reps):
         t = time.perf_counter()
-        compiled(jax.random.PRNGKey(r)).block_until_ready()
+        compiled(jax.random.PRNGKey(r), step_size, X, y, centre).block_until_ready()
         best = min(best, (time.perf_counter() - t) / steps)
     return best
 
 
-def kernel_per_step(X, y, table: bool, steps: int, reps: int) -> float:
+def kernel_per_step(X, y, table: bool, steps: int, reps: int) -> tuple[float, jax.Array]:
     kernel = SGLD(logistic_regression_model, estimator="cv", progress_bar=False,
                   store_datum_grads=table)
     kernel.preprocess((X, y), {"subsample_size": n})
@@ -52,7 +53,7 @@ def kernel_per_step(X, y, table: bool, steps: int, reps: int) -> float:
         mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, progress_bar=False)
         with CompileTimer() as ct:
             t = time.perf_counter()
-            mcmc.run(jax.random.PRNGKey(r), X, y)
+            mcmc.run(jax.random.PRNGKey(r), X, y, subsample_size=n)
             mcmc.get_samples()["beta"].block_until_ready()
             secs = time.perf_counter() - t - ct.seconds
         best = min(best, secs / steps)
@@ -69,8 +70,8 @@ def main(argv=None) -> int:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     res = {}
     for N in sizes:
-        ds = default_problem(N)
-        X, y = jnp.asarray(ds.X_train), jnp.asarray(ds.y_train)
+        problem = make_problem("default", num_data=N, subsample_size=n)
+        X, y = problem.X, problem.y
         for variant in ("recompute", "table"):
             res[N, variant], centre = kernel_per_step(X, y, variant == "table", args.steps,
                                                       args.reps)

@@ -29,7 +29,7 @@ def test_casp_csv_matches_meta_and_npz():
     assert ds.task == "linear"
     assert ds.X_train.shape == (m["rows"], m["features"] + 1)  # + intercept
     assert np.all(ds.X_train[:, 0] == 1)
-    # StandardScaler on every column incl. RMSD (paper 000's casp.py)
+    # StandardScaler on every column incl. RMSD (Putcha et al.'s casp.py)
     np.testing.assert_allclose(ds.X_train[:, 1:].mean(0), 0, atol=1e-4)
     np.testing.assert_allclose(ds.X_train[:, 1:].std(0), 1, atol=1e-4)
     np.testing.assert_allclose(ds.y_train.mean(), 0, atol=1e-4)
@@ -82,7 +82,7 @@ def test_libsvm_compressed_and_covtype_rules(tmp_path):
     ds = D.load_libsvm(path, seed=3)
     assert ds.name == "covtype"
     assert ds.X_train.shape[1] == 55 and ds.X_train.shape[0] + ds.X_test.shape[0] == 400
-    assert ds.X_test.shape[0] == 100  # stratified 75/25 split of paper 000's covtype.py
+    assert ds.X_test.shape[0] == 100  # stratified 75/25 split of Putcha et al.'s covtype.py
     y_all = np.concatenate([ds.y_train, ds.y_test])
     assert y_all.sum() == np.sum(lab == 2)  # label 2 -> 1
     # RobustScaler on the 10 numeric columns: median 0 over all rows
@@ -163,3 +163,12 @@ def test_linear_generator_and_default_problem():
     assert p.X_train.shape == (3000, 21) and p.task == "logistic"
     np.testing.assert_array_equal(p.y_train, q.y_train)  # deterministic
     assert 0.3 < p.y_train.mean() < 0.7
+
+
+def test_public_names_are_re_exported():
+    from numpyro_subsample.datasets import generators, loaders
+
+    for name in D.__all__:
+        assert hasattr(D, name), name
+    assert D.load_dataset is loaders.load_dataset and D.make_logistic is generators.make_logistic
+    assert D.default_problem(200).model is D.logistic_regression_model

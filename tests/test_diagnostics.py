@@ -1,4 +1,5 @@
-"""Diagnostics: KSD (paper 000 Eq. 20-21) and the kernel-level pseudo-variance (Eq. 6)."""
+"""Diagnostics: KSD (Putcha, Nemeth and Fearnhead 2023, Eq. 20-21) and the kernel-level
+pseudo-variance (Eq. 6)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD
 from numpyro_subsample.core.datapass import datum_values_and_grads
+from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.post.diagnostics import full_data_scores, ksd, mcmc_ksd, pseudo_variance
 from numpyro_subsample.estimators.preferential import analytic_pseudo_variance
 
@@ -80,7 +82,8 @@ def test_full_data_scores_and_mcmc_ksd(run):
     Xn, yn = np.asarray(X, np.float64), np.asarray(y, np.float64)
     thetas = np.asarray(mcmc.get_samples()["beta"][:5], np.float64)
     exact = (yn - thetas @ Xn.T) @ Xn - thetas / 100.0  # ∇log π, σ = 1, prior sd 10
-    got = np.asarray(full_data_scores(kernel.potential, jnp.asarray(thetas, jnp.float32)))
+    data = ModelData.from_args(mcmc._args, mcmc._kwargs)
+    got = np.asarray(full_data_scores(kernel.potential, jnp.asarray(thetas, jnp.float32), data))
     np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3 * np.abs(exact).max())
     k_run = mcmc_ksd(mcmc, max_draws=500)
     k_stoch = mcmc_ksd(mcmc, max_draws=500, stochastic=True)
@@ -99,8 +102,9 @@ def test_pseudo_variance_of_kernel(run):
     pv = pseudo_variance(kernel, params, num_draws=4000, rng_key=jax.random.PRNGKey(3))
     pot, proxy = kernel.potential, kernel.proxy
     theta = jnp.asarray(params["beta"])
-    h = np.asarray(datum_values_and_grads(pot, theta)[1], np.float64) - np.asarray(
-        datum_values_and_grads(pot, proxy.centre)[1], np.float64)
+    data = ModelData.from_args(mcmc._args, mcmc._kwargs)
+    h = np.asarray(datum_values_and_grads(pot, theta, data)[1], np.float64) - np.asarray(
+        datum_values_and_grads(pot, proxy.centre, data)[1], np.float64)
     exact = analytic_pseudo_variance(h, None, 30)
     assert pv == pytest.approx(exact, rel=0.1)
     with pytest.raises(ValueError, match="latent"):

@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from numpyro.infer import MCMC
     from models import linreg_model, linreg_data, linreg_exact
-    from numpyro_subsample import to_arviz
+    from numpyro_subsample import ModelData, to_arviz
     from numpyro_subsample.sgmcmc.distributed import DistributedSGLD
 
     out = {"devices": len(jax.devices())}
@@ -39,12 +39,12 @@ SCRIPT = textwrap.dedent(
 
     def run(name, chains=32, seed=1, model_kwargs=None, ess=1600, **kw):
         # Run long enough for an effective sample size ~ ess: the SGLD autocorrelation time
-        # in steps is about 2/h with h = ε/2 in whitened coordinates (AR(1) coefficient
-        # 1 − h), so SE(mean) ≈ sd/sqrt(ess) = 0.025 sd and 0.1 sd is 4 SE.
+        # in steps is about 2/h with h = step_size, the time step in whitened coordinates
+        # (AR(1) coefficient 1 − h), so SE(mean) ≈ sd/sqrt(ess) = 0.025 sd and 0.1 sd is 4 SE.
         t0 = time.perf_counter()
         k = DistributedSGLD(linreg_model, num_shards=4, **kw)
         k.preprocess((X, y), model_kwargs or {})
-        steps = ess * (4.0 / k.step_size) / chains
+        steps = ess * (2.0 / k.step_size) / chains
         num_draws = int(np.ceil(steps / k.layout.cycle_length))
         m = MCMC(k, num_warmup=0, num_samples=num_draws, num_chains=chains,
                  chain_method="vectorized", progress_bar=False)
@@ -94,9 +94,10 @@ SCRIPT = textwrap.dedent(
     # 5. unbiasedness over shard choice and minibatch, at a point 1.5 sd from the centre
     pot = k.potential
     theta = proxy.centre + proxy.scale_tril @ jnp.full((4,), 1.5)
-    f_full = lambda t: (lambda f0, fi: f0 + fi.sum())(*pot.terms(t, jnp.arange(4000)))
+    data = ModelData.from_args((X, y))
+    f_full = lambda t: (lambda f0, fi: f0 + fi.sum())(*pot.terms(t, jnp.arange(4000), data))
     full = np.asarray(jax.grad(f_full)(theta), np.float64)
-    for name, kern in (("cv", kq), ("uniform", ku)):
+    for name, kern, kw in (("cv", kq, {}), ("uniform", ku, {"subsample_size": 400})):
         q = kern.layout.frequencies
         K = 2000
         g = np.asarray(kern.shard_estimates(jax.random.split(jax.random.PRNGKey(5), K), theta),
@@ -104,8 +105,11 @@ SCRIPT = textwrap.dedent(
         mix = np.einsum("s,sd->d", q, g.mean(1))
         se = np.sqrt(np.einsum("s,sd->d", q**2, g.var(1, ddof=1) / K))
         keys = jax.random.split(jax.random.PRNGKey(6), 3000)
-        est = kern.preprocessed.estimator.estimate
-        r = np.asarray(jax.jit(jax.vmap(lambda kk: est(kk, theta)[0]))(keys), np.float64)
+        # the single-device reference of the two-stage law (shard s ~ q, minibatch within s)
+        est = kern.preprocessed.estimator
+        run_est = jax.jit(jax.vmap(est.estimate, in_axes=(None, 0, None, None)))
+        r = run_est(est.params, keys, theta, ModelData.from_args((X, y), kw))[0]
+        r = np.asarray(r, np.float64)
         out["unbiased_" + name] = {
             "mixture_t": ((mix - full) / se).tolist(),
             "random_t": ((r.mean(0) - full) / (r.std(0, ddof=1) / np.sqrt(len(r)))).tolist(),
@@ -146,7 +150,8 @@ def result():
 def test_data_really_sharded(result):
     assert result["devices"] == 4
     sh = result["sharding"]
-    assert sh["names"] == ["[0][0]", "[0][1]"]  # X and y, the plate-indexed arguments
+    # X and y, the plate-indexed arguments
+    assert sh["names"] == ["model_args[0]", "model_args[1]"]
     # sharded along the leading (shard) axis, nothing else: one shard per device
     assert all(spec[0] == "shards" and set(spec[1:]) <= {"None"} for spec in sh["specs"])
     assert sh["global_shapes"] == [[4, 1000, 4], [4, 1000]]

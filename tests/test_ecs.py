@@ -1,4 +1,10 @@
-"""Energy-conserving subsampling HMC (paper 003): estimator, proxies, accuracy vs full NUTS."""
+"""Energy-conserving subsampling HMC (Rønning and Hamelryck 2021): estimator, proxies, accuracy
+vs full NUTS, settings, float64, reruns on new data."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +19,13 @@ from models import (
 )
 from numpyro.infer import MCMC
 from numpyro.infer.autoguide import AutoMultivariateNormal
+from test_compile import CompileCounter, persistent_cache
 
 from numpyro_subsample import EnergyConservingHMC
 from numpyro_subsample.core.datapass import datum_values_and_grads
 from numpyro_subsample.datasets import make_quasi_separated
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 N, M = 2000, 100
 FIELDS = ("sigma2", "index_accept_prob", "accept_prob")
 # logistic_hier_model is a logistic regression with a constrained hyperparameter (tau ~
@@ -42,18 +50,18 @@ def _run(kernel, X, y, seed, num_warmup=250, num_samples=800):
 
 @pytest.fixture(scope="module")
 def taylor_run(data):
+    """Laplace proxy, default likelihood proxy (second-order Taylor), uniform selection."""
     X, y = data
-    return _run(EnergyConservingHMC(logistic_hier_model, proxy="taylor", selection="uniform"),
+    return _run(EnergyConservingHMC(logistic_hier_model, proxy="laplace", selection="uniform"),
                 X, y, 0)
 
 
 @pytest.fixture(scope="module")
 def hybrid_run(data):
-    """Second-order hybrid with Hansen-Hurwitz (preferential) selection of the subsample."""
+    """Variational proxy, default likelihood proxy (second-order hybrid) and selection
+    (Hansen-Hurwitz)."""
     X, y = data
-    kernel = EnergyConservingHMC(logistic_hier_model, proxy="hybrid", hybrid_order=2,
-                                 selection="preferential")
-    return _run(kernel, X, y, 1)
+    return _run(EnergyConservingHMC(logistic_hier_model, proxy="variational"), X, y, 1)
 
 
 def _reusing_guide(data, hybrid_run, **kwargs):
@@ -61,7 +69,7 @@ def _reusing_guide(data, hybrid_run, **kwargs):
     X, y = data
     info = hybrid_run.sampler.proxy.info
     kernel = EnergyConservingHMC(
-        logistic_hier_model,
+        logistic_hier_model, proxy="variational",
         proxy_kwargs={"guide": info["guide"], "guide_params": info["guide_params"]}, **kwargs,
     )
     kernel.preprocess((X, y), {"subsample_size": M})
@@ -70,8 +78,8 @@ def _reusing_guide(data, hybrid_run, **kwargs):
 
 @pytest.fixture(scope="module")
 def variational_kernel(data, hybrid_run):
-    """The paper's variational proxy."""
-    return _reusing_guide(data, hybrid_run, proxy="variational", selection="uniform")
+    """The paper's variational likelihood proxy."""
+    return _reusing_guide(data, hybrid_run, likelihood_proxy="variational", selection="uniform")
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +88,9 @@ def kernels(data, taylor_run, hybrid_run, variational_kernel):
     X, y = data
     out = {"taylor": taylor_run.sampler, "hybrid2-hh": hybrid_run.sampler,
            "variational": variational_kernel,
-           "hybrid1": _reusing_guide(data, hybrid_run, proxy="hybrid", hybrid_order=1)}
-    k = EnergyConservingHMC(logistic_hier_model, proxy="taylor", taylor_order=1,
-                            selection="preferential")
+           "hybrid1": _reusing_guide(data, hybrid_run, likelihood_proxy="hybrid",
+                                     hybrid_order=1)}
+    k = EnergyConservingHMC(logistic_hier_model, taylor_order=1, selection="preferential")
     k.preprocess((X, y), {"subsample_size": M})
     out["taylor1-hh"] = k
     return out
@@ -99,6 +107,7 @@ def _check_accuracy(mcmc, ref, mean_tol=0.2, sd_tol=0.2):
 def test_taylor_matches_full_nuts(reference, taylor_run):
     """Second-order Taylor proxy: means within 0.2 sd, sds within 20% of full-data NUTS
     (all sites, tau included)."""
+    assert taylor_run.sampler.preprocessed.spec == ("taylor", 2)
     _check_accuracy(taylor_run, reference)
     ex = taylor_run.get_extra_fields()
     assert np.median(ex["sigma2"]) < 0.5
@@ -108,39 +117,49 @@ def test_taylor_matches_full_nuts(reference, taylor_run):
 
 def test_hybrid_matches_full_nuts(reference, hybrid_run):
     """Second-order hybrid + preferential selection: 0.2 sd / 20% vs full-data NUTS."""
+    pre = hybrid_run.sampler.preprocessed
+    assert pre.spec == ("hybrid", 2) and pre.params.selection.table is not None
     _check_accuracy(hybrid_run, reference)
     ex = hybrid_run.get_extra_fields()
     assert np.median(ex["sigma2"]) < 1.0
     assert ex["index_accept_prob"].mean() > 0.5
 
 
+def test_kernel_exposes_what_post_processing_reads(data, taylor_run):
+    """potential (full_data_model), preprocessed, model, default_fields, sample_field."""
+    X, _ = data
+    kernel = taylor_run.sampler
+    assert kernel.potential is kernel.preprocessed.potential
+    assert kernel.preprocessed.seconds > 0 and kernel.preprocessed.data_passes >= 1
+    assert set(kernel.default_fields) == {"z", "diverging"} and kernel.sample_field == "z"
+    full = kernel.potential.full_data_model()
+    samples = {k: v[0] for k, v in taylor_run.get_samples().items()}
+    from numpyro import handlers
+
+    for model in (full, kernel.model):
+        tr = handlers.trace(handlers.substitute(handlers.seed(model, 0), data=samples)
+                            ).get_trace(X, data[1], subsample_size=M)
+        assert tr["y"]["value"].shape == (N,)
+
+
 def _moments_fn(kernel, K):
     """jit: θ -> (l̂ over K subsamples, σ̂² over them, exact Σℓ_i(θ) − A)."""
-    pre = kernel.preprocessed
-    estimate = kernel._estimate_fn(pre)
-    a_sum = jnp.sum(pre.datum_aux(jnp.arange(pre.potential.num_data))[0])
-    keys = jax.random.split(jax.random.PRNGKey(0), K)
+    pot = kernel.potential
+    a_sum = kernel.proxy_constant()
 
     @jax.jit
-    def fn(theta):
-        w = jax.scipy.linalg.solve_triangular(pre.tril, theta - pre.ref, lower=True)
-
-        def one(key):
-            idx = kernel._draw_indices(pre, key, pre.subsample_size)
-            _, loglik, sigma2 = estimate(w, idx, pre.datum_aux(idx))
-            return loglik, sigma2
-
-        ll, s2 = jax.lax.map(one, keys, batch_size=100)
-        values, _ = datum_values_and_grads(pre.potential, theta)
+    def fn(theta, data):
+        ll, s2 = kernel.loglik_estimates(theta, jax.random.PRNGKey(0), K, data)
+        values, _ = datum_values_and_grads(pot, theta, data)
         return ll, s2, -jnp.sum(values) - a_sum
 
-    return fn
+    return lambda theta: fn(theta, kernel.preprocessed_data)
 
 
 def _proxy_draws(kernel, num):
     pre = kernel.preprocessed
-    eps = jax.random.normal(jax.random.PRNGKey(7), (num, pre.ref.shape[0]))
-    return pre.ref + eps @ pre.tril.T
+    eps = jax.random.normal(jax.random.PRNGKey(7), (num, pre.centre.shape[0]))
+    return pre.centre + eps @ pre.scale_tril.T
 
 
 @pytest.mark.parametrize("which", ["taylor", "taylor1-hh", "hybrid1", "hybrid2-hh",
@@ -151,8 +170,8 @@ def test_loglik_estimator_unbiased_and_variance(which, kernels):
     Hansen-Hurwitz selection)."""
     kernel = kernels[which]
     pre = kernel.preprocessed
-    d = pre.ref.shape[0]
-    theta = pre.ref + pre.tril @ jnp.full((d,), 2.0 / np.sqrt(d))
+    d = pre.centre.shape[0]
+    theta = pre.centre + pre.scale_tril @ jnp.full((d,), 2.0 / np.sqrt(d))
     ll, s2, exact = (np.asarray(x, np.float64) for x in _moments_fn(kernel, 1000)(theta))
     se = ll.std() / np.sqrt(ll.size)
     assert abs(ll.mean() - exact) < 4 * se + 1e-5 * abs(exact), (ll.mean(), exact, se)
@@ -160,8 +179,9 @@ def test_loglik_estimator_unbiased_and_variance(which, kernels):
 
 
 def test_variational_proxy_ignores_state_and_hybrid_fixes_it(hybrid_run, variational_kernel):
-    """Paper 003's observation, measured: σ̂² of the pure variational proxy at draws from the
-    posterior approximation is far above the hybrid's (its θ-dependence cancels in l̂)."""
+    """Rønning and Hamelryck's observation, measured: σ̂² of the pure variational proxy at
+    draws from the posterior approximation is far above the hybrid's (its θ-dependence
+    cancels in l̂)."""
     f_v = _moments_fn(variational_kernel, 200)
     f_h = _moments_fn(hybrid_run.sampler, 200)
     s2_v, s2_h = [], []
@@ -175,10 +195,10 @@ def test_variational_proxy_total_is_elbo_identity(variational_kernel):
     """Σ_i q_i(θ) = ELBO + log q(θ) − log π(θ) ≈ Σ_i ℓ_i(θ) (Eq. 2-3): the difference is the
     same constant −KL(q‖p) ≤ 0 at every θ, up to the non-Gaussianity of the posterior."""
     kernel = variational_kernel
-    pot = kernel.preprocessed.potential
-    full = jax.jit(lambda t: -jnp.sum(datum_values_and_grads(pot, t)[0]))
+    pot, md = kernel.potential, kernel.preprocessed_data
+    full = jax.jit(lambda t, data: -jnp.sum(datum_values_and_grads(pot, t, data)[0]))
     total = jax.jit(kernel.proxy_total)
-    gaps = np.asarray([float(total(t) - full(t)) for t in _proxy_draws(kernel, 10)])
+    gaps = np.asarray([float(total(t, md) - full(t, md)) for t in _proxy_draws(kernel, 10)])
     assert gaps.std() < 0.5, gaps
     assert -2.0 < gaps.mean() < 0.3, gaps
 
@@ -186,19 +206,80 @@ def test_variational_proxy_total_is_elbo_identity(variational_kernel):
 def test_bad_settings_raise(data):
     X, y = data
     with pytest.raises(ValueError, match="proxy must be"):
-        EnergyConservingHMC(logistic_hier_model, proxy="laplace")
+        EnergyConservingHMC(logistic_hier_model, proxy="mode")
+    with pytest.raises(ValueError, match="likelihood_proxy must be"):
+        EnergyConservingHMC(logistic_hier_model, likelihood_proxy="laplace")
     with pytest.raises(ValueError, match="taylor_order"):
         EnergyConservingHMC(logistic_hier_model, taylor_order=3)
     with pytest.raises(ValueError, match="hybrid_order"):
-        EnergyConservingHMC(logistic_hier_model, proxy="hybrid", hybrid_order=3)
+        EnergyConservingHMC(logistic_hier_model, proxy="variational", hybrid_order=3)
     with pytest.raises(ValueError, match="selection"):
         EnergyConservingHMC(logistic_hier_model, selection="pps")
     with pytest.raises(ValueError, match="uniform_mix"):
         EnergyConservingHMC(logistic_hier_model, selection="preferential", uniform_mix=0.0)
+    with pytest.raises(ValueError, match="num_blocks"):
+        EnergyConservingHMC(logistic_hier_model, num_blocks=0)
     with pytest.raises(ValueError, match="multiple of num_blocks"):
         EnergyConservingHMC(logistic_hier_model, num_blocks=7).preprocess(
             (X, y), {"subsample_size": M}
         )
+
+
+@pytest.mark.parametrize("old,proxy,kind", [("taylor", "laplace", "taylor"),
+                                            ("hybrid", "variational", "hybrid")])
+def test_old_proxy_spellings_are_deprecated_and_mapped(old, proxy, kind):
+    with pytest.warns(DeprecationWarning, match=f"proxy={proxy!r}, likelihood_proxy={kind!r}"):
+        kernel = EnergyConservingHMC(logistic_hier_model, proxy=old)
+    assert kernel._proxy_spec == proxy and kernel.likelihood_proxy == kind
+
+
+def test_rerun_on_new_same_shape_data_compiles_nothing():
+    """MCMC(jit_model_args=True), vectorized chains: the second run on new data of the same
+    shapes refits the proxies (new values) and compiles nothing."""
+    with persistent_cache():
+        kernel = EnergyConservingHMC(logistic_hier_model)
+        mcmc = MCMC(kernel, num_warmup=50, num_samples=100, num_chains=2,
+                    chain_method="vectorized", progress_bar=False, jit_model_args=True)
+        mcmc.run(jax.random.PRNGKey(0), *logistic_data(N=N, d=3, seed=5), subsample_size=M)
+        mcmc.get_samples()
+        first = np.asarray(kernel.proxy.centre)
+        with CompileCounter() as cc:
+            mcmc.run(jax.random.PRNGKey(1), *logistic_data(N=N, d=3, seed=6), subsample_size=M)
+            beta = np.asarray(mcmc.get_samples()["beta"])
+        assert cc.compiled == 0, cc.names
+        assert not np.allclose(kernel.proxy.centre, first)
+        assert np.all(np.isfinite(beta)) and beta.shape == (200, 3)
+
+
+def test_float64_with_x64():
+    """jax_enable_x64 with float64 data: the chain state keeps its dtypes (int64 HMC
+    counters, float64 positions) and the draws are float64 and near the proxy centre."""
+    code = """
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import numpy as np
+        from numpyro.infer import MCMC
+        from models import logistic_data, logistic_hier_model
+        from numpyro_subsample import EnergyConservingHMC
+        X, y = logistic_data(N=1000, d=3, seed=4)
+        X, y = X.astype("float64"), y.astype("float64")
+        kernel = EnergyConservingHMC(logistic_hier_model, num_blocks=5)
+        mcmc = MCMC(kernel, num_warmup=100, num_samples=300, num_chains=2,
+                    chain_method="vectorized", progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=50, extra_fields=("sigma2",))
+        b = np.asarray(mcmc.get_samples()["beta"])
+        assert b.dtype == np.float64 and kernel.proxy.centre.dtype == np.float64, b.dtype
+        assert mcmc.get_extra_fields()["sigma2"].dtype == np.float64
+        sd = np.sqrt(np.diag(np.asarray(kernel.proxy.cov)))[1:]
+        err = np.abs(b.mean(0) - np.asarray(kernel.proxy.centre)[1:]) / sd
+        assert np.all(err < 0.5), err
+        print("OK")
+    """
+    env = {**os.environ, "PYTHONPATH": HERE}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK" in out.stdout
 
 
 def quasi_separated_data(N=2000):
@@ -210,10 +291,10 @@ def quasi_separated_data(N=2000):
 
 def test_sigma2_ordering_poor_laplace():
     """Quasi-separated logistic regression (N = 2000, m = 100): mean over 12 full-data NUTS
-    draws of σ̂² (itself a mean over 200 subsamples). Measured (docs/variational_ecs.md):
-    hybrid-2 ≈ 0.1 vs Taylor-2 ≈ 0.5; Hansen-Hurwitz selection ≈ 100× lower than uniform.
-    The guide is the Gaussian with the posterior's moments, passed as ``guide_params``, so the
-    test checks the L²(q) projection itself, independent of SVI's accuracy.
+    draws of σ̂² (itself a mean over 200 subsamples), for Taylor-2 and hybrid-2, each with
+    uniform and Hansen-Hurwitz selection (values in docs/variational_ecs.md). The guide is the
+    Gaussian with the posterior's moments, passed as ``guide_params``, so the test checks the
+    L²(q) projection itself, independent of SVI's accuracy.
     """
     X, y = quasi_separated_data()
     ref = nuts_reference("logistic", X, y, num_warmup=300, num_samples=600, num_chains=1)
@@ -222,10 +303,10 @@ def test_sigma2_ordering_poor_laplace():
     params = {"auto_loc": jnp.asarray(beta.mean(0), jnp.float32),
               "auto_scale_tril": jnp.asarray(np.linalg.cholesky(np.cov(beta.T)), jnp.float32)}
     gk = {"guide": guide, "guide_params": params}
-    variants = {"taylor2": dict(proxy="taylor", selection="uniform"),
-                "hybrid2": dict(proxy="hybrid", proxy_kwargs=gk, selection="uniform"),
-                "taylor2-hh": dict(proxy="taylor"),  # preferential is the default
-                "hybrid2-hh": dict(proxy="hybrid", proxy_kwargs=gk)}
+    variants = {"taylor2": dict(proxy="laplace", selection="uniform"),
+                "hybrid2": dict(proxy="variational", proxy_kwargs=gk, selection="uniform"),
+                "taylor2-hh": dict(proxy="laplace"),  # preferential is the default
+                "hybrid2-hh": dict(proxy="variational", proxy_kwargs=gk)}
     thetas = jnp.asarray(beta[:: beta.shape[0] // 12][:12])
     mean_s2 = {}
     for name, kw in variants.items():

@@ -7,6 +7,7 @@ import pytest
 from models import logistic_data, logistic_hier_model
 
 from numpyro_subsample import (
+    ModelData,
     build_potential,
     configure_estimator,
     fit_laplace,
@@ -21,17 +22,19 @@ NUM_DRAWS = 4000
 @pytest.fixture(scope="module")
 def setup():
     X, y = logistic_data(N=2000, d=3, seed=3)
-    pot = build_potential(logistic_hier_model, (X, y), {"subsample_size": 20}, KEY)
-    proxy = fit_laplace(pot, KEY)
+    data = ModelData.from_args((X, y), {"subsample_size": 20})
+    pot = build_potential(logistic_hier_model, data, KEY)
+    proxy = fit_laplace(pot, data, KEY)
     # a point about 2 posterior sd away from the mode, where the CV correction matters
     theta = proxy.centre + 2.0 * proxy.scale_tril @ jnp.ones(pot.dim) / np.sqrt(pot.dim)
-    full = value_grad_hessian(pot, theta, hessian=False)[1]
-    return pot, proxy, theta, full
+    full = value_grad_hessian(pot, theta, data, hessian=False)[1]
+    return pot, data, proxy, theta, full
 
 
-def _mean_and_se(estimator, theta):
+def _mean_and_se(estimator, theta, data):
     keys = jax.random.split(jax.random.PRNGKey(7), NUM_DRAWS)
-    g = jax.jit(jax.vmap(lambda k: estimator.estimate(k, theta)[0]))(keys)
+    g = jax.jit(jax.vmap(estimator.estimate, in_axes=(None, 0, None, None)))(
+        estimator.params, keys, theta, data)[0]
     g = np.asarray(g, np.float64)
     return g.mean(0), g.std(0) / np.sqrt(NUM_DRAWS)
 
@@ -47,11 +50,11 @@ def _mean_and_se(estimator, theta):
     ],
 )
 def test_estimator_is_unbiased(setup, name, replace, store):
-    pot, proxy, theta, full = setup
+    pot, data, proxy, theta, full = setup
     if not store:
         proxy = proxy._replace(datum_grads=None)
-    est = configure_estimator(name, pot, proxy, replace=replace)
-    mean, se = _mean_and_se(est, theta)
+    est = configure_estimator(name, pot, data, proxy, replace=replace)
+    mean, se = _mean_and_se(est, theta, data)
     err = np.abs(mean - np.asarray(full))
     # coordinates only in the prior (tau here) have zero variance: they must be exact
     assert np.all(err <= 4.5 * se + 1e-4 * (1 + np.abs(np.asarray(full)))), (err, se)
@@ -60,27 +63,27 @@ def test_estimator_is_unbiased(setup, name, replace, store):
 
 
 def test_cv_reduces_variance_near_the_mode(setup):
-    pot, proxy, _, _ = setup
+    pot, data, proxy, _, _ = setup
     theta = proxy.centre
-    _, se_u = _mean_and_se(configure_estimator("uniform", pot, proxy), theta)
-    _, se_cv = _mean_and_se(configure_estimator("cv", pot, proxy), theta)
+    _, se_u = _mean_and_se(configure_estimator("uniform", pot, data, proxy), theta, data)
+    _, se_cv = _mean_and_se(configure_estimator("cv", pot, data, proxy), theta, data)
     noisy = se_u > 0
     assert np.all(se_cv[noisy] < 0.2 * se_u[noisy])
 
 
 def test_cv_is_exact_at_the_centre(setup):
-    pot, proxy, _, _ = setup
-    est = configure_estimator("cv", pot, proxy)
-    full = value_grad_hessian(pot, proxy.centre, hessian=False)[1]
-    g, n = est.estimate(KEY, proxy.centre)
+    pot, data, proxy, _, _ = setup
+    est = configure_estimator("cv", pot, data, proxy)
+    full = value_grad_hessian(pot, proxy.centre, data, hessian=False)[1]
+    g, n = est(KEY, proxy.centre, data)
     np.testing.assert_allclose(g, full, atol=1e-2 * float(jnp.abs(full).max()) + 1e-2)
     assert int(n) == 20
 
 
 def test_unknown_option_is_rejected(setup):
-    pot, proxy, _, _ = setup
+    pot, data, proxy, _, _ = setup
     with pytest.raises(ValueError, match="Unknown option"):
-        configure_estimator("cv", pot, proxy, bogus=1)
+        configure_estimator("cv", pot, data, proxy, bogus=1)
 
 
 @pytest.mark.parametrize("population, n", [(50, 10), (50, 50), (10_000, 1000)])

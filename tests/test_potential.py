@@ -9,7 +9,7 @@ import pytest
 from models import logistic_data, logistic_hier_model
 from numpyro.infer.util import potential_energy
 
-from numpyro_subsample import SGLD, build_potential
+from numpyro_subsample import SGLD, ModelData, build_potential
 from numpyro_subsample.core.potential import check_data_finite
 
 KEY = jax.random.PRNGKey(0)
@@ -20,13 +20,18 @@ def data():
     return logistic_data(N=300, d=3, seed=1)
 
 
+def _md(*args, **kwargs):
+    return ModelData.from_args(args, kwargs)
+
+
 def test_terms_match_numpyro_potential_energy(data):
     X, y = data
-    pot = build_potential(logistic_hier_model, (X, y), {}, KEY)
+    md = _md(X, y)
+    pot = build_potential(logistic_hier_model, md, KEY)
     assert pot.plate == ("data", 300, 100, -1)
     assert set(pot.latent_sites) == {"tau", "beta"} and pot.dim == 4
     for theta in [jnp.array([0.3, -0.1, 0.2, 0.5]), jnp.array([-1.0, 2.0, 0.0, -2.0])]:
-        f0, fi = pot.terms(theta, jnp.arange(300))
+        f0, fi = pot.terms(theta, jnp.arange(300), md)
         ref = potential_energy(
             logistic_hier_model, (X, y), {"subsample_size": 300}, pot.unravel(theta)
         )
@@ -35,11 +40,12 @@ def test_terms_match_numpyro_potential_energy(data):
 
 def test_terms_per_datum_and_jit_with_traced_indices(data):
     X, y = data
-    pot = build_potential(logistic_hier_model, (X, y), {}, KEY)
+    md = _md(X, y)
+    pot = build_potential(logistic_hier_model, md, KEY)
     theta = jnp.array([0.3, -0.1, 0.2, 0.5])
-    _, full = pot.terms(theta, jnp.arange(300))
+    _, full = pot.terms(theta, jnp.arange(300), md)
     idx = jnp.array([5, 7, 5, 299])
-    sub = jax.jit(lambda t, i: pot.terms(t, i)[1])(theta, idx)
+    sub = jax.jit(lambda t, i, d: pot.terms(t, i, d)[1])(theta, idx, md)
     np.testing.assert_allclose(sub, full[idx], rtol=1e-6)
     # the per-datum term is the Bernoulli negative log-likelihood
     beta = theta[:3]
@@ -49,8 +55,9 @@ def test_terms_per_datum_and_jit_with_traced_indices(data):
 
 def test_constrain_maps_to_support(data):
     X, y = data
-    pot = build_potential(logistic_hier_model, (X, y), {}, KEY)
-    out = pot.constrain(pot.unravel(jnp.array([0.0, 0.0, 0.0, -3.0])))
+    md = _md(X, y)
+    pot = build_potential(logistic_hier_model, md, KEY)
+    out = pot.constrain(pot.unravel(jnp.array([0.0, 0.0, 0.0, -3.0])), md)
     np.testing.assert_allclose(out["tau"], np.exp(-3.0), rtol=1e-6)
 
 
@@ -111,19 +118,20 @@ def _model_too_large(X, y):
 def test_bad_models_raise_clear_errors(data, model, match):
     X, y = data
     with pytest.raises(ValueError, match=match):
-        build_potential(model, (X, y), {}, KEY)
+        build_potential(model, _md(X, y), KEY)
 
 
 def test_non_finite_data_is_rejected(data):
     X, y = data
     X_bad = X.at[17, 1].set(jnp.nan)
     with pytest.raises(ValueError, match=r"model_args\[0\] .*first at row 17"):
-        check_data_finite((X_bad, y), {}, 300)
+        check_data_finite(_md(X_bad, y), 300)
     kernel = SGLD(logistic_hier_model)
     with pytest.raises(ValueError, match="non-finite values"):
         kernel.init(KEY, 0, None, (X_bad, y), {})
 
 
+@pytest.mark.filterwarnings("ignore:SGLD's step_size is now:DeprecationWarning")
 def test_bad_kernel_settings_raise():
     with pytest.raises(ValueError, match="Unknown estimator 'foo'"):
         SGLD(logistic_hier_model, estimator="foo")
@@ -131,3 +139,64 @@ def test_bad_kernel_settings_raise():
         SGLD(logistic_hier_model, step_size=-1.0)
     with pytest.raises(ValueError, match="proxy must be"):
         SGLD(logistic_hier_model, proxy="bogus")
+    with pytest.raises(ValueError, match="step_size must be a positive number, got 'big'"):
+        SGLD(logistic_hier_model, step_size="big")
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer, got 0"):
+        SGLD(logistic_hier_model, chunk_size=0)
+    with pytest.raises(ValueError, match=r"max_variance_inflation must be in \(0, 1\]"):
+        SGLD(logistic_hier_model, max_variance_inflation=1.5)
+
+
+# --- ModelData ------------------------------------------------------------------------------
+
+
+def test_model_data_round_trip_keeps_non_arrays_static():
+    """Arrays (JAX or NumPy) are the pytree's children; ints, None, strings stay static."""
+    X = np.arange(6.0, dtype=np.float32).reshape(3, 2)  # a NumPy array
+    w = np.ones(2, np.float32)
+    y = jnp.array([0.0, 1.0, 1.0])
+    args, kwargs = (X, None, 3), {"y": y, "link": "logit", "opts": {"k": 2, "w": w}}
+    md = ModelData.from_args(args, kwargs)
+    assert len(md.arrays) == 3 and all(isinstance(a, jax.Array) for a in md.arrays)
+    assert md.names() == ("model_args[0]", "model_kwargs['opts']['w']", "model_kwargs['y']")
+    assert len(jax.tree.leaves(md)) == 3  # only the arrays are traced
+    args2, kwargs2 = md.args_kwargs()
+    assert args2[1] is None and args2[2] == 3 and isinstance(args2[2], int)
+    assert kwargs2["link"] == "logit" and kwargs2["opts"]["k"] == 2
+    assert set(kwargs2) == set(kwargs)
+    np.testing.assert_array_equal(args2[0], X)
+    np.testing.assert_array_equal(kwargs2["opts"]["w"], w)
+    np.testing.assert_array_equal(kwargs2["y"], y)
+
+    traces = []
+
+    @jax.jit
+    def f(d):
+        traces.append(1)  # runs once per compilation
+        (a, none, k), kw = d.args_kwargs()
+        assert none is None and isinstance(k, int) and kw["link"] == "logit"  # not traced
+        return k * a.sum() + kw["opts"]["k"] * kw["y"].sum()
+
+    assert float(f(md)) == 3 * 15.0 + 2 * 2.0
+    # new values of the same shapes: same signature, same compiled program
+    other = ModelData.from_args((X + 1, None, 3), dict(kwargs, y=jnp.zeros(3)))
+    assert other.signature() == md.signature() and not other.same_values(md)
+    assert float(f(other)) == 3 * 21.0
+    assert len(traces) == 1
+    # a new static value is a new signature (and a new program)
+    changed = ModelData.from_args((X, None, 4), kwargs)
+    assert changed.signature() != md.signature()
+    assert ModelData.from_args(args, kwargs).same_values(md)
+
+
+def test_numpy_arrays_are_accepted_as_data(data):
+    X, y = data
+    X_np, y_np = np.asarray(X), np.asarray(y)
+    md_np, md = _md(X_np, y_np, subsample_size=50), _md(X, y, subsample_size=50)
+    pot = build_potential(logistic_hier_model, md_np, KEY)
+    assert pot.plate == ("data", 300, 50, -1) and pot.data_leaves == (0, 1)
+    theta = jnp.array([0.3, -0.1, 0.2, 0.5])
+    idx = jnp.array([0, 3, 299])
+    np.testing.assert_allclose(pot.data_terms(theta, idx, md_np),
+                               pot.data_terms(theta, idx, md), rtol=1e-6)
+    assert md_np.signature() == md.signature() and md_np.same_values(md)

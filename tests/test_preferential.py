@@ -1,5 +1,6 @@
-"""Preferential subsampling (paper 000 Sect. 3): alias draws, unbiasedness, Fig. 1 ordering of
-pseudo-variances, posterior accuracy of SGLD-PS and SGLD-CV-PS."""
+"""Preferential subsampling (Putcha, Nemeth and Fearnhead 2023, Sect. 3): alias draws,
+unbiasedness, Fig. 1 ordering of pseudo-variances, posterior accuracy of SGLD-PS and
+SGLD-CV-PS."""
 
 from __future__ import annotations
 
@@ -13,18 +14,23 @@ from models import linreg_data, linreg_exact, linreg_model, standardised_errors
 from numpyro.infer import MCMC
 from sklearn.datasets import make_classification
 
-from numpyro_subsample import SGLD, build_potential, configure_estimator, fit_laplace
+from numpyro_subsample import (
+    SGLD,
+    ModelData,
+    build_potential,
+    configure_estimator,
+    fit_laplace,
+)
 from numpyro_subsample.core.datapass import datum_values_and_grads, value_grad_hessian
-from numpyro_subsample.post.diagnostics import estimator_pseudo_variance
-from numpyro_subsample.estimators.base import weighted_gradient
+from numpyro_subsample.estimators.base import control_variate_from_proxy, weighted_gradient
 from numpyro_subsample.estimators.preferential import (
     alias_draw,
     analytic_pseudo_variance,
     build_alias_table,
-    configure_preferential,
 )
+from numpyro_subsample.post.diagnostics import estimator_pseudo_variance
 
-# -- models of paper 000 Sect. 5.1 (priors as in Appendix C) -----------------------------------
+# -- models of Putcha et al. (2023) Sect. 5.1 (priors as in Appendix C) ------------------------
 SIGMA_X = np.array([[1e5, 6e4], [6e4, 2e5]], np.float32)
 
 
@@ -54,17 +60,18 @@ def _classification(N, weights, seed, leverage_rows=0):
 
 
 def _setup(model, args, n, seed=0):
-    pot = build_potential(model, args, {"subsample_size": n}, jax.random.PRNGKey(seed))
-    proxy = fit_laplace(pot, jax.random.PRNGKey(seed + 1))
-    return pot, proxy
+    data = ModelData.from_args(args, {"subsample_size": n})
+    pot = build_potential(model, data, jax.random.PRNGKey(seed))
+    proxy = fit_laplace(pot, data, jax.random.PRNGKey(seed + 1))
+    return pot, data, proxy
 
 
 @pytest.fixture(scope="module")
 def imbalanced_leverage():
     """Imbalanced (95/5) logistic regression, d = 5, with 5 high-leverage rows."""
     X, y = _classification(2000, [0.05], seed=3, leverage_rows=5)
-    pot, proxy = _setup(logistic10_model, (X, y), 20)
-    return X, y, pot, proxy
+    pot, data, proxy = _setup(logistic10_model, (X, y), 20)
+    return X, y, pot, data, proxy
 
 
 def test_alias_table_realises_the_law():
@@ -82,20 +89,24 @@ def test_alias_table_realises_the_law():
 
 
 def test_bad_user_weights_and_replace(imbalanced_leverage):
-    _, _, pot, proxy = imbalanced_leverage
+    _, _, pot, data, proxy = imbalanced_leverage
     w = np.ones(pot.num_data)
     w[7] = 0.0
     with pytest.raises(ValueError, match="strictly positive.*index 7"):
-        configure_preferential("preferential", pot, proxy, 20, weights=w)
+        configure_estimator("preferential", pot, data, proxy, subsample_size=20, weights=w)
     with pytest.raises(ValueError, match="length N"):
-        configure_preferential("preferential", pot, proxy, 20, weights=np.ones(3))
+        configure_estimator("preferential", pot, data, proxy, subsample_size=20,
+                            weights=np.ones(3))
     with pytest.raises(ValueError, match="replace=True"):
-        configure_preferential("cv-preferential", pot, proxy, 20, replace=False)
+        configure_estimator("cv-preferential", pot, data, proxy, subsample_size=20,
+                            replace=False)
     with pytest.raises(ValueError, match="control variate"):
-        configure_preferential("preferential", pot, proxy, 20, adaptive=True)
+        configure_estimator("preferential", pot, data, proxy, subsample_size=20, adaptive=True)
+    with pytest.raises(ValueError, match="Unknown option.*weights.*uniform_mix"):
+        configure_estimator("cv-preferential", pot, data, proxy, bogus=1)
     # a user array is used as given (no uniform mixing by default)
     w = np.arange(1, pot.num_data + 1, dtype=float)
-    est = configure_estimator("preferential", pot, proxy, subsample_size=20, weights=w)
+    est = configure_estimator("preferential", pot, data, proxy, subsample_size=20, weights=w)
     np.testing.assert_allclose(np.asarray(est.info["probs"]), w / w.sum(), rtol=1e-4)
 
 
@@ -106,24 +117,26 @@ def test_bad_user_weights_and_replace(imbalanced_leverage):
 def test_unbiased(imbalanced_leverage, name, weights):
     """Average of many subsample estimates at a fixed θ equals the full gradient (< 4 SE); the
     same draws reweighted by N/n instead of 1/(n p_i) (a wrong estimator) fail that check."""
-    _, _, pot, proxy = imbalanced_leverage
+    _, _, pot, data, proxy = imbalanced_leverage
     n = 20
-    est = configure_estimator(name, pot, proxy, subsample_size=n, weights=weights)
+    est = configure_estimator(name, pot, data, proxy, subsample_size=n, weights=weights)
     theta = proxy.centre + proxy.scale_tril @ jnp.array([1.5, -1.0, 0.5, 1.0, -2.0])
-    full = np.asarray(value_grad_hessian(pot, theta, hessian=False)[1], np.float64)
+    full = np.asarray(value_grad_hessian(pot, theta, data, hessian=False)[1], np.float64)
     draws = 1500 if weights == "exact" else 4000
     keys = jax.random.split(jax.random.PRNGKey(5), draws)
-    cv = est.control_variate
+    cv = control_variate_from_proxy(proxy) if name == "cv-preferential" else None
 
-    def both(k):
-        g = est.estimate(k, theta)[0]
+    def both(params, k, data):
+        g = est.estimate(params, k, theta, data)[0]
         if weights == "exact":  # the law depends on θ: no static design to reweight
             return g, g
-        idx, _ = est.design.draw(k)  # the same indices as estimate(k, θ)
+        design = est.info["design"]
+        idx, _ = design.draw(design.params, k)  # the same indices as estimate(k, θ)
         wrong = jnp.full((n,), pot.num_data / n)
-        return g, weighted_gradient(pot, theta, idx, wrong, cv)
+        return g, weighted_gradient(pot, theta, idx, wrong, data, cv)
 
-    g, g_wrong = (np.asarray(a, np.float64) for a in jax.jit(jax.vmap(both))(keys))
+    batched = jax.jit(jax.vmap(both, in_axes=(None, 0, None)))
+    g, g_wrong = (np.asarray(a, np.float64) for a in batched(est.params, keys, data))
 
     def passes(g):
         se = g.std(0) / np.sqrt(draws)
@@ -146,22 +159,22 @@ def _fig1_setup(kind):
 
 @pytest.mark.parametrize("kind", ["gaussian", "balanced", "imbalanced"])
 def test_fig1_pseudo_variance_ordering(kind):
-    pot, proxy = _fig1_setup(kind)
+    pot, data, proxy = _fig1_setup(kind)
     n = 10
     d = proxy.centre.shape[0]
     thetas = proxy.centre + jax.random.normal(jax.random.PRNGKey(2), (10, d)) @ proxy.scale_tril.T
     names = ["uniform", "preferential", ("preferential", "exact")]
     if kind != "gaussian":  # Gaussian: CV is already optimal with uniform weights (paper)
         names += ["cv", "cv-preferential", ("cv-preferential", "exact")]
-    grads_at = np.asarray(jax.jit(jax.vmap(lambda t: datum_values_and_grads(pot, t)[1]))(thetas),
+    grads_at = np.asarray(jax.vmap(lambda t: datum_values_and_grads(pot, t, data)[1])(thetas),
                           np.float64)
     pv, pv_se = {}, {}
     for spec in names:
         name, weights = (spec, "approx") if isinstance(spec, str) else spec
         opts = {} if name in ("uniform", "cv") else {"weights": weights}
-        est = configure_estimator(name, pot, proxy, subsample_size=n, **opts)
+        est = configure_estimator(name, pot, data, proxy, subsample_size=n, **opts)
         m, se = estimator_pseudo_variance(
-            est, pot, thetas, num_draws=300 if weights == "approx" else 200,
+            est, pot, thetas, data, num_draws=300 if weights == "approx" else 200,
             rng_key=jax.random.PRNGKey(3),
         )
         pv[spec], pv_se[spec] = m.mean(), np.sqrt(np.sum(se**2)) / m.size
@@ -188,7 +201,7 @@ def test_fig1_pseudo_variance_ordering(kind):
 @pytest.fixture(scope="module")
 def linreg_setup():
     X, y = linreg_data(N=2000, d=4, seed=2)
-    pot, proxy = _setup(linreg_model, (X, y), 40)
+    _, _, proxy = _setup(linreg_model, (X, y), 40)
     return X, y, proxy
 
 
@@ -208,7 +221,7 @@ def test_accuracy_linreg_exact(linreg_setup, name, n, steps):
 
 
 def test_accuracy_imbalanced_logistic_high_leverage(imbalanced_leverage):
-    X, y, _, proxy = imbalanced_leverage
+    X, y, _, _, proxy = imbalanced_leverage
     ref = nuts_reference_local(X, y)
     for name in ("cv-preferential", "preferential"):
         n = 20 if name == "cv-preferential" else 200
@@ -220,13 +233,13 @@ def test_accuracy_imbalanced_logistic_high_leverage(imbalanced_leverage):
         assert np.all((ratio > 0.7) & (ratio < 1.35)), (name, ratio)
     # power: SGLD-PS with the weights N/n instead of 1/(n p_i) follows the drift of
     # F(θ) = f0(θ) + N Σ_i p_i f_i(θ); its mode is far outside the 0.35 sd tolerance
-    pot = build_potential(logistic10_model, (X, y), {"subsample_size": 20},
-                          jax.random.PRNGKey(0))
-    p = configure_estimator("preferential", pot, proxy, subsample_size=20).info["probs"]
+    data = ModelData.from_args((X, y), {"subsample_size": 20})
+    pot = build_potential(logistic10_model, data, jax.random.PRNGKey(0))
+    p = configure_estimator("preferential", pot, data, proxy, subsample_size=20).info["probs"]
     idx = jnp.arange(pot.num_data)
 
     def wrong_f(t):
-        f0, fi = pot.terms(t, idx)
+        f0, fi = pot.terms(t, idx, data)
         return f0 + pot.num_data * jnp.dot(p, fi)
 
     newton = jax.jit(lambda t: t - jnp.linalg.solve(jax.hessian(wrong_f)(t), jax.grad(wrong_f)(t)))

@@ -18,7 +18,7 @@ from models import (
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGHMC, SGNHT, to_arviz
-from numpyro_subsample.core.potential import build_potential
+from numpyro_subsample.core.potential import ModelData, build_potential
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgnht_step_size
 
@@ -49,16 +49,18 @@ def test_sghmc_step_rule_meets_inflation_bound(v, alpha):
 @pytest.fixture(scope="module")
 def linreg():
     X, y = linreg_data(N, 4, seed=5)
-    pot = build_potential(linreg_model, (X, y), {"subsample_size": n}, jax.random.PRNGKey(0))
-    return X, y, fit_laplace(pot, jax.random.PRNGKey(1))
+    data = ModelData.from_args((X, y), {"subsample_size": n})
+    pot = build_potential(linreg_model, data, jax.random.PRNGKey(0))
+    return X, y, fit_laplace(pot, data, jax.random.PRNGKey(1))
 
 
 @pytest.fixture(scope="module")
 def logistic():
     X, y = logistic_data(N, 4, seed=6)
-    pot = build_potential(logistic_model, (X, y), {"subsample_size": n}, jax.random.PRNGKey(0))
+    data = ModelData.from_args((X, y), {"subsample_size": n})
+    pot = build_potential(logistic_model, data, jax.random.PRNGKey(0))
     ref = nuts_reference("logistic", X, y, num_warmup=400, num_samples=1500, num_chains=2)
-    return X, y, fit_laplace(pot, jax.random.PRNGKey(1)), ref
+    return X, y, fit_laplace(pot, data, jax.random.PRNGKey(1)), ref
 
 
 CONFIGS = [

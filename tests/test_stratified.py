@@ -1,4 +1,5 @@
-"""Stratified (clustering-based) subsampling, paper 001: design, estimators, SGLD accuracy."""
+"""Stratified (clustering-based) subsampling of Fu and Zhang (2023): design, estimators, SGLD
+accuracy."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD, strata_of
 from numpyro_subsample.core.datapass import value_grad_hessian
-from numpyro_subsample.estimators.base import configure_estimator
-from numpyro_subsample.core.potential import build_potential
-from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.core.potential import ModelData, build_potential
+from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.estimators.stratified import (
     allocate_batch_sizes,
     make_strata,
     stratified_design,
 )
+from numpyro_subsample.proxies.laplace import fit_laplace
 
 N, n = 2000, 500
 
@@ -28,9 +29,10 @@ N, n = 2000, 500
 @pytest.fixture(scope="module")
 def linreg():
     X, y = linreg_data(N, 4, seed=3)
-    pot = build_potential(linreg_model, (X, y), {"subsample_size": n}, jax.random.PRNGKey(0))
-    proxy = fit_laplace(pot, jax.random.PRNGKey(1))
-    return X, y, pot, proxy
+    data = ModelData.from_args((X, y), {"subsample_size": n})
+    pot = build_potential(linreg_model, data, jax.random.PRNGKey(0))
+    proxy = fit_laplace(pot, data, jax.random.PRNGKey(1))
+    return X, y, pot, data, proxy
 
 
 def test_allocation_follows_eq14_and_bounds():
@@ -56,7 +58,8 @@ def test_draws_distinct_within_strata_and_uniform():
     strata = make_strata(feats, 3, 20)
     assert sorted(strata.sizes.tolist()) == [7, 25, 40]
     design = stratified_design(strata, jnp.float32)
-    idx, w = jax.jit(jax.vmap(design.draw))(jax.random.split(jax.random.PRNGKey(0), 4000))
+    draw = jax.jit(jax.vmap(design.draw, in_axes=(None, 0)))
+    idx, w = draw(design.params, jax.random.split(jax.random.PRNGKey(0), 4000))
     idx, w = np.asarray(idx), np.asarray(w)
     labels = strata.labels
     counts = np.zeros(feats.shape[0])
@@ -89,8 +92,8 @@ def test_floyd_draw_every_subset_equally_likely(method):
     strata = Strata(labels, order, starts, sizes, b, np.ones(4), 0.0, 0.0)
     design = stratified_design(strata, jnp.float32, draw_method=method)
     draws = 40_000
-    idx = np.asarray(jax.jit(jax.vmap(lambda k: design.draw(k)[0]))(
-        jax.random.split(jax.random.PRNGKey(3), draws)))
+    idx = np.asarray(jax.jit(jax.vmap(design.draw, in_axes=(None, 0)))(
+        design.params, jax.random.split(jax.random.PRNGKey(3), draws))[0])
     off = np.concatenate([[0], np.cumsum(b)])
     for j in range(4):
         block = np.sort(idx[:, off[j]:off[j + 1]], axis=1)
@@ -111,14 +114,15 @@ def test_floyd_draw_every_subset_equally_likely(method):
 
 @pytest.mark.parametrize("name", ["stratified", "cv-stratified"])
 def test_unbiased(linreg, name):
-    _, _, pot, proxy = linreg
-    est = configure_estimator(name, pot, proxy, num_strata=8)
+    _, _, pot, data, proxy = linreg
+    est = configure_estimator(name, pot, data, proxy, num_strata=8)
     st = strata_of(est)
     assert st.batch_sizes.sum() == n and st.sizes.sum() == N
     theta = proxy.centre + proxy.scale_tril @ jnp.array([1.5, -1.0, 0.5, 2.0])
-    full = np.asarray(value_grad_hessian(pot, theta, hessian=False)[1])
+    full = np.asarray(value_grad_hessian(pot, theta, data, hessian=False)[1])
     keys = jax.random.split(jax.random.PRNGKey(7), 2000)
-    gs = np.asarray(jax.jit(jax.vmap(lambda k: est.estimate(k, theta)[0]))(keys))
+    batched = jax.jit(jax.vmap(est.estimate, in_axes=(None, 0, None, None)))
+    gs = np.asarray(batched(est.params, keys, theta, data)[0])
     se = gs.std(0) / np.sqrt(gs.shape[0])
     assert np.all(np.abs(gs.mean(0) - full) < 4 * se + 1e-6 * np.abs(full)), (gs.mean(0), full, se)
 
@@ -138,19 +142,21 @@ def test_pseudo_variance_below_uniform_on_clustered_data():
         np.float32
     )
     X, y = jnp.asarray(X), jnp.asarray(y)
-    pot = build_potential(clustered_logistic, (X, y), {"subsample_size": 60}, jax.random.PRNGKey(0))
-    proxy = fit_laplace(pot, jax.random.PRNGKey(1))
+    data = ModelData.from_args((X, y), {"subsample_size": 60})
+    pot = build_potential(clustered_logistic, data, jax.random.PRNGKey(0))
+    proxy = fit_laplace(pot, data, jax.random.PRNGKey(1))
     keys = jax.random.split(jax.random.PRNGKey(2), 2000)
 
-    def pseudo_variance(est, theta):  # E‖Lᵀ(ĝ − ∇f)‖², paper 000 Eq. (6) in whitened units
-        gs = jax.jit(jax.vmap(lambda k: est.estimate(k, theta)[0]))(keys) @ proxy.scale_tril
+    def pseudo_variance(est, theta):  # E‖Lᵀ(ĝ − ∇f)‖², Putcha et al. (2023) Eq. (6), whitened
+        batched = jax.jit(jax.vmap(est.estimate, in_axes=(None, 0, None, None)))
+        gs = batched(est.params, keys, theta, data)[0] @ proxy.scale_tril
         return float(jnp.sum(jnp.var(gs, axis=0)))
 
-    uniform = configure_estimator("uniform", pot, proxy)
-    strat = configure_estimator("stratified", pot, proxy)  # default: gradients, k = 10
-    by_x = configure_estimator("stratified", pot, proxy, features=np.asarray(X[:, 1:]))
-    cv = configure_estimator("cv", pot, proxy)
-    cv_strat = configure_estimator("cv-stratified", pot, proxy)
+    uniform = configure_estimator("uniform", pot, data, proxy)
+    strat = configure_estimator("stratified", pot, data, proxy)  # default: gradients, k = 10
+    by_x = configure_estimator("stratified", pot, data, proxy, features=np.asarray(X[:, 1:]))
+    cv = configure_estimator("cv", pot, data, proxy)
+    cv_strat = configure_estimator("cv-stratified", pot, data, proxy)
     # user features (the covariates, as in the paper): each stratum lies in one true cluster
     true = np.argmin(((np.asarray(X[:, 1:])[:, None] - centres) ** 2).sum(-1), 1)
     st = strata_of(by_x)
@@ -163,21 +169,25 @@ def test_pseudo_variance_below_uniform_on_clustered_data():
 
 
 def test_bad_options(linreg):
-    _, _, pot, proxy = linreg
+    _, _, pot, data, proxy = linreg
     with pytest.raises(ValueError, match="num_strata"):
-        configure_estimator("stratified", pot, proxy, num_strata=n + 1)
+        configure_estimator("stratified", pot, data, proxy, num_strata=n + 1)
     with pytest.raises(ValueError, match="features must have shape"):
-        configure_estimator("stratified", pot, proxy, features=np.zeros((N - 1, 2)))
+        configure_estimator("stratified", pot, data, proxy, features=np.zeros((N - 1, 2)))
     with pytest.raises(ValueError, match="NaN"):
-        configure_estimator("stratified", pot, proxy, features=np.full((N, 2), np.nan))
+        configure_estimator("stratified", pot, data, proxy, features=np.full((N, 2), np.nan))
     with pytest.raises(ValueError, match="proxy"):
-        configure_estimator("stratified", pot, None)
+        configure_estimator("stratified", pot, data, None)
+    with pytest.raises(ValueError, match="Unknown option.*num_strata"):
+        configure_estimator("cv-stratified", pot, data, proxy, num_stratas=3)
+    with pytest.raises(ValueError, match="draw_method"):
+        configure_estimator("stratified", pot, data, proxy, draw_method="fast")
 
 
 def test_sgld_stratified_exact_linreg(linreg):
     """SGLD with the stratified estimator vs the exact posterior: |mean error| < 0.1 sd,
     sd ratio within 10%."""
-    X, y, _, proxy = linreg
+    X, y, _, _, proxy = linreg
     kernel = SGLD(linreg_model, estimator="stratified", proxy=proxy, num_strata=20)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=5000, num_chains=8, thinning=2,
                 chain_method="vectorized", progress_bar=False)
@@ -188,3 +198,16 @@ def test_sgld_stratified_exact_linreg(linreg):
     assert np.all(np.abs(err) < 0.1), err
     assert np.all(np.abs(ratio - 1) < 0.1), ratio
     assert strata_of(kernel).batch_sizes.sum() == n
+
+
+def test_compiled_estimate_is_keyed_by_the_batch_sizes(linreg):
+    """Equal static configurations (same b_j) share one estimate function, so compiled code is
+    reused; different b_j give a different function (never compiled code with wrong sizes)."""
+    X, _, pot, data, proxy = linreg
+    feats = np.asarray(X[:, 1:])
+    a = configure_estimator("stratified", pot, data, proxy, num_strata=4, features=feats)
+    b = configure_estimator("stratified", pot, data, proxy, num_strata=4, features=feats)
+    c = configure_estimator("stratified", pot, data, proxy, num_strata=5, features=feats)
+    assert a.estimate is b.estimate
+    assert tuple(strata_of(a).batch_sizes) != tuple(strata_of(c).batch_sizes)
+    assert a.estimate is not c.estimate

@@ -1,5 +1,7 @@
 """The variational proxy: SVI fit, guide ordering, and SGLD accuracy with proxy="variational"."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ from models import linreg_data, linreg_exact, linreg_model, logistic_data, logis
 from numpyro.infer import MCMC
 from numpyro.infer.autoguide import AutoMultivariateNormal
 
-from numpyro_subsample import SGLD, build_potential, fit_variational
+from numpyro_subsample import SGLD, ModelData, build_potential, fit_variational
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +65,6 @@ def test_svi_reports_trace_and_stops_by_rule(linreg, cv_run):
 def test_cv_preferential_with_variational_proxy(linreg, cv_run):
     """SGLD-CV-PS (preferential weights from the variational proxy), reusing the fitted guide
     through guide=/guide_params= (no second SVI)."""
-    pytest.importorskip(
-        "numpyro_subsample.estimators.preferential",
-        reason="estimator 'cv-preferential' lives in numpyro_subsample/preferential.py "
-        "(another issue); this test runs once that module exists",
-    )
     X, y, exact = linreg
     info = cv_run[0].proxy.info
     kernel = SGLD(
@@ -86,15 +83,13 @@ def test_guide_flattening_order_is_mapped():
     sites: a mix-up would put tau's mean and variance on beta[0].
     """
     X, y = logistic_data(N=500, d=3, seed=0)
-    kwargs = {"subsample_size": 50}
-    pot = build_potential(logistic_hier_model, (X, y), kwargs, jax.random.PRNGKey(0))
+    data = ModelData.from_args((X, y), {"subsample_size": 50})
+    pot = build_potential(logistic_hier_model, data, jax.random.PRNGKey(0))
     guide = AutoMultivariateNormal(logistic_hier_model)
     loc = jnp.array([-1.0, 0.1, 0.2, 0.3])  # guide order: tau (unconstrained), beta[0..2]
     scale = jnp.array([0.5, 0.01, 0.02, 0.03])
     params = {"auto_loc": loc, "auto_scale_tril": jnp.diag(scale)}
-    proxy = fit_variational(pot, jax.random.PRNGKey(1), model=logistic_hier_model,
-                            model_args=(X, y), model_kwargs=kwargs, guide=guide,
-                            guide_params=params)
+    proxy = fit_variational(pot, data, jax.random.PRNGKey(1), guide=guide, guide_params=params)
     z = pot.unravel(proxy.centre)
     np.testing.assert_allclose(z["tau"], -1.0, rtol=1e-6)
     np.testing.assert_allclose(z["beta"], [0.1, 0.2, 0.3], rtol=1e-6)
@@ -108,12 +103,29 @@ def test_guide_flattening_order_is_mapped():
 
 def test_bad_input_raises(linreg):
     X, y, _ = linreg
-    pot = build_potential(linreg_model, (X, y), {}, jax.random.PRNGKey(0))
+    data = ModelData.from_args((X, y), {})
+    pot = build_potential(linreg_model, data, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="guide_params= needs the guide="):
-        fit_variational(pot, jax.random.PRNGKey(0), model=linreg_model, model_args=(X, y),
-                        guide_params={"auto_loc": jnp.zeros(4)})
+        fit_variational(pot, data, jax.random.PRNGKey(0), guide_params={"auto_loc": jnp.zeros(4)})
     with pytest.raises(ValueError, match="learning_rate"):
-        fit_variational(pot, jax.random.PRNGKey(0), model=linreg_model, model_args=(X, y),
-                        learning_rate=-1.0)
+        fit_variational(pot, data, jax.random.PRNGKey(0), learning_rate=-1.0)
+    with pytest.raises(ValueError, match="block_size must be a positive integer, got 0"):
+        fit_variational(pot, data, jax.random.PRNGKey(0), block_size=0)
     with pytest.raises(ValueError, match="proxy must be"):
         SGLD(linreg_model, proxy="vi")
+
+
+def test_refit_on_new_data_compiles_nothing(cv_run, caplog):
+    """A refit on new data of the same shapes (same potential, hence the same default guide)
+    reuses every compiled SVI program, moment and data-pass program of the kernel's fit."""
+    kernel, _ = cv_run
+    X2, y2 = linreg_data(N=5000, d=4, seed=6)
+    data2 = ModelData.from_args((X2, y2), {})
+    with caplog.at_level(logging.WARNING), jax.log_compiles():
+        proxy = fit_variational(kernel.potential, data2, jax.random.PRNGKey(3), max_steps=500,
+                                store_datum_grads=False)
+    compiled = [r.getMessage()[:120] for r in caplog.records if "Compiling" in r.getMessage()]
+    assert not compiled, compiled
+    assert proxy.info["svi_steps"] == 500 and proxy.info["guide"] is kernel.proxy.info["guide"]
+    mean, sd = linreg_exact(X2, y2)
+    assert np.all(np.abs((np.asarray(proxy.centre) - mean) / sd) < 5.0)

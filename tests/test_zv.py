@@ -1,4 +1,5 @@
-"""ZV post-processing control variates (paper 002 Sect. 4, Eq. 13-14, Algorithm 2).
+"""ZV post-processing control variates (Baker, Fearnhead, Fox and Nemeth 2019, Sect. 4,
+Eq. 13-14, Algorithm 2).
 
 Known answers: the conjugate linear regression (exact posterior mean and sd); on the
 hierarchical logistic regression (non-Gaussian in the scale τ) the comparison is between
@@ -16,7 +17,8 @@ from models import linreg_data, linreg_exact, linreg_model, logistic_data, logis
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD, to_arviz, zv_fit, zv_mean, zv_summary
-from numpyro_subsample.estimators.base import configure_estimator
+from numpyro_subsample.core.potential import ModelData
+from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.post.zv import unconstrained_draws
 
 CHAINS = 10  # the "10 seeds": one chain per PRNG key, vectorised so it compiles once
@@ -98,13 +100,15 @@ def test_theorem2_cv_gradients_reduce_more_than_uniform(linreg):
     mcmc, mean, sd = linreg
     idata = to_arviz(mcmc)
     pot = mcmc.sampler.potential
+    data = ModelData.from_args(mcmc._args, mcmc._kwargs)
     theta = jnp.asarray(unconstrained_draws(mcmc))
     assert pot.num_data / pot.plate.subsample_size >= 50
     keys = jax.random.split(jax.random.PRNGKey(3), theta.shape[:2])
     vr = {}
     for name in ("uniform", "cv"):
-        est = configure_estimator(name, pot, mcmc.sampler.proxy)
-        g = jax.jit(jax.vmap(jax.vmap(est.estimate)))(keys, theta)[0]
+        est = configure_estimator(name, pot, data, mcmc.sampler.proxy)
+        one = jax.vmap(est.estimate, in_axes=(None, 0, 0, None))
+        g = jax.jit(jax.vmap(one, in_axes=(None, 0, 0, None)))(est.params, keys, theta, data)[0]
         res = zv_fit(_with_grads(idata, -g), degree=1)
         vr[name] = res.variance_reduction["first"]["beta"]
         # either way ZV stays unbiased (E[ŝ | θ] = ∇ log π): within 5 MCSE of the exact mean

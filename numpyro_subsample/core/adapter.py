@@ -108,7 +108,7 @@ class SubsampleKernel(MCMCKernel):
     def preprocessed(self):
         if self._pre is None:
             raise RuntimeError(
-                "Run MCMC (or call kernel.preprocess(*model_args)) before reading the "
+                "Run MCMC (or call kernel.preprocess(model_args, model_kwargs)) before reading the "
                 "preprocessing."
             )
         return self._pre

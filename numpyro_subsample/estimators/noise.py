@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from numpyro_subsample.core.potential import ModelData
@@ -23,15 +24,13 @@ def _noise_covs(estimate, params, centre, tril, key, data, spread, num_points, n
     d = centre.shape[0]
     k_pts, k_draws = jax.random.split(key)
     ws = spread * jax.random.normal(k_pts, (num_points, d), centre.dtype)
-
-    def noise_cov(w, k):
-        theta = centre + tril @ w
-        keys = jax.random.split(k, num_draws)
-        gs = jax.vmap(lambda kk: estimate(params, kk, theta, data)[0])(keys) @ tril
-        gs = gs - gs.mean(0)
-        return gs.T @ gs / (num_draws - 1)
-
-    return jax.vmap(noise_cov)(ws, jax.random.split(k_draws, num_points))
+    keys = jax.random.split(k_draws, num_points * num_draws)
+    thetas = jnp.repeat(centre + ws @ tril.T, num_draws, axis=0)
+    # a loop over the evaluations (lax.map), not a batch: it compiles in about half the time
+    gs = jax.lax.map(lambda a: estimate(params, a[0], a[1], data)[0], (keys, thetas)) @ tril
+    gs = gs.reshape(num_points, num_draws, d)
+    gs = gs - gs.mean(1, keepdims=True)
+    return jnp.einsum("pki,pkj->pij", gs, gs) / (num_draws - 1)
 
 
 def measure_whitened_noise(

@@ -1,12 +1,16 @@
 """Every estimator configuration by name: ``{name: builder}``.
 
 A builder has the signature ``builder(potential, data, proxy, *, subsample_size, replace,
-rng_key, chunk_size, **options) -> GradientEstimator``; :func:`configure_estimator` looks the
-name up, checks the options, and wraps the result in the adaptive subsample size on request.
+rng_key, chunk_size, **options) -> GradientEstimator``, its options as keyword-only arguments
+with defaults. :func:`configure_estimator` looks the name up, checks the options against the
+builder's signature (before any data pass), and with ``adaptive=True`` wraps a ``"cv"`` or
+``"cv-preferential"`` estimator in the adaptive subsample size
+(:mod:`numpyro_subsample.estimators.adaptive`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -14,24 +18,42 @@ import jax
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.estimators.adaptive import AdaptiveOptions, adaptive_options, adaptive_size
 from numpyro_subsample.estimators.base import (
     GradientEstimator,
     control_variate_from_proxy,
     make_estimator,
 )
+from numpyro_subsample.estimators.preferential import build_cv_preferential, build_preferential
 from numpyro_subsample.estimators.selection import uniform_design
+from numpyro_subsample.estimators.stratified import build_cv_stratified, build_stratified
 
-__all__ = ["ESTIMATORS", "NEEDS_PROXY", "configure_estimator", "register_estimator"]
+__all__ = [
+    "ESTIMATORS",
+    "NEEDS_PROXY",
+    "configure_estimator",
+    "estimator_options",
+    "register_estimator",
+]
+
+_COMMON = ("subsample_size", "replace", "rng_key", "chunk_size")
 
 
-def _build_uniform(potential, data, proxy, *, subsample_size, replace, rng_key, chunk_size):
+def _build_uniform(potential, data, proxy, *, subsample_size, replace=True, rng_key=None,
+                   chunk_size=DEFAULT_CHUNK):
     """Welling and Teh (2011): uniform subsample, weights N/n, no control variate."""
     design = uniform_design(potential.num_data, subsample_size, replace, potential.init_theta.dtype)
     return make_estimator(potential, design, name="uniform")
 
 
-def _build_cv(potential, data, proxy, *, subsample_size, replace, rng_key, chunk_size):
+def _build_cv(potential, data, proxy, *, subsample_size, replace=True, rng_key=None,
+              chunk_size=DEFAULT_CHUNK):
     """SGLD-CV (Baker et al. 2019, Eq. 4): uniform subsample, Taylor control variate at θ̂."""
+    if proxy is None:
+        raise ValueError(
+            "estimator='cv' needs a proxy (its centre θ̂ and ∇f_i(θ̂)); pass proxy='laplace' "
+            "or a Proxy."
+        )
     design = uniform_design(potential.num_data, subsample_size, replace, potential.init_theta.dtype)
     return make_estimator(potential, design, control_variate_from_proxy(proxy), name="cv")
 
@@ -39,17 +61,50 @@ def _build_cv(potential, data, proxy, *, subsample_size, replace, rng_key, chunk
 ESTIMATORS: dict[str, Callable[..., GradientEstimator]] = {
     "uniform": _build_uniform,
     "cv": _build_cv,
+    "preferential": build_preferential,
+    "cv-preferential": build_cv_preferential,
+    "stratified": build_stratified,
+    "cv-stratified": build_cv_stratified,
 }
-#: names whose builder reads the proxy (centre, covariance or ∇f_i(θ̂))
-NEEDS_PROXY: set[str] = {"cv"}
+#: names whose builder reads the proxy by default (centre, covariance or ∇f_i(θ̂)); a kernel
+#: fits one for them even without preconditioning. Builders check their own needs.
+NEEDS_PROXY: set[str] = {"cv", "preferential", "cv-preferential", "stratified", "cv-stratified"}
 
 
 def register_estimator(name: str, builder: Callable[..., GradientEstimator], *,
                        needs_proxy: bool) -> None:
-    """Add a named configuration (used by the estimator modules and by users)."""
+    """Add a named configuration (a builder with the signature of the module docstring)."""
     ESTIMATORS[name] = builder
     if needs_proxy:
         NEEDS_PROXY.add(name)
+    else:
+        NEEDS_PROXY.discard(name)
+
+
+def estimator_options(name: str) -> tuple[str, ...] | None:
+    """The options of a named configuration (its builder's keyword-only arguments beyond the
+    common ones), or None if the builder takes arbitrary ``**options``."""
+    params = inspect.signature(ESTIMATORS[name]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _COMMON)
+
+
+def _check_options(name: str, options: dict, adaptive: bool) -> dict:
+    """Split ``options`` into the builder's and the adaptive wrapper's; raise on unknown ones."""
+    valid = estimator_options(name)
+    if valid is None:
+        return dict(options)
+    extra = AdaptiveOptions._fields if adaptive else ()
+    unknown = sorted(set(options) - set(valid) - set(extra))
+    if unknown:
+        hint = "" if adaptive or name not in ("cv", "cv-preferential") else (
+            "; with adaptive=True also " + ", ".join(AdaptiveOptions._fields))
+        raise ValueError(
+            f"Unknown option(s) {unknown} for estimator {name!r}; valid options: "
+            f"{list(valid) + list(extra) or 'none'}{hint}."
+        )
+    return {k: v for k, v in options.items() if k in valid}
 
 
 def configure_estimator(
@@ -62,24 +117,38 @@ def configure_estimator(
     replace: bool = True,
     rng_key: jax.Array | None = None,
     chunk_size: int = DEFAULT_CHUNK,
+    adaptive: bool = False,
     **options: Any,
 ) -> GradientEstimator:
     """Build the named estimator configuration on ``data``.
 
-    ``options`` go to the builder (see the module of each estimator); unknown names and
-    options raise ``ValueError`` listing the valid ones.
+    Parameters
+    ----------
+    name
+        A key of :data:`ESTIMATORS`.
+    subsample_size
+        n (default: the plate's ``subsample_size``; with ``adaptive=True``, n_max).
+    adaptive
+        Choose n per step (Putcha et al. 2023, Algorithm 2); ``"cv"`` and
+        ``"cv-preferential"`` only. Its options
+        (:class:`~numpyro_subsample.estimators.adaptive.AdaptiveOptions`) go in ``options``.
+    **options
+        The builder's options (see the module of each estimator); unknown names raise
+        ``ValueError`` listing the valid ones.
     """
     if name not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}.")
-    if name in NEEDS_PROXY and proxy is None:
-        raise ValueError(f"estimator={name!r} needs a proxy (its centre θ̂ and ∇f_i(θ̂)).")
+    builder_opts = _check_options(name, options, bool(adaptive))
     n = int(subsample_size or potential.plate.subsample_size)
+    ada = None
+    if adaptive:
+        rest = {k: v for k, v in options.items() if k not in builder_opts}
+        ada = adaptive_options(name, potential, n, builder_opts, **rest)
+        n = ada.n_max
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-    builder = ESTIMATORS[name]
-    try:
-        return builder(potential, data, proxy, subsample_size=n, replace=replace,
-                       rng_key=key, chunk_size=chunk_size, **options)
-    except TypeError as err:
-        if "unexpected keyword argument" not in str(err):
-            raise
-        raise ValueError(f"Unknown option(s) {sorted(options)} for estimator {name!r}: {err}") from err
+    est = ESTIMATORS[name](potential, data, proxy, subsample_size=n, replace=replace,
+                           rng_key=key, chunk_size=chunk_size, **builder_opts)
+    if ada is None:
+        return est
+    return adaptive_size(est, potential, data, proxy, ada, replace=replace, rng_key=key,
+                         chunk_size=chunk_size)

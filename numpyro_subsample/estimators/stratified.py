@@ -1,66 +1,75 @@
-"""Stratified (clustering-based) subsampling: CP-SGMCMC of paper 001 (Fu & Zhang).
+"""Stratified (clustering-based) subsampling: CP-SGMCMC of Fu and Zhang (2023).
 
 The N data are partitioned once, in preprocessing, into k strata C_1..C_k by k-means. Each step
 draws b_j indices without replacement from stratum j, independently over strata, and the
-gradient estimate is paper 001 Eq. (10),
+gradient estimate is Fu and Zhang (2023, Eq. 10),
 
     ĝ(θ) = ∇f0(θ) + Σ_j (n_j / b_j) Σ_{i∈B_j} ∇f_i(θ),
 
-i.e. a :class:`~numpyro_subsample.selection.SamplingDesign` with weight n_j/b_j on the slots of
-stratum j, plugged into the package's single estimator formula
-(:func:`~numpyro_subsample.estimators.weighted_gradient`). It is unbiased for any partition
-(paper 001 Lemma 3.3). The batch sizes follow Theorem 3.2, Eq. (14): b_j ∝ n_j·sqrt(v_j), v_j
+i.e. a :class:`~numpyro_subsample.estimators.selection.SamplingDesign` with weight n_j/b_j on
+the slots of stratum j, plugged into the package's single estimator formula
+(:func:`~numpyro_subsample.estimators.base.weighted_gradient`). It is unbiased for any
+partition (Lemma 3.3). The batch sizes follow Theorem 3.2, Eq. (14): b_j ∝ n_j·sqrt(v_j), v_j
 the mean squared distance of stratum j's features to their centroid (Neyman allocation).
 
-``"cv-stratified"`` (not in the paper) applies the same design to the control-variate
-residuals ∇f_i(θ) − ∇f_i(θ̂) of paper 002 Eq. (4).
+``"cv-stratified"`` applies the same design to the control-variate residuals
+∇f_i(θ) − ∇f_i(θ̂) of Baker, Fearnhead, Fox and Nemeth (2019, Eq. 4).
 
 What is clustered (option ``features``):
 
-- ``"stratified"`` default: the whitened per-datum gradients Lᵀ∇f_i(θ̂) at the proxy centre
-  (``proxy.datum_grads``), the quantity whose within-stratum spread the variance of Eq. (10)
-  (Lemma 3.4) is made of, measured in the sampler's whitened coordinates; model agnostic.
+- ``"stratified"`` default: the whitened per-datum gradients Lᵀ∇f_i(θ̂) at the proxy centre,
+  the quantity whose within-stratum spread makes the variance of Eq. (10) (Lemma 3.4), in the
+  sampler's whitened coordinates; model agnostic.
 - ``"cv-stratified"`` default: the whitened residuals Lᵀ[∇f_i(θ̂ + L u_m) − ∇f_i(θ̂)] at
-  ``num_probes`` (default 2) points u_m ~ N(0, I) of the proxy, concatenated; these are the
-  terms whose spread the cv-stratified variance is made of (one data pass per probe).
+  ``num_probes`` (default 2) points u_m ~ N(0, I), concatenated (one data pass per probe).
 - a user array of shape (N, p), e.g. the covariates x_i as in the paper.
 
-k-means implementation (measured, 2-core CPU, N = 10^6, k = 10, 5 Lloyd iterations from
-k-means++ seeding): scikit-learn ``KMeans(n_init=1)`` 0.8 s (d = 5) / 1.3-2.3 s (d = 20);
-a jitted JAX Lloyd with k-means++ seeding 0.7 s / 1.1 s once compiled but 4.6 s cold (compile
-for each new data shape, and k-means runs once per data set, so cold is what users pay);
-``MiniBatchKMeans`` 4-6 s. scikit-learn's ``KMeans`` is therefore used (the field's library,
-multithreaded Lloyd, and no compile). Early termination (paper 001 Sect. 4.1): ``max_iter =
-kmeans_iters`` (default 5) Lloyd iterations.
+k-means is scikit-learn's ``KMeans`` (k-means++ seeding, one initialisation) stopped after
+``kmeans_iters`` Lloyd iterations (early termination, Fu and Zhang 2023, Sect. 4.1): it runs
+once per data set and compiles nothing.
+
+The batch sizes b_j are static (they fix the shapes of the draw); the compiled draw is cached
+by them, while the strata themselves (index order, sizes, weights) are the design's arrays.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.estimators.base import GradientEstimator, control_variate_from_proxy, make_estimator
-from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, datum_values_and_grads
+from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.estimators.base import (
+    GradientEstimator,
+    control_variate_from_proxy,
+    make_estimator,
+)
 from numpyro_subsample.estimators.selection import SamplingDesign
 
 __all__ = [
     "Strata",
+    "StratifiedParams",
     "kmeans_labels",
     "allocate_batch_sizes",
     "make_strata",
     "stratified_design",
     "stratified_features",
-    "configure_stratified",
+    "build_stratified",
+    "build_cv_stratified",
     "strata_of",
 ]
 
+DRAW_METHODS = ("auto", "loop", "sort")
+
 
 class Strata(NamedTuple):
-    """A partition of the plate indices and the per-stratum batch sizes.
+    """A partition of the plate indices and the per-stratum batch sizes (host arrays).
 
     ``order``: plate indices sorted by stratum; stratum j occupies
     ``order[starts[j] : starts[j] + sizes[j]]``. ``batch_sizes`` b_j (sum n), ``spreads`` v_j
@@ -76,6 +85,16 @@ class Strata(NamedTuple):
     spreads: np.ndarray
     seconds: float
     inertia: float
+
+
+class StratifiedParams(NamedTuple):
+    """The arrays of a stratified design: ``order`` (N,), ``starts`` and ``sizes`` (k,), and
+    the weight n_j / b_j of every slot (n,)."""
+
+    order: jax.Array
+    starts: jax.Array
+    sizes: jax.Array
+    weights: jax.Array
 
 
 def kmeans_labels(
@@ -97,13 +116,13 @@ def kmeans_labels(
 
 
 def allocate_batch_sizes(sizes: np.ndarray, spreads: np.ndarray, n: int) -> np.ndarray:
-    """Integer b_j ≈ n·n_j√v_j / Σ n_l√v_l (paper 001 Eq. 14) with Σ b_j = n, 1 ≤ b_j ≤ n_j.
+    """Integer b_j ≈ n·n_j√v_j / Σ n_l√v_l (Fu and Zhang 2023, Eq. 14), Σ b_j = n, 1 ≤ b_j ≤ n_j.
 
-    Rounding: first the continuous allocation with the bounds, t_j = clip(c·n_j√v_j, 1, n_j),
-    with c found by bisection so that Σ t_j = n (the bounded optimum of Eq. 13, "water
-    filling"); then b_j = ⌊t_j⌋ and the remaining units go, one each, to the strata with the
-    largest fractional parts t_j − ⌊t_j⌋ that are below n_j (largest-remainder rounding).
-    If every v_j is 0 the allocation is proportional (b_j ∝ n_j).
+    First the continuous allocation with the bounds, t_j = clip(c·n_j√v_j, 1, n_j), with c
+    found by bisection so that Σ t_j = n (the bounded optimum of Eq. 13, "water filling");
+    then b_j = ⌊t_j⌋ and the remaining units go, one each, to the strata with the largest
+    fractional parts that are below n_j (largest-remainder rounding). If every v_j is 0 the
+    allocation is proportional (b_j ∝ n_j).
     """
     sizes = np.asarray(sizes, np.int64)
     k = sizes.shape[0]
@@ -129,8 +148,7 @@ def allocate_batch_sizes(sizes: np.ndarray, spreads: np.ndarray, n: int) -> np.n
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if total(mid) < n else (lo, mid)
     t = np.clip(hi * a, 1, sizes)
-    b = np.floor(t).astype(np.int64)
-    b = np.clip(b, 1, sizes)
+    b = np.clip(np.floor(t).astype(np.int64), 1, sizes)
     frac = t - np.floor(t)
     while b.sum() > n:  # bisection overshoot by rounding: take from the smallest fractions
         j = np.argmin(np.where(b > 1, frac, np.inf))
@@ -169,15 +187,13 @@ def make_strata(
         labels, secs, inertia = kmeans_labels(
             features, num_strata, kmeans_iters=kmeans_iters, seed=seed
         )
-    # drop empty clusters, relabel 0..k-1
-    _, labels = np.unique(labels, return_inverse=True)
+    _, labels = np.unique(labels, return_inverse=True)  # drop empty clusters, relabel 0..k-1
     k = int(labels.max()) + 1
     sizes = np.bincount(labels, minlength=k)
     f64 = features.astype(np.float64)
     sums = np.zeros((k, f64.shape[1]))
     np.add.at(sums, labels, f64)
-    cents = sums / sizes[:, None]
-    sq = np.sum((f64 - cents[labels]) ** 2, axis=1)
+    sq = np.sum((f64 - (sums / sizes[:, None])[labels]) ** 2, axis=1)
     spreads = np.bincount(labels, weights=sq, minlength=k) / sizes  # v_j of Eq. (14)
     batch = allocate_batch_sizes(sizes, spreads, int(subsample_size))
     order = np.argsort(labels, kind="stable")
@@ -185,18 +201,19 @@ def make_strata(
     return Strata(labels, order, starts, sizes, batch, spreads, secs, inertia)
 
 
-def _floyd_loop(key, b, sizes, starts):
-    """Floyd's algorithm (Bentley & Floyd, CACM 1987), exact simple random sampling without
+# -- the within-stratum draws -------------------------------------------------------------------
+def _floyd_loop(key, b: np.ndarray, sizes, starts):
+    """Floyd's algorithm (Bentley and Floyd 1987), exact simple random sampling without
     replacement of b_j from n_j: for s = 0..b_j−1 with m = n_j − b_j + s, draw t ~ U{0..m};
-    take t unless it is already chosen, else take m (which cannot be chosen yet). Every
-    b_j-subset has probability 1/C(n_j, b_j) (induction on s). All strata run together in one
-    ``lax.fori_loop`` of static length b_max = max_j b_j (strata with smaller b_j ignore the
-    extra slots); the t are drawn up front in one vectorised call; the membership test compares
-    t with the ≤ b_max values already chosen in its stratum. O(k·b_max²) vector work in b_max
-    loop iterations: fast when the allocation is balanced.
+    take t unless it is already chosen, else take m (which cannot be chosen yet). All strata
+    run together in one ``lax.fori_loop`` of static length b_max = max_j b_j (strata with
+    smaller b_j ignore the extra slots); the membership test compares t with the ≤ b_max values
+    already chosen in its stratum. O(k·b_max²) vector work in b_max iterations.
     """
     k, b_max = b.shape[0], int(b.max())
-    top = jnp.asarray(sizes - b, jnp.int32)[:, None] + jnp.arange(b_max, dtype=jnp.int32)
+    top = (jnp.asarray(sizes, jnp.int32) - jnp.asarray(b, jnp.int32))[:, None] + jnp.arange(
+        b_max, dtype=jnp.int32
+    )
     flat = np.flatnonzero((np.arange(b_max)[None, :] < b[:, None]).ravel())
     base = jnp.asarray(starts, jnp.int32)[:, None]
     t = jax.random.randint(key, (k, b_max), 0, top + 1)
@@ -210,31 +227,29 @@ def _floyd_loop(key, b, sizes, starts):
     return (base + chosen).reshape(-1)[flat]
 
 
-def _floyd_sorted(key, b, sizes, starts):
+def _floyd_sorted(key, b: np.ndarray, sizes, starts):
     """The law of Floyd's algorithm without its loop: O(n log n) for n = Σ b_j, two sorts.
 
-    Write m_0 = n_j − b_j ("low" values 0..m_0−1, "high" values m_0..n_j−1, b_j of them). In
-    Floyd's algorithm a low value can only enter the sample as an accepted draw t, and a low t
-    is in the sample after its step whether or not it was accepted; so the low part of the
-    sample is exactly the set of distinct low values among the independent draws
-    t_s ~ U{0..m_0+s}. The sample being a uniform b_j-subset, its high part given its low part
-    (of size b_j − r) is a uniform r-subset of the b_j high values. Hence: draw all t_s at
-    once, keep the first occurrence of every distinct low value (one sort of the n global
-    positions; strata occupy disjoint ordered ranges, so the sort keeps each stratum's slots
-    in its block), and fill the remaining r_j slots with the first r_j entries of a uniform
-    permutation of stratum j's high values (one sort by (stratum, 64-bit random key); a tie of
-    two 64-bit keys, probability < b_j²·2⁻⁶⁵, is the only departure from the exact law).
-    Cost independent of how unequal the b_j are: used when b_max is large.
+    With m_0 = n_j − b_j ("low" values 0..m_0−1, "high" values m_0..n_j−1): in Floyd's
+    algorithm a low value enters the sample only as an accepted draw t, and a low t is in the
+    sample after its step whether or not it was accepted; so the low part of the sample is the
+    set of distinct low values among independent draws t_s ~ U{0..m_0+s}. The sample being a
+    uniform b_j-subset, its high part given its low part (size b_j − r) is a uniform r-subset
+    of the b_j high values. Hence: draw all t_s at once, keep the first occurrence of every
+    distinct low value (one sort of the n global positions), and fill the remaining r_j slots
+    with the first r_j entries of a uniform permutation of stratum j's high values (one sort
+    by (stratum, 64-bit random key); a tie of two keys, probability < b_j²·2⁻⁶⁵, is the only
+    departure from the exact law).
     """
     k, n = b.shape[0], int(b.sum())
     slot = np.repeat(np.arange(k), b)
     first = np.concatenate([[0], np.cumsum(b)[:-1]])
     offset = np.arange(n) - first[slot]
-    start_s = jnp.asarray(starts[slot], jnp.int32)
-    low_s = jnp.asarray((sizes - b)[slot], jnp.int32)
+    start_s = jnp.asarray(starts, jnp.int32)[slot]
+    low_s = (jnp.asarray(sizes, jnp.int32) - jnp.asarray(b, jnp.int32))[slot]
     first_s = jnp.asarray(first[slot], jnp.int32)
     k_t, k_perm = jax.random.split(key)
-    t = jax.random.randint(k_t, (n,), 0, jnp.asarray((sizes - b)[slot] + offset + 1, jnp.int32))
+    t = jax.random.randint(k_t, (n,), 0, low_s + jnp.asarray(offset, jnp.int32) + 1)
     pos = jnp.sort(start_s + t)
     prev = jnp.concatenate([jnp.full((1,), -1, pos.dtype), pos[:-1]])
     keep = (pos - start_s < low_s) & (pos != prev)
@@ -249,124 +264,112 @@ def _floyd_sorted(key, b, sizes, starts):
     return jnp.where(keep, pos, start_s + low_s + perm[first_s + rank])
 
 
-def _draw_positions(key, b, sizes, starts, method="auto"):
-    """Positions in the stratum-sorted index array ``order`` (CSR layout: stratum j owns
-    ``order[starts[j] : starts[j] + n_j]``): a uniform b_j-subset of stratum j's range for
-    every j, independently over strata, as a flat (Σ b_j,) array, stratum by stratum.
+def _resolve_method(b: np.ndarray, method: str) -> str:
+    """``"auto"``: the loop when its cost model b_max·(1 + 5e-4·k·b_max) is below the sort's
+    0.08·n·log₂ n (both in µs on a CPU), else the sort."""
+    if method not in DRAW_METHODS:
+        raise ValueError(f"draw_method must be one of {DRAW_METHODS}, got {method!r}.")
+    if method != "auto":
+        return method
+    k, b_max, n = b.shape[0], int(b.max()), int(b.sum())
+    loop = b_max * (1.0 + 5e-4 * k * b_max)
+    return "loop" if loop <= 0.08 * n * np.log2(max(n, 2)) else "sort"
 
-    Exact simple random sampling without replacement by Floyd's algorithm, either as a loop
-    (:func:`_floyd_loop`, O(k·b_max²) work in b_max iterations) or in its loop-free form
-    (:func:`_floyd_sorted`, two sorts of n = Σ b_j). Both are branch-free with a fixed cost
-    under jit and vmap and independent of N (no O(N) permutation, no redraw rounds).
-    ``method="auto"`` picks the cheaper by a cost model fitted on a 2-core CPU (loop ≈
-    b_max·(1 + 5e-4·k·b_max) µs, sort ≈ 0.08·n·log₂ n µs). Written by hand because
-    :func:`~numpyro_subsample.selection.sample_without_replacement` draws from one population
-    with a data-dependent number of redraw rounds; here each stratum is its own population.
+
+def _draw_positions(key, b, sizes, starts, method: str = "auto"):
+    """Positions in the stratum-sorted index array (stratum j owns positions
+    ``starts[j] : starts[j] + sizes[j]``): a uniform b_j-subset of stratum j's range for every
+    j, independently over strata, as a flat (Σ b_j,) array, stratum by stratum.
+
+    ``b`` is static (host integers); ``sizes`` and ``starts`` may be traced. Exact simple
+    random sampling without replacement by Floyd's algorithm, as a loop (:func:`_floyd_loop`)
+    or loop-free (:func:`_floyd_sorted`); both have a fixed cost under jit and vmap,
+    independent of N (no O(N) permutation, no redraw rounds).
     """
     b = np.asarray(b, np.int64)
-    sizes = np.asarray(sizes, np.int64)
-    starts = np.asarray(starts, np.int64)
-    if method == "auto":
-        k, b_max, n = b.shape[0], int(b.max()), int(b.sum())
-        loop = b_max * (1.0 + 5e-4 * k * b_max)
-        method = "loop" if loop <= 0.08 * n * np.log2(max(n, 2)) else "sort"
-    if method == "loop":
+    if _resolve_method(b, method) == "loop":
         return _floyd_loop(key, b, sizes, starts)
-    if method == "sort":
-        return _floyd_sorted(key, b, sizes, starts)
-    raise ValueError(f"draw method must be 'auto', 'loop' or 'sort', got {method!r}.")
+    return _floyd_sorted(key, b, sizes, starts)
+
+
+@lru_cache(maxsize=256)
+def _stratified_draw(batch_sizes: tuple[int, ...], method: str) -> Callable:
+    b = np.asarray(batch_sizes, np.int64)
+
+    def draw(params: StratifiedParams, key: jax.Array):
+        pos = _draw_positions(key, b, params.sizes, params.starts, method)
+        return params.order[pos], params.weights
+
+    return draw
 
 
 def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> SamplingDesign:
-    """The design of paper 001 Eq. (10): b_j draws without replacement from stratum j,
-    weights n_j / b_j. All strata in one vectorised draw of static size n = Σ b_j
-    (``draw_method``: see :func:`_draw_positions`)."""
+    """The design of Fu and Zhang (2023, Eq. 10): b_j draws without replacement from stratum j,
+    weights n_j / b_j; all strata in one draw of static size n = Σ b_j (``draw_method``:
+    ``"auto"``, ``"loop"`` or ``"sort"``, see :func:`_draw_positions`)."""
     dtype = dtype or jnp.result_type(float)
     b = np.asarray(strata.batch_sizes, np.int64)
     sizes = np.asarray(strata.sizes, np.int64)
-    starts = np.asarray(strata.starts, np.int64)
+    method = _resolve_method(b, draw_method)
     slot_stratum = np.repeat(np.arange(b.shape[0]), b)
-    weights = jnp.asarray((sizes / b)[slot_stratum], dtype)
-    order = jnp.asarray(strata.order, jnp.int32)
-
-    def draw(key):
-        pos = _draw_positions(key, b, sizes, starts, draw_method)
-        return order[pos], weights
-
-    draw.strata = strata  # read by strata_of()
-    return SamplingDesign(draw, int(b.sum()), int(sizes.sum()))
+    params = StratifiedParams(
+        jnp.asarray(strata.order, jnp.int32),
+        jnp.asarray(strata.starts, jnp.int32),
+        jnp.asarray(sizes, jnp.int32),
+        jnp.asarray((sizes / b)[slot_stratum], dtype),
+    )
+    draw = _stratified_draw(tuple(int(x) for x in b), method)
+    return SamplingDesign(draw, int(b.sum()), int(sizes.sum()), params)
 
 
 def strata_of(obj: Any) -> Strata | None:
-    """The :class:`Strata` behind a stratified design or estimator (or a kernel's), else None."""
-    if hasattr(obj, "preprocessed"):
-        obj = obj.preprocessed.estimator
-    if isinstance(obj, GradientEstimator):
-        obj = obj.design
-    return getattr(getattr(obj, "draw", None), "strata", None)
+    """The :class:`Strata` of a stratified estimator, or of a kernel's estimator; else None."""
+    if not isinstance(obj, GradientEstimator):
+        obj = getattr(getattr(obj, "preprocessed", None), "estimator", None)
+    if not isinstance(obj, GradientEstimator) or not obj.info:
+        return None
+    return obj.info.get("strata")
 
 
+# -- features and builders --------------------------------------------------------------------
 def stratified_features(
     name: str,
     potential: Potential,
+    data: ModelData,
     proxy,
     *,
     num_probes: int = 2,
     seed: int = 0,
-    chunk_size: int = 2048,
-) -> np.ndarray:
-    """Default features to cluster (module docstring), as a float32 (N, p) array."""
-    from numpyro_subsample.core.datapass import datum_values_and_grads
-
+    chunk_size: int = DEFAULT_CHUNK,
+) -> tuple[np.ndarray, float]:
+    """Default features to cluster (module docstring) as a float32 (N, p) array, and the data
+    passes they cost."""
     if proxy is None:
         raise ValueError(
             f"estimator={name!r} clusters the per-datum gradients at a proxy centre by default: "
             "use a proxy (e.g. proxy='laplace'), or pass features=<(N, p) array>."
         )
     tril = proxy.scale_tril
-    grads_at = jax.jit(lambda t: datum_values_and_grads(potential, t, chunk_size)[1])
+    passes = 0.0
     centre_grads = proxy.datum_grads
     if centre_grads is None:
-        centre_grads = grads_at(proxy.centre)
+        centre_grads = datum_values_and_grads(potential, proxy.centre, data, chunk_size)[1]
+        passes += 1.0
     if name == "stratified":
-        return np.asarray(centre_grads @ tril, np.float32)
+        return np.asarray(centre_grads @ tril, np.float32), passes
     probes = jax.random.normal(jax.random.PRNGKey(seed), (num_probes, proxy.centre.shape[0]))
-    feats = [
-        np.asarray((grads_at(proxy.centre + tril @ u.astype(tril.dtype)) - centre_grads) @ tril,
-                   np.float32)
-        for u in probes
-    ]
-    return np.concatenate(feats, axis=1)
+    feats = []
+    for u in probes:
+        theta = proxy.centre + tril @ u.astype(tril.dtype)
+        grads = datum_values_and_grads(potential, theta, data, chunk_size)[1]
+        feats.append(np.asarray((grads - centre_grads) @ tril, np.float32))
+    return np.concatenate(feats, axis=1), passes + num_probes
 
 
-def configure_stratified(
-    name: str,
-    potential: Potential,
-    proxy,
-    n: int,
-    replace: bool = True,
-    *,
-    num_strata: int = 10,
-    features: Any = None,
-    kmeans_iters: int = 5,
-    num_probes: int = 2,
-    strata_seed: int = 0,
-) -> GradientEstimator:
-    """``"stratified"`` (paper 001 Eq. 10, 14) or ``"cv-stratified"`` (Eq. 10 on the residuals
-    of the Taylor control variate, paper 002 Eq. 4).
-
-    Options (kernel keyword arguments): ``num_strata`` k (default 10, as in the paper);
-    ``features`` an (N, p) array to cluster instead of the default (module docstring);
-    ``kmeans_iters`` Lloyd iterations (early termination, default 5); ``num_probes`` proxy
-    draws for the cv-stratified default features; ``strata_seed``.
-
-    Draws are always without replacement within a stratum (the paper's design; it is never
-    worse than with replacement and costs the same), so ``replace`` does not apply here.
-    """
-    del replace
+def _build(name, potential, data, proxy, n, chunk_size, num_strata, features, kmeans_iters,
+           num_probes, strata_seed, draw_method) -> GradientEstimator:
+    t0 = time.perf_counter()
     N = potential.num_data
-    if name not in ("stratified", "cv-stratified"):
-        raise ValueError(f"configure_stratified got estimator {name!r}.")
     if not isinstance(num_strata, (int, np.integer)) or num_strata < 1:
         raise ValueError(f"num_strata must be a positive integer, got {num_strata!r}.")
     if num_strata > n:
@@ -374,11 +377,20 @@ def configure_stratified(
             f"num_strata={num_strata} exceeds the subsample size {n}: each stratum needs at "
             "least one draw per step. Lower num_strata or raise the plate's subsample_size."
         )
+    if draw_method not in DRAW_METHODS:
+        raise ValueError(f"draw_method must be one of {DRAW_METHODS}, got {draw_method!r}.")
+    if not isinstance(num_probes, (int, np.integer)) or num_probes < 1:
+        raise ValueError(f"num_probes must be a positive integer, got {num_probes!r}.")
+    if name == "cv-stratified" and proxy is None:
+        raise ValueError(f"estimator={name!r} needs a proxy (its centre θ̂ and ∇f_i(θ̂)).")
     if features is None:
-        feats = stratified_features(name, potential, proxy, num_probes=num_probes,
-                                    seed=strata_seed)
+        feats, passes = stratified_features(
+            name, potential, data, proxy, num_probes=num_probes, seed=strata_seed,
+            chunk_size=chunk_size,
+        )
+        kind = "gradients" if name == "stratified" else "cv-residuals"
     else:
-        feats = np.asarray(features)
+        feats, passes, kind = np.asarray(features), 0.0, "user"
         if feats.ndim == 1:
             feats = feats[:, None]
         if feats.ndim != 2 or feats.shape[0] != N:
@@ -387,10 +399,73 @@ def configure_stratified(
                 f"'{potential.plate.name}'), got {feats.shape}."
             )
     strata = make_strata(feats, int(num_strata), n, kmeans_iters=kmeans_iters, seed=strata_seed)
-    design = stratified_design(strata, potential.init_theta.dtype)
-    cv = None
-    if name == "cv-stratified":
-        if proxy is None:
-            raise ValueError(f"estimator={name!r} needs a proxy (its centre θ̂ and ∇f_i(θ̂)).")
-        cv = control_variate_from_proxy(proxy)
-    return make_estimator(potential, design, cv)
+    design = stratified_design(strata, potential.init_theta.dtype, draw_method)
+    cv = control_variate_from_proxy(proxy) if name == "cv-stratified" else None
+    info = {"strata": strata, "design": design, "features": kind, "data_passes": passes,
+            "seconds": time.perf_counter() - t0}
+    return make_estimator(potential, design, cv, name=name, data_passes=passes, info=info)
+
+
+def build_stratified(
+    potential: Potential,
+    data: ModelData,
+    proxy=None,
+    *,
+    subsample_size: int,
+    replace: bool = True,
+    rng_key: jax.Array | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    num_strata: int = 10,
+    features: Any = None,
+    kmeans_iters: int = 5,
+    num_probes: int = 2,
+    strata_seed: int = 0,
+    draw_method: str = "auto",
+) -> GradientEstimator:
+    """CP-SGMCMC's estimator (Fu and Zhang 2023, Eq. 10 with the allocation of Eq. 14).
+
+    Parameters
+    ----------
+    num_strata
+        k (default 10, as in the paper).
+    features
+        An (N, p) array to cluster instead of the default (module docstring).
+    kmeans_iters
+        Lloyd iterations (early termination, default 5).
+    num_probes
+        Proxy draws for the ``"cv-stratified"`` default features.
+    strata_seed
+        Seed of k-means and of the probes.
+    draw_method
+        ``"auto"``, ``"loop"`` or ``"sort"`` (the within-stratum draw).
+
+    Draws are always without replacement within a stratum (the paper's design; never worse
+    than with replacement, same cost), so ``replace`` does not apply. ``info["strata"]`` is the
+    :class:`Strata`; ``info["design"]`` the design.
+    """
+    del replace, rng_key
+    return _build("stratified", potential, data, proxy, int(subsample_size), chunk_size,
+                  num_strata, features, kmeans_iters, num_probes, strata_seed, draw_method)
+
+
+def build_cv_stratified(
+    potential: Potential,
+    data: ModelData,
+    proxy=None,
+    *,
+    subsample_size: int,
+    replace: bool = True,
+    rng_key: jax.Array | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    num_strata: int = 10,
+    features: Any = None,
+    kmeans_iters: int = 5,
+    num_probes: int = 2,
+    strata_seed: int = 0,
+    draw_method: str = "auto",
+) -> GradientEstimator:
+    """Fu and Zhang (2023, Eq. 10) on the residuals of the Taylor control variate (Baker et al.
+    2019, Eq. 4). Options as :func:`build_stratified`."""
+    del replace, rng_key
+    return _build("cv-stratified", potential, data, proxy, int(subsample_size), chunk_size,
+                  num_strata, features, kmeans_iters, num_probes, strata_seed, draw_method)
