@@ -5,13 +5,16 @@ N = 10^5 and 10^6, subsample m = 1000, 500 warm-up + 1000 draws, in one run:
 
 - ``numpyro.infer.HMCECS`` (NUTS inner kernel, ``taylor_proxy`` at an SVI/AutoDelta MAP,
   100 blocks), as run by ``numpyro-subsample compare``;
-- ``EnergyConservingHMC(proxy="taylor")`` (second order, Laplace mode, 10 blocks), with
-  uniform and with Hansen-Hurwitz (``selection="preferential"``) subsampling;
-- ``EnergyConservingHMC(proxy="hybrid")`` (second-order hybrid, preferential selection).
+- ``EnergyConservingHMC(proxy="laplace")`` (second-order Taylor likelihood proxy at the Laplace
+  mode, 10 blocks), with uniform and with Hansen-Hurwitz (``selection="preferential"``)
+  subsampling;
+- ``EnergyConservingHMC(proxy="variational")`` (second-order hybrid likelihood proxy,
+  preferential selection).
 
 Reference: full-data NUTS (500 + 1000 draws), cached on disk under
-``benchmarks/results/reference_cache`` by :func:`numpyro_subsample.cli.reference` (keyed by the
-data's content hash), so only the first run pays for it. Errors: max over the 21 coordinates of
+``benchmarks/results/reference_cache`` by :func:`numpyro_subsample.compare.runners.reference_run`
+(keyed by the data's content hash), so only the first run pays for it. Seconds exclude JAX
+compilation, which is reported apart. Errors: max over the 21 coordinates of
 |mean − ref mean| / ref sd and |sd / ref sd − 1|; with 1000 reference draws these carry
 Monte Carlo noise of ~0.05 themselves.
 
@@ -23,6 +26,7 @@ feature present in 30 data only, skewed coefficient posterior).
 
     python benchmarks/bench_ecs.py            # full
     python benchmarks/bench_ecs.py --quick    # N = 10^4 and 5·10^4, m = 500, short chains
+    python benchmarks/bench_ecs.py --smoke    # N = 2000, m = 100, tiny chains (a check only)
 
 Prints markdown tables on stdout (progress on stderr); ``--out FILE`` also writes them.
 """
@@ -33,17 +37,23 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from numpyro.infer import HMCECS, MCMC, NUTS
+from numpyro.infer import MCMC
 
-from numpyro_subsample import EnergyConservingHMC, build_potential, fit_laplace
-from numpyro_subsample.cli import Problem, Settings, reference
+from numpyro_subsample import EnergyConservingHMC
+from numpyro_subsample.compare.problems import Problem
+from numpyro_subsample.compare.runners import (
+    Settings,
+    fit_shared_proxy,
+    reference_run,
+    run_hmcecs,
+)
+from numpyro_subsample.compare.timing import CompileTimer, quiet
 from numpyro_subsample.datasets import (
     default_problem,
     logistic_regression_model,
@@ -58,14 +68,16 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def nuts_settings(warmup: int, samples: int) -> Settings:
+    return Settings(0, 0, warmup, samples, 0)
+
+
 def nuts_reference(problem: Problem, warmup: int, samples: int) -> tuple[np.ndarray, str]:
-    """Full-data NUTS draws of ``beta`` via the CLI's on-disk cache."""
-    settings = Settings(0, 0, warmup, samples, 0)
-    args = SimpleNamespace(cache_dir=str(CACHE), no_cache=False, seed=0)
+    """Full-data NUTS draws of ``beta`` via the comparison's on-disk cache."""
     t0 = time.perf_counter()
-    out, cached = reference(problem, settings, args, False)
+    out, cached = reference_run(problem, nuts_settings(warmup, samples), cache_dir=CACHE)
     note = ("cached" if cached else f"computed in {time.perf_counter() - t0:.0f} s")
-    return np.asarray(out["samples"]["beta"], np.float64), note
+    return np.asarray(out.samples["beta"], np.float64), note
 
 
 def errors(draws: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
@@ -75,51 +87,48 @@ def errors(draws: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(mean_err.max()), float(sd_err.max())
 
 
-def run_hmcecs(problem: Problem, warmup: int, samples: int, seed: int = 0) -> dict:
+def run_numpyro_hmcecs(problem: Problem, warmup: int, samples: int, seed: int = 0) -> dict:
     """numpyro.infer.HMCECS (NUTS, 100 blocks) with taylor_proxy at the Laplace mode (the same
-    full-data Newton mode EnergyConservingHMC(proxy="taylor") uses; its time is charged here)."""
-    t0 = time.perf_counter()
-    pot = build_potential(problem.model, problem.args(), problem.kwargs(), jax.random.PRNGKey(0))
-    proxy = fit_laplace(pot, jax.random.PRNGKey(0), store_datum_grads=False)
-    z_hat = pot.unravel(proxy.centre)
-    ref_params = {k: v for k, v in pot.constrain(z_hat).items() if k in z_hat}
-    pre_s = time.perf_counter() - t0
-    kernel = HMCECS(NUTS(problem.model), num_blocks=100, proxy=HMCECS.taylor_proxy(ref_params))
-    mcmc = MCMC(kernel, num_warmup=warmup, num_samples=samples, progress_bar=False)
-    t1 = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs())
-    beta = np.asarray(mcmc.get_samples()["beta"], np.float64)
-    return {"beta": beta, "pre_s": pre_s, "run_s": time.perf_counter() - t1}
+    full-data Newton mode EnergyConservingHMC(proxy="laplace") uses; its time is charged
+    here), as run by ``numpyro-subsample compare``."""
+    shared = fit_shared_proxy(problem, seed=seed)
+    out = run_hmcecs(problem, nuts_settings(warmup, samples), shared, seed=seed)
+    return {"beta": np.asarray(out.samples["beta"], np.float64), "pre_s": out.preprocessing_s,
+            "run_s": out.sampling_s, "compile_s": out.compile_s + shared.compile_s}
 
 
 def run_ecs(problem: Problem, warmup: int, samples: int, seed: int = 0, **kw) -> dict:
     kernel = EnergyConservingHMC(problem.model, num_blocks=10, progress_bar=False, seed=seed,
                                  **kw)
-    t0 = time.perf_counter()
-    pre = kernel.preprocess(problem.args(), problem.kwargs())
-    pre_s = time.perf_counter() - t0
     mcmc = MCMC(kernel, num_warmup=warmup, num_samples=samples, progress_bar=False)
-    t1 = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs(), extra_fields=FIELDS)
-    beta = np.asarray(mcmc.get_samples()["beta"], np.float64)
-    run_s = time.perf_counter() - t1
+    with quiet(), CompileTimer() as ct_pre:
+        t0 = time.perf_counter()
+        pre = kernel.preprocess(problem.args(), problem.kwargs())
+        pre_s = time.perf_counter() - t0 - ct_pre.seconds
+    with quiet(), CompileTimer() as ct:
+        t1 = time.perf_counter()
+        mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs(),
+                 extra_fields=FIELDS)
+        beta = np.asarray(mcmc.get_samples()["beta"], np.float64)
+        run_s = time.perf_counter() - t1 - ct.seconds
     ex = {k: np.asarray(v) for k, v in mcmc.get_extra_fields().items()}
     return {"kernel": kernel, "beta": beta, "pre_s": pre_s, "run_s": run_s, "extra": ex,
-            "passes": pre.data_passes}
+            "passes": pre.data_passes, "compile_s": ct_pre.seconds + ct.seconds}
 
 
 ECS_VARIANTS = {
-    "ECS taylor-2 uniform": dict(proxy="taylor", selection="uniform"),
-    "ECS taylor-2 preferential": dict(proxy="taylor", selection="preferential"),
-    "ECS hybrid-2 preferential": dict(proxy="hybrid", hybrid_order=2,
-                                       selection="preferential"),
+    "ECS taylor-2 uniform": dict(proxy="laplace", selection="uniform"),
+    "ECS taylor-2 preferential": dict(proxy="laplace", selection="preferential"),
+    "ECS hybrid-2 preferential": dict(proxy="variational", likelihood_proxy="hybrid",
+                                       hybrid_order=2, selection="preferential"),
 }
 
 
 def part1(Ns, m, warmup, samples, variants) -> list[str]:
-    head = ["| method | N | preprocess s | sampling s (incl. compile) | total s | time / HMCECS | "
-            "median σ̂² | index acc. | HMC acc. | mean err (max, sd units) | sd err (max) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["| method | N | preprocess s | sampling s | compile s | total s (no compile) | "
+            "time / HMCECS | median σ̂² | index acc. | HMC acc. | mean err (max, sd units) | "
+            "sd err (max) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for N in Ns:
         ds = default_problem(N)
@@ -129,12 +138,12 @@ def part1(Ns, m, warmup, samples, variants) -> list[str]:
         ref, note = nuts_reference(problem, warmup, samples)
         log(f"N={N}: reference {note}")
         log(f"N={N}: numpyro HMCECS")
-        res = run_hmcecs(problem, warmup, samples)
+        res = run_numpyro_hmcecs(problem, warmup, samples)
         me, se = errors(res["beta"], ref)
         t_ref = res["pre_s"] + res["run_s"]
         rows.append(f"| numpyro HMCECS (taylor_proxy) | {N:.0e} | {res['pre_s']:.1f} "
-                    f"| {res['run_s']:.1f} | {t_ref:.1f} | 1.00 | – | – "
-                    f"| – | {me:.3f} | {se:.3f} |")
+                    f"| {res['run_s']:.1f} | {res['compile_s']:.1f} | {t_ref:.1f} | 1.00 | – "
+                    f"| – | – | {me:.3f} | {se:.3f} |")
         for name in variants:
             log(f"N={N}: {name}")
             r = run_ecs(problem, warmup, samples, **ECS_VARIANTS[name])
@@ -142,11 +151,11 @@ def part1(Ns, m, warmup, samples, variants) -> list[str]:
             ex = r["extra"]
             total = r["pre_s"] + r["run_s"]
             rows.append(
-                f"| {name} | {N:.0e} | {r['pre_s']:.1f} | {r['run_s']:.1f} | {total:.1f} | "
-                f"{total / t_ref:.2f} | {np.median(ex['sigma2']):.3g} | "
-                f"{ex['index_accept_prob'].mean():.2f} | {ex['accept_prob'].mean():.2f} | "
-                f"{me:.3f} | {se:.3f} |")
-        rows.append(f"| (reference: full-data NUTS, {note}) | {N:.0e} | | | | | | | | | |")
+                f"| {name} | {N:.0e} | {r['pre_s']:.1f} | {r['run_s']:.1f} | "
+                f"{r['compile_s']:.1f} | {total:.1f} | {total / t_ref:.2f} | "
+                f"{np.median(ex['sigma2']):.3g} | {ex['index_accept_prob'].mean():.2f} | "
+                f"{ex['accept_prob'].mean():.2f} | {me:.3f} | {se:.3f} |")
+        rows.append(f"| (reference: full-data NUTS, {note}) | {N:.0e} | | | | | | | | | | |")
         print("\n".join(head + rows), flush=True)
     return head + rows
 
@@ -187,26 +196,28 @@ def sigma2_table(name, X, y, m, warmup, samples, num_draws=40, num_sub=200) -> l
         k.preprocess(problem.args(), problem.kwargs())
         return k
 
-    kernels = {"taylor-1": make(proxy="taylor", taylor_order=1)}
-    kernels["taylor-2"] = make(proxy="taylor")
-    kernels["hybrid-1"] = make(proxy="hybrid", hybrid_order=1)
+    kernels = {"taylor-1": make(proxy="laplace", taylor_order=1)}
+    kernels["taylor-2"] = make(proxy="laplace")
+    kernels["hybrid-1"] = make(proxy="variational", likelihood_proxy="hybrid", hybrid_order=1)
     info = kernels["hybrid-1"].proxy.info
     gk = {"guide": info["guide"], "guide_params": info["guide_params"]}
-    kernels["hybrid-2"] = make(proxy="hybrid", proxy_kwargs=gk)
-    kernels["variational (paper 003)"] = make(proxy="variational", proxy_kwargs=gk)
-    kernels["taylor-1, preferential"] = make(proxy="taylor", taylor_order=1,
+    kernels["hybrid-2"] = make(proxy="variational", proxy_kwargs=gk)
+    kernels["variational (Rønning and Hamelryck 2021)"] = make(
+        proxy="variational", likelihood_proxy="variational", proxy_kwargs=gk)
+    kernels["taylor-1, preferential"] = make(proxy="laplace", taylor_order=1,
                                              selection="preferential")
-    kernels["taylor-2, preferential"] = make(proxy="taylor", selection="preferential")
-    kernels["hybrid-2, preferential"] = make(proxy="hybrid", proxy_kwargs=gk,
+    kernels["taylor-2, preferential"] = make(proxy="laplace", selection="preferential")
+    kernels["hybrid-2, preferential"] = make(proxy="variational", proxy_kwargs=gk,
                                              selection="preferential")
     rows = [f"\n**{name}**: N={X.shape[0]}, m={m}, {int(np.asarray(y).sum())} positives; "
             f"posterior skewness per coordinate {np.round(skew(ref, 0), 2).tolist()}; σ̂² = mean "
             f"over {num_sub} subsamples at each of {len(draws)} full-data NUTS draws", "",
             "| proxy, selection | median σ̂² | mean σ̂² | 90% quantile σ̂² |", "|---|---|---|---|"]
     for label, k in kernels.items():
-        fn = jax.jit(lambda t, key, k=k: k.loglik_estimates(t, key, num_sub)[1].mean())
-        vals = np.asarray([float(fn(jnp.asarray(t, jnp.float32), jax.random.PRNGKey(i)))
-                           for i, t in enumerate(draws)])
+        vals = np.asarray([
+            float(k.loglik_estimates(jnp.asarray(t, jnp.float32), jax.random.PRNGKey(i),
+                                     num_sub)[1].mean())
+            for i, t in enumerate(draws)])
         rows.append(f"| {label} | {np.median(vals):.3g} | {vals.mean():.3g} | "
                     f"{np.quantile(vals, 0.9):.3g} |")
         log(rows[-1])
@@ -217,6 +228,7 @@ def sigma2_table(name, X, y, m, warmup, samples, num_draws=40, num_sub=200) -> l
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     p.add_argument("--skip-part1", action="store_true")
     p.add_argument("--skip-part2", action="store_true")
@@ -224,7 +236,10 @@ def main(argv=None) -> int:
                    help="comma-separated ECS variants of part 1")
     p.add_argument("--sizes", default=None, help="comma-separated N of part 1 (override)")
     args = p.parse_args(argv)
-    if args.quick:
+    draws2 = (40, 200)  # part 2: NUTS draws and subsamples per draw
+    if args.smoke:
+        Ns, m, warmup, samples, N2, draws2 = (2000,), 100, 100, 200, 2000, (4, 20)
+    elif args.quick:
         Ns, m, warmup, samples, N2 = (10_000, 50_000), 500, 300, 500, 10_000
     else:
         Ns, m, warmup, samples, N2 = (100_000, 1_000_000), 1000, 500, 1000, 20_000
@@ -238,9 +253,10 @@ def main(argv=None) -> int:
     if not args.skip_part1:
         out += part1(Ns, m, warmup, samples, variants)
     if not args.skip_part2:
-        out += sigma2_table("rare-event logistic", *rare_event_data(N2), m, warmup, samples)
+        out += sigma2_table("rare-event logistic", *rare_event_data(N2), m, warmup, samples,
+                            *draws2)
         out += sigma2_table("quasi-separated logistic", *quasi_separated_data(N2), m, warmup,
-                            samples)
+                            samples, *draws2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("\n".join(out) + "\n")

@@ -113,7 +113,8 @@ def main(argv=None) -> int:
             code, out, err = "timeout", exc.stdout or "", f"timed out after {args.timeout} s"
             out = out.decode() if isinstance(out, bytes) else out
         wall = time.perf_counter() - t0
-        sys.stderr.write(err[-2000:] if isinstance(err, str) else "")
+        tail_err = err[-2000:] if isinstance(err, str) else ""
+        sys.stderr.write(tail_err + ("" if tail_err.endswith("\n") else "\n"))
         sections += [f"## {script.name}", "",
                      f"`python benchmarks/{' '.join([script.name, *extra])}` "
                      f"— wall time {wall:.0f} s, exit status {code}", ""]

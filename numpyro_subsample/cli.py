@@ -21,9 +21,9 @@ __all__ = ["build_parser", "main"]
 QUICK_ENV = "NUMPYRO_SUBSAMPLE_QUICK"
 _EPILOG = (
     "JAX's persistent compilation cache is on by default (in ~/.cache/numpyro_subsample/jax, "
-    "or --compile-cache-dir): NumPyro's MCMC loop is compiled again on every run, and with "
-    "the cache a rerun, also on new data of the same shapes, is a cache hit instead. "
-    "--no-compile-cache turns it off."
+    "or --compile-cache-dir; --no-compile-cache opts out): NumPyro's MCMC compiles its "
+    "sampling loop again on every run, and with the cache a rerun finds it there instead of "
+    "recompiling. See docs/cli_benchmarks.md for reruns on new data."
 )
 
 
@@ -90,9 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reference cache folder (default ~/.cache/numpyro_subsample/reference)")
     c.add_argument("--no-cache", action="store_true", help="recompute the NUTS reference")
     c.add_argument("--compile-cache-dir", default=None,
-                   help="JAX's persistent compilation cache, on by default (default "
-                   "~/.cache/numpyro_subsample/jax); reruns, also on new data of the same "
-                   "shapes, skip most compilation")
+                   help="folder of JAX's persistent compilation cache, on by default "
+                   "(default ~/.cache/numpyro_subsample/jax); reruns skip most compilation")
     c.add_argument("--no-compile-cache", action="store_true",
                    help="opt out: do not read or write the persistent compilation cache")
     c.add_argument("--optimized-xla", action="store_true",

@@ -96,6 +96,7 @@ def test_errors(linreg):
                             weights="exact")
 
 
+@pytest.mark.slow
 def test_adaptive_unbiased_and_below_threshold(linreg):
     """At a fixed θ the bucket is fixed: the estimate is unbiased (|mean − full| < 4 SE), and
     its pseudo-variance (Eq. 6) is below V0 whenever Eq. 19 (not the n_max clip) chose the
@@ -128,6 +129,7 @@ def test_adaptive_unbiased_and_below_threshold(linreg):
         assert sizes[1] < 64 and np.all(pv < v0), (name, pv, v0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,v0", [("cv", "proxy"), ("cv-preferential", "pilot")])
 def test_adaptive_accuracy_and_data_passes(linreg, name, v0):
     """Same tolerance as the fixed-n tests (conjugate posterior, sd units), average n_t below

@@ -13,8 +13,8 @@ from numpyro.infer import MCMC
 from numpyro_subsample import SGLD
 from numpyro_subsample.core.datapass import datum_values_and_grads
 from numpyro_subsample.core.potential import ModelData
-from numpyro_subsample.post.diagnostics import full_data_scores, ksd, mcmc_ksd, pseudo_variance
 from numpyro_subsample.estimators.preferential import analytic_pseudo_variance
+from numpyro_subsample.post.diagnostics import full_data_scores, ksd, mcmc_ksd, pseudo_variance
 
 
 def naive_ksd(x, s, c=1.0, beta=-0.5):

@@ -14,10 +14,17 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
+from models import linreg_data, linreg_model
 
+from numpyro_subsample.core.potential import ModelData, build_potential
 from numpyro_subsample.sgmcmc.distributed import shard_layout
+from numpyro_subsample.sgmcmc.shards import _full_plate_scale
 
 SCRIPT = textwrap.dedent(
     r"""
@@ -27,7 +34,12 @@ SCRIPT = textwrap.dedent(
     import json, sys, time
     sys.path.insert(0, sys.argv[1])
     import jax, jax.numpy as jnp, numpy as np
+    from jax import monitoring
     from numpyro.infer import MCMC
+    if sys.argv[2]:  # the persistent compilation cache of the test session (conftest.py)
+        jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     from models import linreg_model, linreg_data, linreg_exact
     from numpyro_subsample import ModelData, to_arviz
     from numpyro_subsample.sgmcmc.distributed import DistributedSGLD
@@ -117,7 +129,22 @@ SCRIPT = textwrap.dedent(
             "no_inv_q_t": ((np.einsum("s,sd->d", q * q, g.mean(1)) - full) / se).tolist(),
         }
 
-    # 6. errors
+    # 6. a rerun of the first kernel on new data of the same shapes refits the proxy and
+    # compiles none of the package's programs (only NumPyro's loop of the new MCMC object)
+    y2 = y + 0.5
+    names = []
+    def span(event, start, end, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(str(kw.get("fun_name", "?")))
+    monitoring.register_event_time_span_listener(span)
+    draws = out["cv_fixed_tau1"]["draws"]  # NumPyro's own eager ops on draws of that shape
+    MCMC(k, num_warmup=0, num_samples=draws, num_chains=32, chain_method="vectorized",
+         progress_bar=False).run(jax.random.PRNGKey(7), X, y2)
+    monitoring.unregister_event_time_span_listener(span)
+    out["rerun_compiled"] = [n for n in names if "fori_collect" not in n and "body_fn" not in n]
+    out["rerun_refit"] = not np.allclose(k.proxy.centre, proxy.centre)
+
+    # 7. errors
     try:
         MCMC(DistributedSGLD(linreg_model, num_shards=4), num_warmup=0, num_samples=1,
              num_chains=2, chain_method="vectorized", progress_bar=False).run(
@@ -131,11 +158,12 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def result():
+def result():  # the tests reading it are marked slow: the subprocess takes minutes cold
     here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, here], capture_output=True, text=True, env=env,
+        [sys.executable, "-c", SCRIPT, here, jax.config.jax_compilation_cache_dir or ""],
+        capture_output=True, text=True, env=env,
         timeout=900,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -147,6 +175,7 @@ def result():
     return out
 
 
+@pytest.mark.slow
 def test_data_really_sharded(result):
     assert result["devices"] == 4
     sh = result["sharding"]
@@ -162,6 +191,7 @@ def test_data_really_sharded(result):
     assert result["local_rows_match"]
 
 
+@pytest.mark.slow
 def test_communication_is_chain_states_only(result):
     comm = result["comm"]
     # 32 chains of a 4-dim model: under 100 bytes each, versus the resident data
@@ -170,12 +200,14 @@ def test_communication_is_chain_states_only(result):
     assert comm["data_resident"] == 4000 * (4 + 1 + 4) * 4  # X, y and ∇f_i(θ̂), float32
 
 
+@pytest.mark.slow
 def test_arviz_output(result):
     az = result["arviz"]
     assert az["chain"] == 32 and az["draw"] == result["cv_fixed_tau1"]["draws"]
     assert {"diverging", "data_passes", "subsample_size"} <= set(az["stats"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, mean_tol, sd_tol",
     [
@@ -194,6 +226,7 @@ def test_posterior_matches_exact(result, name, mean_tol, sd_tol):
     assert np.all(np.abs(ratio - 1) < sd_tol), (name, ratio, r)
 
 
+@pytest.mark.slow
 def test_schedules_realise_the_frequencies(result):
     assert result["cv_fixed_tau1"]["tau"] == [1, 1, 1, 1]
     assert result["cv_fixed_tau5_unequal"]["q"] == [0.25] * 4  # ring, equal trajectories
@@ -204,6 +237,7 @@ def test_schedules_realise_the_frequencies(result):
     assert r["tau"] == [2, 6, 5, 3]  # round(4 · 4 · N_s/N), N_s = 500, 1500, 1200, 800
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["cv", "uniform"])
 def test_estimator_unbiased_over_shards_and_minibatches(result, estimator):
     r = result["unbiased_" + estimator]
@@ -212,6 +246,13 @@ def test_estimator_unbiased_over_shards_and_minibatches(result, estimator):
     assert np.max(np.abs(r["no_inv_q_t"])) > 10  # the check has power against a wrong weight
 
 
+@pytest.mark.slow
+def test_rerun_on_new_data_compiles_nothing_of_ours(result):
+    assert result["rerun_compiled"] == []
+    assert result["rerun_refit"]
+
+
+@pytest.mark.slow
 def test_chains_must_fill_the_devices(result):
     assert "multiple of the number of shards" in result["chains_error"]
 
@@ -235,3 +276,31 @@ def test_layout_defaults_and_validation():
         shard_layout(10, 2, shard_frequencies=[0.5, 0.6])
     with pytest.raises(ValueError, match="trajectory_length"):
         shard_layout(10, 2, trajectory_length=0)
+
+
+def _fixed_size_model(X, y=None, num_data=1, subsample_size=10):
+    """linreg_model with the plate size given as a number, not read from the data."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", num_data, subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ beta, 1.0), obs=y[idx])
+
+
+@pytest.mark.parametrize("model, kwargs", [
+    (linreg_model, {"subsample_size": 10}),  # plate size read from the data: M on a shard
+    (_fixed_size_model, {"num_data": 300}),  # plate size N whatever the rows
+])
+def test_shard_rows_give_the_full_data_terms(model, kwargs):
+    """The ordinary potential on a shard's 80 local rows equals it on the full data at the
+    corresponding global rows (the plate's scale restored to N/m by the shard handler)."""
+    X, y = linreg_data(N=300, d=3, seed=0)
+    data = ModelData.from_args((X, y), kwargs)
+    shard = ModelData.from_args((X[100:180], y[100:180]), kwargs)
+    pot = build_potential(model, data, jax.random.PRNGKey(0))
+    theta = pot.init_theta + 0.3
+    for m in (1, 10, 80):  # m = 80: as many indices as the shard has rows
+        idx = jnp.arange(m) * (80 // m)
+        with _full_plate_scale(name="data", size=300):
+            f0, fi = pot.terms(theta, idx, shard)
+        g0, gi = pot.terms(theta, idx + 100, data)
+        np.testing.assert_allclose(f0, g0, rtol=1e-6)
+        np.testing.assert_allclose(fi, gi, rtol=1e-5)

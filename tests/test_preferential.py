@@ -108,6 +108,10 @@ def test_bad_user_weights_and_replace(imbalanced_leverage):
     w = np.arange(1, pot.num_data + 1, dtype=float)
     est = configure_estimator("preferential", pot, data, proxy, subsample_size=20, weights=w)
     np.testing.assert_allclose(np.asarray(est.info["probs"]), w / w.sum(), rtol=1e-4)
+    # another law of the same size: the same compiled function, other arrays
+    other = configure_estimator("preferential", pot, data, proxy, subsample_size=20,
+                                weights=w[::-1].copy())
+    assert other.estimate is est.estimate and other.params is not est.params
 
 
 @pytest.mark.parametrize(
@@ -157,6 +161,7 @@ def _fig1_setup(kind):
     return _setup(logistic10_model, _classification(1000, weights, seed=1), 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gaussian", "balanced", "imbalanced"])
 def test_fig1_pseudo_variance_ordering(kind):
     pot, data, proxy = _fig1_setup(kind)
@@ -220,6 +225,7 @@ def test_accuracy_linreg_exact(linreg_setup, name, n, steps):
     assert np.all((ratio > 0.75) & (ratio < 1.3)), ratio
 
 
+@pytest.mark.slow
 def test_accuracy_imbalanced_logistic_high_leverage(imbalanced_leverage):
     X, y, _, _, proxy = imbalanced_leverage
     ref = nuts_reference_local(X, y)

@@ -222,3 +222,22 @@ def test_warnings_are_not_raised_in_normal_runs(small):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mcmc.run(jax.random.PRNGKey(0), X, y)
+
+
+def test_kernel_and_mcmc_pickle_and_run_again(small):
+    """Plain pickle of a kernel and of an MCMC object (NumPyro's kernels pickle); the restored
+    objects run (preprocessing is recomputed, not pickled)."""
+    import pickle
+
+    X, y = small
+    kernel = SGLD(logistic_hier_model)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=30, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    k2 = pickle.loads(pickle.dumps(kernel))
+    m2 = pickle.loads(pickle.dumps(mcmc))
+    np.testing.assert_array_equal(m2.get_samples()["beta"], mcmc.get_samples()["beta"])
+    m2.run(jax.random.PRNGKey(0), X, y)
+    np.testing.assert_allclose(m2.get_samples()["beta"], mcmc.get_samples()["beta"], rtol=1e-5)
+    m3 = MCMC(k2, num_warmup=20, num_samples=30, progress_bar=False)
+    m3.run(jax.random.PRNGKey(0), X, y)
+    np.testing.assert_allclose(m3.get_samples()["beta"], mcmc.get_samples()["beta"], rtol=1e-5)

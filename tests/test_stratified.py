@@ -184,6 +184,7 @@ def test_bad_options(linreg):
         configure_estimator("stratified", pot, data, proxy, draw_method="fast")
 
 
+@pytest.mark.slow
 def test_sgld_stratified_exact_linreg(linreg):
     """SGLD with the stratified estimator vs the exact posterior: |mean error| < 0.1 sd,
     sd ratio within 10%."""

@@ -33,7 +33,9 @@ from numpyro_subsample.sgmcmc.kernel import SGHMC, SGLD, SGNHT
 __all__ = [
     "DEFAULT_DATASET",
     "Method",
+    "OTHER_KERNELS",
     "Problem",
+    "SG_KERNELS",
     "available_methods",
     "check_dataset",
     "make_problem",

@@ -94,10 +94,11 @@ class RunOutput(NamedTuple):
 
 
 def _collect(kernel, key: jax.Array, data: ModelData, warmup: int, samples: int,
-             transform: Callable, progress: bool):
-    """``transform(state)`` at every iteration (warm-up included) of a NumPyro kernel, in one
-    compiled loop (:func:`numpyro.util.fori_collect`) that carries the data in its state, so
-    they are an argument of the compiled program, not a constant."""
+             field: Callable, progress: bool) -> tuple[dict, np.ndarray]:
+    """Run a NumPyro kernel for warm-up + draws in one compiled loop
+    (:func:`numpyro.util.fori_collect`) that carries the data in its state, so they are an
+    argument of the compiled program, not a constant. Returns the constrained draws after
+    the warm-up and ``field(state)`` at every iteration, warm-up included."""
     args, kwargs = data.args_kwargs()
     state = kernel.init(key, warmup, None, args, kwargs)
 
@@ -106,8 +107,10 @@ def _collect(kernel, key: jax.Array, data: ModelData, warmup: int, samples: int,
         a, k = d.args_kwargs()
         return kernel.sample(chain, a, k), d
 
-    return fori_collect(0, warmup + samples, body, (state, data),
-                        transform=lambda val: transform(val[0]), progbar=progress)
+    zs, values = fori_collect(0, warmup + samples, body, (state, data),
+                              transform=lambda val: (val[0].z, field(val[0])), progbar=progress)
+    draws = jax.vmap(kernel.postprocess_fn(args, kwargs))(jax.tree.map(lambda x: x[warmup:], zs))
+    return {k: np.asarray(v) for k, v in draws.items()}, np.asarray(values, float)
 
 
 def run_nuts(problem: Problem, settings: Settings, *, seed: int = 0,
@@ -119,17 +122,12 @@ def run_nuts(problem: Problem, settings: Settings, *, seed: int = 0,
     instead of twice), so that its leapfrog steps count as data passes: one per step.
     """
     W, S = settings.nuts_warmup, settings.nuts_samples
-    kernel = NUTS(problem.model)
-    data = problem.data(full=True)
     with quiet(), CompileTimer() as ct:
         t0 = time.perf_counter()
-        zs, steps = _collect(kernel, jax.random.PRNGKey(seed), data, W, S,
-                             lambda s: (s.z, s.num_steps), progress)
-        samples = jax.vmap(kernel.postprocess_fn(*data.args_kwargs()))(
-            jax.tree.map(lambda x: x[W:], zs))
-        samples = {k: np.asarray(v) for k, v in samples.items()}
+        samples, steps = _collect(NUTS(problem.model), jax.random.PRNGKey(seed),
+                                  problem.data(full=True), W, S, lambda s: s.num_steps, progress)
         total = time.perf_counter() - t0 - ct.seconds
-    cum = np.cumsum(np.asarray(steps, float))
+    cum = np.cumsum(steps)
     passes = cum[W:]
     return RunOutput(samples, passes, total * passes / cum[-1], total, 0.0, ct.seconds, W + S)
 
@@ -182,16 +180,12 @@ def run_hmcecs(problem: Problem, settings: Settings, shared: SharedProxy, *, see
     kernel = HMCECS(NUTS(problem.model), num_blocks=100 if n >= 100 else 1,
                     proxy=HMCECS.taylor_proxy(ref_params))
     W, S = settings.nuts_warmup, settings.nuts_samples
-    data = problem.data()
     with quiet(), CompileTimer() as ct:
         t0 = time.perf_counter()
-        zs, steps = _collect(kernel, jax.random.PRNGKey(seed), data, W, S,
-                             lambda s: (s.z, s.hmc_state.num_steps), progress)
-        samples = jax.vmap(kernel.postprocess_fn(*data.args_kwargs()))(
-            jax.tree.map(lambda x: x[W:], zs))
-        samples = {k: np.asarray(v) for k, v in samples.items()}
+        samples, steps = _collect(kernel, jax.random.PRNGKey(seed), problem.data(), W, S,
+                                  lambda s: s.hmc_state.num_steps, progress)
         sampling_s = time.perf_counter() - t0 - ct.seconds
-    cost = np.cumsum(np.asarray(steps, float) + 1) * n / N
+    cost = np.cumsum(steps + 1) * n / N
     passes = shared.proxy.num_data_passes + 1.0 + cost[W:]
     return RunOutput(samples, passes, _chain_seconds(shared.seconds, sampling_s, W, S),
                      sampling_s, shared.seconds, ct.seconds, W + S,

@@ -19,16 +19,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
-__all__ = ["SubsampleKernel", "default_progress"]
+__all__ = ["SubsampleKernel", "default_progress", "preprocess_keys"]
+
+
+@jax.jit
+def _split4(key: jax.Array) -> tuple[jax.Array, ...]:
+    return tuple(jax.random.split(key, 4))
+
+
+def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
+    """Four keys from the kernel's ``seed`` (model trace, proxy, estimator, noise), split by
+    one compiled program (eager splits would each compile a small program)."""
+    raw = jnp.asarray(np.array([0, int(seed) % 2**32], np.uint32))  # = PRNGKey(seed)
+    return _split4(raw)
 
 
 @lru_cache(maxsize=64)
@@ -39,6 +53,12 @@ def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0) -> Callab
     if not batched:
         return jax.jit(init_one)
     return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None, None), out_axes=out_axes))
+
+
+@partial(jax.jit, static_argnums=0)
+def _constrain(potential: Potential, z: dict, data: ModelData) -> dict:
+    """Constrained latent values and deterministic sites (compiled once per potential)."""
+    return potential.constrain(z, data)
 
 
 def default_progress() -> bool:
@@ -77,8 +97,7 @@ class SubsampleKernel(MCMCKernel):
         sig = data.signature()
         pot = self._potentials.get(sig)
         if pot is None:
-            k_model = jax.random.split(jax.random.PRNGKey(self.seed), 3)[0]
-            pot = build_potential(self._model, data, k_model)
+            pot = build_potential(self._model, data, preprocess_keys(self.seed)[0])
             self._potentials[sig] = pot
         return pot
 
@@ -112,6 +131,12 @@ class SubsampleKernel(MCMCKernel):
                 "preprocessing."
             )
         return self._pre
+
+    @property
+    def preprocessed_data(self) -> ModelData:
+        """The data the current preprocessing was computed on."""
+        self.preprocessed  # noqa: B018  (raises before a run)
+        return self._pre_data
 
     @property
     def potential(self) -> Potential:
@@ -163,7 +188,7 @@ class SubsampleKernel(MCMCKernel):
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
         data = ModelData.from_args(model_args, model_kwargs)
         potential = self.potential_for(data)
-        return lambda z: potential.constrain(z, data)
+        return partial(_constrain, potential, data=data)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -31,7 +31,16 @@ from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 from numpyro.primitives import Messenger
 
-__all__ = ["DataPlate", "ModelData", "Potential", "build_potential", "check_data_finite"]
+__all__ = [
+    "DataPlate",
+    "ModelData",
+    "Potential",
+    "build_potential",
+    "check_data_finite",
+    "set_plate_indices",
+    "per_datum",
+    "in_plate",
+]
 
 
 def _is_array(x: Any) -> bool:
@@ -100,7 +109,7 @@ class ModelData:
         # compared on the host: no compiled program per shape, and free on CPU
         return all(
             a is b or np.array_equal(np.asarray(a), np.asarray(b))
-            for a, b in zip(self.arrays, other.arrays)
+            for a, b in zip(self.arrays, other.arrays, strict=True)
         )
 
     def tree_flatten(self):
@@ -113,7 +122,8 @@ class ModelData:
         return obj
 
     def __repr__(self) -> str:
-        return f"ModelData({', '.join(f'{n}: {a.shape}' for n, a in zip(self.names(), self.arrays))})"
+        pairs = zip(self.names(), self.arrays, strict=True)
+        return f"ModelData({', '.join(f'{n}: {a.shape}' for n, a in pairs)})"
 
 
 class DataPlate(NamedTuple):
@@ -164,12 +174,12 @@ class Potential:
 
     def full_data_model(self) -> Callable:
         """The user's model with its subsample plate set to all N indices."""
-        return _set_plate_indices(
+        return set_plate_indices(
             self.model, name=self.plate.name, indices=jnp.arange(self.plate.size)
         )
 
 
-class _set_plate_indices(Messenger):
+class set_plate_indices(Messenger):
     """Make the subsample plate ``name`` use the given indices (and their number as its size)."""
 
     def __init__(self, fn=None, name: str = "", indices=None):
@@ -203,7 +213,7 @@ def _site_log_prob(site: dict) -> jax.Array:
     return site["fn"].log_prob(site["value"])
 
 
-def _per_datum(lp: jax.Array, plate: DataPlate, m: int, name: str) -> jax.Array:
+def per_datum(lp: jax.Array, plate: DataPlate, m: int, name: str) -> jax.Array:
     """Reduce a log-prob array with the plate along ``plate.dim`` to a length-m vector."""
     axis = jnp.ndim(lp) + plate.dim
     if axis < 0 or lp.shape[axis] != m:
@@ -223,7 +233,7 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
     With ``num_data`` only arrays whose leading dimension is N (the data the plate indexes)
     are checked; without it, every floating array.
     """
-    for name, leaf in zip(data.names(), data.arrays):
+    for name, leaf in zip(data.names(), data.arrays, strict=True):
         if isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0:
             continue
         if num_data is not None and leaf.shape[0] != num_data:
@@ -245,13 +255,45 @@ def _rows_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(x).reshape(x.shape[0], -1).all(-1)
 
 
-def _prototype_trace(model, model_args, model_kwargs, rng_key):
-    with _check_plate_sizes():
-        return handlers.trace(
-            handlers.substitute(
-                handlers.seed(model, rng_key), substitute_fn=init_to_median(num_samples=15)
-            )
-        ).get_trace(*model_args, **model_kwargs)
+class _first_indices(Messenger):
+    """Give every subsample plate the indices 0..n−1 (no random permutation of N)."""
+
+    def process_message(self, msg):
+        if msg["type"] == "plate":
+            size, subsample_size = msg["args"]
+            if subsample_size is not None and subsample_size < size:
+                msg["value"] = jnp.arange(subsample_size)
+
+
+def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:
+    """The model's trace (for its structure: sites, plates, supports) and the unconstrained
+    prior medians of its latent sites, in one compiled program instead of many eager ops.
+
+    The trace's values are tracers of that program: only their static attributes (shapes,
+    distributions, plate frames) are read afterwards.
+    """
+    holder = {}
+
+    def run(key, data):
+        args, kwargs = data.args_kwargs()
+        with _check_plate_sizes(), _first_indices():
+            tr = handlers.trace(
+                handlers.substitute(
+                    handlers.seed(model, key), substitute_fn=init_to_median(num_samples=15)
+                )
+            ).get_trace(*args, **kwargs)
+        holder["trace"] = tr
+        return {
+            name: biject_to(site["fn"].support).inv(site["value"])
+            for name, site in tr.items()
+            if site["type"] == "sample" and not site["is_observed"]
+            and not site["fn"].support.is_discrete
+        }
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        values = jax.jit(run)(rng_key, data)
+    return holder["trace"], values
 
 
 def _find_data_plate(tr: dict) -> DataPlate:
@@ -284,19 +326,19 @@ def _find_data_plate(tr: dict) -> DataPlate:
     return DataPlate(name, int(size), int(subsample_size), int(dim))
 
 
-def _in_plate(site: dict, plate_name: str) -> bool:
+def in_plate(site: dict, plate_name: str) -> bool:
     return any(f.name == plate_name for f in site.get("cond_indep_stack", []))
 
 
 def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[str, ...]]:
     latent, plate_det, observed_in_plate = [], [], []
     for name, site in tr.items():
-        if site["type"] == "deterministic" and _in_plate(site, plate.name):
+        if site["type"] == "deterministic" and in_plate(site, plate.name):
             plate_det.append(name)
         if site["type"] != "sample":
             continue
         if site["is_observed"]:
-            if _in_plate(site, plate.name):
+            if in_plate(site, plate.name):
                 observed_in_plate.append(name)
             continue
         if site["fn"].support.is_discrete:
@@ -305,7 +347,7 @@ def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[
                 "latent variables. Marginalise it out (e.g. with a mixture distribution) or "
                 "observe it."
             )
-        if _in_plate(site, plate.name):
+        if in_plate(site, plate.name):
             raise ValueError(
                 f"Latent site '{name}' lies inside the subsample plate '{plate.name}'. Local "
                 "(per-datum) latent variables are not supported: marginalise them, or move "
@@ -330,22 +372,17 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     sites that do not follow the plate, non-finite data.
     """
     check_data_finite(data)
-    model_args, model_kwargs = data.args_kwargs()
-    tr = _prototype_trace(model, model_args, model_kwargs, rng_key)
+    tr, medians = _prototype_trace(model, data, rng_key)
     plate = _find_data_plate(tr)
     latent, plate_det = _validate_sites(tr, plate)
-
-    init_z = {
-        name: biject_to(tr[name]["fn"].support).inv(tr[name]["value"]) for name in latent
-    }
-    init_theta, unravel = ravel_pytree(init_z)
-    seed_key = jax.random.PRNGKey(0)
+    init_theta, unravel = ravel_pytree({name: medians[name] for name in latent})
+    seed_key = jnp.asarray(np.zeros(2, np.uint32))  # PRNGKey(0), without an eager program
 
     def terms(theta: jax.Array, idx: jax.Array, data: ModelData) -> tuple[jax.Array, jax.Array]:
         m = int(idx.shape[0])
         params = unravel(theta)
         args, kwargs = data.args_kwargs()
-        fn = _set_plate_indices(model, name=plate.name, indices=idx)
+        fn = set_plate_indices(model, name=plate.name, indices=idx)
         fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, params))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -357,8 +394,8 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
                 continue
             lp = _site_log_prob(site)
             scale = site["scale"]
-            if _in_plate(site, plate.name):
-                per = _per_datum(lp, plate, m, name)
+            if in_plate(site, plate.name):
+                per = per_datum(lp, plate, m, name)
                 if scale is not None:
                     per = per * (scale * m / plate.size)
                 fi = fi - per
@@ -371,7 +408,7 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     # observed values not indexed by the plate are caught here rather than silently.
     m_check = 3 if plate.subsample_size != 3 else 2
     try:
-        jax.eval_shape(terms, init_theta, jnp.arange(m_check), data)
+        jax.eval_shape(terms, init_theta, np.arange(m_check, dtype=np.int32), data)
     except (ValueError, TypeError, IndexError) as err:
         if "does not follow the plate" in str(err):
             raise
@@ -381,13 +418,12 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
             f"the plate's indices (e.g. obs=y[idx]). Original error: {err}"
         ) from err
 
-    one = partial(_set_plate_indices, name=plate.name, indices=jnp.arange(1))
-
     def constrain(z: dict, data: ModelData) -> dict:
         args, kwargs = data.args_kwargs()
+        one = set_plate_indices(model, name=plate.name, indices=jnp.arange(1))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = constrain_fn(one(model), args, kwargs, z, return_deterministic=True)
+            out = constrain_fn(one, args, kwargs, z, return_deterministic=True)
         return {k: v for k, v in out.items() if k not in plate_det}
 
     data_leaves = tuple(

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.adapter import SubsampleKernel, default_progress
+from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import STEP_RNG
@@ -260,7 +260,7 @@ max_tree_depth, trajectory_length, num_steps
 
     def _preprocess(self, potential: Potential, data: ModelData) -> ECSPreprocessed:
         t0 = time.perf_counter()
-        _, k_proxy, k_mc = jax.random.split(jax.random.PRNGKey(self.seed), 3)
+        _, k_proxy, k_mc, k_sel = preprocess_keys(self.seed)
         m = int(self._subsample_size or potential.plate.subsample_size)
         if not 2 <= m <= potential.num_data:
             raise ValueError(
@@ -285,7 +285,7 @@ max_tree_depth, trajectory_length, num_steps
             sel, sel_passes, sel_info = uniform_selection(), 0.0, {}
         else:
             sel, sel_passes, sel_info = preferential_selection(
-                potential, spec, lp, data, jax.random.fold_in(k_mc, 1),
+                potential, spec, lp, data, k_sel,
                 num_draws=self.num_selection_draws, uniform_mix=self.uniform_mix,
                 chunk_size=self.chunk_size,
             )
@@ -319,12 +319,6 @@ max_tree_depth, trajectory_length, num_steps
         return state
 
     # -- the estimator at given states ----------------------------------------------------------
-    @property
-    def preprocessed_data(self) -> ModelData:
-        """The data of the preprocessing (a ``ModelData``)."""
-        self.preprocessed  # noqa: B018  (raises before preprocessing)
-        return self._pre_data
-
     def _data(self, data: ModelData | None) -> ModelData:
         return self.preprocessed_data if data is None else data
 

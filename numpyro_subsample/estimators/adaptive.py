@@ -58,6 +58,7 @@ __all__ = [
     "adaptive_options",
     "adaptive_size",
     "bucket_sizes",
+    "pilot_step_size",
     "pilot_v0",
 ]
 

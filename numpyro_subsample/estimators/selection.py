@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["SamplingDesign", "uniform_design", "sample_without_replacement"]
 
@@ -79,5 +80,6 @@ def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> S
             f"The subsample size must be between 1 and N={num_data}, got {n!r}."
         )
     dtype = dtype or jnp.result_type(float)
-    weight = jnp.asarray(num_data / n, dtype)
-    return SamplingDesign(_uniform_draw(int(num_data), int(n), bool(replace)), int(n), int(num_data), weight)
+    weight = jnp.asarray(np.asarray(num_data / n, dtype=jnp.dtype(dtype)))
+    draw = _uniform_draw(int(num_data), int(n), bool(replace))
+    return SamplingDesign(draw, int(n), int(num_data), weight)

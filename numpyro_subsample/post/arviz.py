@@ -14,7 +14,7 @@ import xarray as xr
 from numpyro import handlers
 
 from numpyro_subsample.core.datapass import map_data
-from numpyro_subsample.core.potential import ModelData, Potential, _in_plate, _per_datum
+from numpyro_subsample.core.potential import ModelData, Potential, in_plate, per_datum
 from numpyro_subsample.post.protocol import kernel_of, model_at, run_data
 
 __all__ = [
@@ -28,8 +28,10 @@ __all__ = [
 _BUDGET = 2**22  # draws × data per chunk of the log-likelihood pass
 
 
-def warn_divergences(diverging: Any, step_size: float | None = None) -> int:
-    """Warn once, with a suggestion, when draws are marked ``diverging``; return their count."""
+def warn_divergences(
+    diverging: Any, step_size: float | None = None, *, stacklevel: int = 2
+) -> int:
+    """Warn, with a suggestion, when draws are marked ``diverging``; return their count."""
     count = int(np.sum(np.asarray(diverging)))
     if count:
         size = "" if step_size is None else f" {float(step_size):.3g}"
@@ -40,7 +42,7 @@ def warn_divergences(diverging: Any, step_size: float | None = None) -> int:
             "smaller max_variance_inflation for SG kernels, a larger target_accept_prob for "
             "adapted HMC steps).",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return count
 
@@ -78,9 +80,9 @@ def _log_likelihood(potential: Potential, latent: dict, data: ModelData, chunk_s
             model = handlers.substitute(handlers.seed(model_at(potential, idx), 0), data=sample)
             tr = handlers.trace(model).get_trace(*args, **kwargs)
         return {
-            name: _per_datum(site["fn"].log_prob(site["value"]), plate, idx.shape[0], name)
+            name: per_datum(site["fn"].log_prob(site["value"]), plate, idx.shape[0], name)
             for name, site in tr.items()
-            if site["type"] == "sample" and site["is_observed"] and _in_plate(site, plate.name)
+            if site["type"] == "sample" and site["is_observed"] and in_plate(site, plate.name)
         }
 
     def chunk(idx):  # (chunk, S) per site
@@ -149,7 +151,7 @@ def to_arviz(
     step_size = getattr(pre, "step_size", None)
     extra = mcmc.get_extra_fields()
     if "diverging" in extra:
-        warn_divergences(extra["diverging"], step_size)
+        warn_divergences(extra["diverging"], step_size, stacklevel=3)
     data = run_data(mcmc)
     idata = az.from_numpyro(mcmc, log_likelihood=False, **kwargs)
     plate = kernel.potential.plate

@@ -14,14 +14,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import unconstrain_fn
 
-from numpyro_subsample.core.potential import ModelData, Potential, _set_plate_indices
+from numpyro_subsample.core.potential import ModelData, Potential, set_plate_indices
 
 __all__ = [
     "PreprocessedLike",
@@ -34,10 +34,6 @@ __all__ = [
     "unconstrain",
 ]
 
-_MEMBERS = ("potential", "preprocessed", "model")
-
-
-@runtime_checkable
 class PreprocessedLike(Protocol):
     """The preprocessing of a kernel: its potential, wall time and full data passes.
 
@@ -51,7 +47,6 @@ class PreprocessedLike(Protocol):
     data_passes: float
 
 
-@runtime_checkable
 class SubsampleKernelLike(Protocol):
     """A kernel that post-processing can read.
 
@@ -70,6 +65,9 @@ class SubsampleKernelLike(Protocol):
 
     @property
     def model(self) -> Callable: ...
+
+
+_MEMBERS = ("potential", "preprocessed", "model")  # those of SubsampleKernelLike
 
 
 def check_kernel(kernel: Any, purpose: str = "post-processing") -> SubsampleKernelLike:
@@ -107,8 +105,11 @@ def run_data(mcmc: Any) -> ModelData:
 
 def kernel_data(kernel: Any) -> ModelData:
     """The data the kernel was preprocessed on (``ValueError`` before preprocessing)."""
-    for name in ("preprocessed_data", "_pre_data"):
-        data = getattr(kernel, name, None)
+    for name in ("preprocessed_data",):
+        try:
+            data = getattr(kernel, name, None)
+        except RuntimeError:  # the accessor raises before preprocessing
+            data = None
         if data is not None:
             return data
     raise ValueError(
@@ -119,7 +120,7 @@ def kernel_data(kernel: Any) -> ModelData:
 
 def model_at(potential: Potential, idx: jax.Array) -> Callable:
     """The user's model with its subsample plate set to the indices ``idx``."""
-    return _set_plate_indices(potential.model, name=potential.plate.name, indices=idx)
+    return set_plate_indices(potential.model, name=potential.plate.name, indices=idx)
 
 
 @partial(jax.jit, static_argnames=("potential",))

@@ -19,7 +19,11 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, datum_values_and_grads, value_grad_hessian
+from numpyro_subsample.core.datapass import (
+    DEFAULT_CHUNK,
+    datum_values_and_grads,
+    value_grad_hessian,
+)
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
 
@@ -52,9 +56,13 @@ def _adam_block(potential, n, num_steps, lr, block, carry, start, key, data):
     return jax.lax.scan(step, carry, start + jnp.arange(block))[0]
 
 
+@partial(jax.jit, static_argnames=("num_steps", "lr"))
+def _adam_init(theta, num_steps, lr):
+    return theta, optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05)).init(theta)
+
+
 def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
-    opt = optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05))
-    carry = (theta, opt.init(theta))
+    carry = _adam_init(theta, num_steps, float(lr))
     block = min(250, num_steps)
     bar = tqdm(total=num_steps, desc="proxy: Adam on minibatches", disable=not progress)
     for start in range(0, num_steps, block):
@@ -117,7 +125,7 @@ def fit_laplace(
         t = 1.0
         accepted = False
         while t > 1e-6:
-            cand = theta - jnp.asarray(t * step, theta.dtype)
+            cand = jnp.asarray((np.asarray(theta) - t * step).astype(theta.dtype))  # on the host
             fc, gc, hc = vgh(cand)
             passes += 1
             ok = np.isfinite(fc) and float(fc) <= float(f) - 1e-4 * t * decrement
@@ -157,7 +165,9 @@ def fit_laplace(
         sum_grads = jnp.sum(grads, axis=0)
         datum_grads = grads if store_datum_grads else None
     else:  # Σ_i ∇f_i(θ̂) from the last Newton pass: ∇f(θ̂) − ∇f0(θ̂), no further data pass
-        sum_grads = g - _prior_grad(potential, theta, data)
+        sum_grads = jnp.asarray(
+            (np.asarray(g) - np.asarray(_prior_grad(potential, theta, data))).astype(theta.dtype)
+        )
     dtype = theta.dtype
     return Proxy(
         centre=theta,

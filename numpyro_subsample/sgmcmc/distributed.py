@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from numpyro.util import is_prng_key
 
+from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
 from numpyro_subsample.estimators.selection import SamplingDesign
@@ -237,7 +238,6 @@ class DistributedSGLD(SGLD):
         """The core's preprocessing (proxy, whitening, an explicit step size), then the
         shards, their ∇f_i(θ̂) tables on their devices, the measured noise and step size."""
         t0 = time.perf_counter()
-        base = super()._preprocess(potential, data)
         N, n = potential.num_data, potential.plate.subsample_size
         layout = shard_layout(
             N, self.num_shards, shard_sizes=self.shard_sizes,
@@ -254,6 +254,7 @@ class DistributedSGLD(SGLD):
                 f"No array of the data has leading dimension N={N}: DistributedSGLD shards the "
                 "arrays indexed by the subsample plate, so pass the data as model arguments."
             )
+        base = super()._preprocess(potential, data)
         cfg = self._shards(potential, layout)
         dtype, proxy = base.centre.dtype, base.proxy
         rep = NamedSharding(self.mesh, P())
@@ -274,8 +275,7 @@ class DistributedSGLD(SGLD):
             jax.device_put(p.init_tril, rep),
         )
         q = jnp.asarray(layout.frequencies, dtype)
-        k_noise = jax.random.split(jax.random.PRNGKey(self.seed), 3)[2]
-        within, between = _shard_noise(cfg, params, q, k_noise, 1.5, 8, 16)
+        within, between = _shard_noise(cfg, params, q, preprocess_keys(self.seed)[3], 1.5, 8, 16)
         top = lambda c: float(np.linalg.eigvalsh(np.asarray(c, np.float64)).max())  # noqa: E731
         v_w, v_b = top(within), top(between)
         noise = v_w + float(np.sum(layout.frequencies * layout.trajectory_lengths)) * v_b
@@ -329,7 +329,7 @@ class DistributedSGLD(SGLD):
             rng_key = rng_key[None]
             init_params = jax.tree.map(lambda a: jnp.asarray(a)[None], init_params)
         state = _init_chains(cfg, init_one, rng_key, init_params, params)
-        if not bool(jnp.all(jnp.isfinite(state.grad))):
+        if not np.isfinite(np.asarray(state.grad)).all():
             raise ValueError(
                 "The gradient estimate is not finite at the initial position; check the "
                 "model and init_params."

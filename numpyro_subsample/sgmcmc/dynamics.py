@@ -12,7 +12,7 @@ are cached, so equal settings give the same object and compiled code is shared.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from typing import NamedTuple
 
 import jax
@@ -35,7 +35,7 @@ class Dynamics(NamedTuple):
     step: Callable
 
 
-@lru_cache(maxsize=None)
+@cache
 def sgld_dynamics() -> Dynamics:
     """Langevin dynamics (Welling and Teh 2011) via BlackJAX's ``overdamped_langevin``."""
     integrator = diffusions.overdamped_langevin()
@@ -65,7 +65,7 @@ def sgld_dynamics() -> Dynamics:
 # :func:`numpyro_subsample.stepsize.sghmc_step_size` bounds the noise's effect instead.
 
 
-@lru_cache(maxsize=None)
+@cache
 def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
     """SGHMC (Chen et al. 2014) via ``blackjax.sgmcmc.diffusions.sghmc`` (convention above).
 
@@ -85,7 +85,7 @@ def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
     return Dynamics("sghmc", init_momentum, step)
 
 
-@lru_cache(maxsize=None)
+@cache
 def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
     """SGNHT (Ding et al. 2014) via ``blackjax.sgmcmc.diffusions.sgnht`` (convention above).
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from numpyro_subsample.core.adapter import SubsampleKernel, default_progress
+from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import STEP_RNG, raw_key, split_step_key
 from numpyro_subsample.estimators.base import GradientEstimator
@@ -28,7 +28,6 @@ from numpyro_subsample.estimators.noise import measure_whitened_noise
 from numpyro_subsample.estimators.registry import ESTIMATORS, NEEDS_PROXY, configure_estimator
 from numpyro_subsample.estimators.zv import (
     ZVStats,
-    check_degree,
     default_g,
     empty_stats,
     flat_fn,
@@ -38,7 +37,12 @@ from numpyro_subsample.estimators.zv import (
 )
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
-from numpyro_subsample.sgmcmc.dynamics import Dynamics, sghmc_dynamics, sgld_dynamics, sgnht_dynamics
+from numpyro_subsample.sgmcmc.dynamics import (
+    Dynamics,
+    sghmc_dynamics,
+    sgld_dynamics,
+    sgnht_dynamics,
+)
 from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgld_step_size, sgnht_step_size
 
 __all__ = [
@@ -49,7 +53,6 @@ __all__ = [
     "SGLD",
     "SGHMC",
     "SGNHT",
-    "warn_divergences",
 ]
 
 
@@ -283,8 +286,11 @@ class SGMCMCKernel(SubsampleKernel):
                 "max_variance_inflation must be in (0, 1] (the tolerated relative inflation "
                 f"of the posterior variance), got {max_variance_inflation!r}."
             )
-        if zv_stream:
-            check_degree(zv_degree)
+        if zv_degree not in (1, 2):
+            raise ValueError(
+                "zv_degree must be 1 or 2 (polynomial degree of the ZV control variates), got "
+                f"{zv_degree!r}."
+            )
         self.estimator_name = estimator
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
@@ -357,12 +363,12 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         t0 = time.perf_counter()
-        _, k_proxy, k_noise = jax.random.split(jax.random.PRNGKey(self.seed), 3)
+        _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
         d = potential.dim
         proxy = self._fit_proxy(potential, data, k_proxy)
         estimator = configure_estimator(
             self.estimator_name, potential, data, proxy, replace=self.replace,
-            rng_key=jax.random.fold_in(k_proxy, 1), chunk_size=self.chunk_size,
+            rng_key=k_est, chunk_size=self.chunk_size,
             **self.estimator_options,
         )
         if self.preconditioning:
@@ -411,7 +417,7 @@ class SGMCMCKernel(SubsampleKernel):
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
         if isinstance(state.grad, jax.core.Tracer):
             return state
-        if not bool(jnp.all(jnp.isfinite(state.grad))):
+        if not np.isfinite(np.asarray(state.grad)).all():
             raise ValueError(
                 "The gradient estimate is not finite at the initial position; check the "
                 "model and init_params."
@@ -497,15 +503,3 @@ class SGNHT(SGHMC):
 
     def _default_step_size(self, noise: float) -> float:
         return sgnht_step_size(noise, self.friction, self.max_variance_inflation)
-
-
-def warn_divergences(diverging: Any, step_size: float) -> None:
-    """Warn with a suggestion when a run had rejected non-finite steps."""
-    count = int(np.sum(np.asarray(diverging)))
-    if count:
-        warnings.warn(
-            f"{count} steps produced non-finite values and were rejected (marked `diverging`). "
-            f"The step size {step_size:.3g} is too large for this posterior: pass a smaller "
-            "step_size (e.g. half) or a smaller max_variance_inflation.",
-            stacklevel=2,
-        )
