@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_utils import CompileCounter
 from models import (
     logistic_data,
     logistic_hier_model,
@@ -19,7 +20,6 @@ from models import (
 )
 from numpyro.infer import MCMC
 from numpyro.infer.autoguide import AutoMultivariateNormal
-from test_compile import CompileCounter
 
 from numpyro_subsample import EnergyConservingHMC
 from numpyro_subsample.core.datapass import datum_values_and_grads

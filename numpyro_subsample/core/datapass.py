@@ -62,7 +62,9 @@ def map_data(fn: Callable, num_data: int, chunk_size: int = DEFAULT_CHUNK):
     out = jax.lax.map(
         lambda c: fn(chunk_at(c, chunk, num_data)[0]), jnp.arange(num_chunks, dtype=jnp.int32)
     )
-    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_data], out)
+    return jax.tree.map(
+        lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])[:num_data], out
+    )
 
 
 @partial(jax.jit, static_argnames=("potential", "chunk_size", "hessian"))

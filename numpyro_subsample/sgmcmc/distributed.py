@@ -254,7 +254,7 @@ class DistributedSGLD(SGLD):
                 f"No array of the data has leading dimension N={N}: DistributedSGLD shards the "
                 "arrays indexed by the subsample plate, so pass the data as model arguments."
             )
-        base = super()._preprocess(potential, data)
+        base = self._whitening(potential, data, preprocess_keys(self.seed)[1])
         cfg = self._shards(potential, layout)
         dtype, proxy = base.centre.dtype, base.proxy
         rep = NamedSharding(self.mesh, P())
@@ -269,19 +269,16 @@ class DistributedSGLD(SGLD):
         taus = jnp.asarray(layout.trajectory_lengths, jnp.int32)
         weights = jax.device_put(_shard_weights(layout, n, dtype), rep)
         shard_params = ShardParams(sharded, weights, jax.device_put(taus, rep), cv)
-        p = base.params
         params = SamplerParams(
-            *jax.device_put((p.centre, p.scale_tril, p.step_size), rep), shard_params,
-            jax.device_put(p.init_tril, rep),
+            *jax.device_put((base.centre, base.scale_tril, jnp.zeros((), dtype)), rep),
+            shard_params, jax.device_put(base.init_tril, rep),
         )
         q = jnp.asarray(layout.frequencies, dtype)
         within, between = _shard_noise(cfg, params, q, preprocess_keys(self.seed)[3], 1.5, 8, 16)
         top = lambda c: float(np.linalg.eigvalsh(np.asarray(c, np.float64)).max())  # noqa: E731
         v_w, v_b = top(within), top(between)
         noise = v_w + float(np.sum(layout.frequencies * layout.trajectory_lengths)) * v_b
-        step_size = base.step_size if self._step_size is not None else (
-            self._default_step_size(noise)
-        )
+        step_size = self._chosen_step_size(noise)
         params = params._replace(step_size=jax.device_put(jnp.asarray(step_size, dtype), rep))
         reference = make_estimator(
             potential, shard_design(layout, n, self.replace, dtype), cv_ref,

@@ -107,6 +107,17 @@ class Preprocessed(NamedTuple):
     params: SamplerParams
 
 
+class Whitening(NamedTuple):
+    """The proxy and the whitening θ = θ̂ + L w (``init_tril``: the proxy's Cholesky factor,
+    for initial draws); ``data_passes`` spent on the proxy."""
+
+    proxy: Proxy | None
+    centre: jax.Array
+    scale_tril: jax.Array
+    init_tril: jax.Array
+    data_passes: float
+
+
 class _Config(NamedTuple):
     """Static configuration of the compiled step (hashable; equal configs share code)."""
 
@@ -361,39 +372,46 @@ class SGMCMCKernel(SubsampleKernel):
             proxy = proxy._replace(datum_grads=None)
         return proxy
 
-    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
-        t0 = time.perf_counter()
-        _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
+    def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
+        """The proxy and the coordinates θ = θ̂ + L w the chain moves in."""
         d = potential.dim
-        proxy = self._fit_proxy(potential, data, k_proxy)
-        estimator = configure_estimator(
-            self.estimator_name, potential, data, proxy, replace=self.replace,
-            rng_key=k_est, chunk_size=self.chunk_size,
-            **self.estimator_options,
-        )
+        proxy = self._fit_proxy(potential, data, key)
         if self.preconditioning:
             centre, tril = proxy.centre, proxy.scale_tril
         else:
             centre = proxy.centre if proxy is not None else potential.init_theta
             tril = jnp.eye(d, dtype=centre.dtype)
-        noise, _ = measure_whitened_noise(estimator, centre, tril, k_noise, data)
+        init_tril = proxy.scale_tril if proxy is not None else jnp.eye(d, dtype=centre.dtype)
+        passes = proxy.num_data_passes if proxy is not None else 0.0
+        return Whitening(proxy, centre, tril, init_tril, float(passes))
+
+    def _chosen_step_size(self, noise: float) -> float:
         if self._step_size is not None:
-            step_size = self._step_size
-        elif self.preconditioning:
-            step_size = self._default_step_size(noise)
-        else:
+            return self._step_size
+        if not self.preconditioning:
             raise ValueError(
                 "step_size=None needs preconditioning=True (the default rule works in "
                 "whitened coordinates); pass a step_size."
             )
-        passes = (proxy.num_data_passes if proxy is not None else 0.0) + estimator.data_passes
-        init_tril = proxy.scale_tril if proxy is not None else jnp.eye(d, dtype=centre.dtype)
+        return self._default_step_size(noise)
+
+    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+        t0 = time.perf_counter()
+        _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
+        wh = self._whitening(potential, data, k_proxy)
+        estimator = configure_estimator(
+            self.estimator_name, potential, data, wh.proxy, replace=self.replace,
+            rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
+        )
+        noise, _ = measure_whitened_noise(estimator, wh.centre, wh.scale_tril, k_noise, data)
+        step_size = self._chosen_step_size(noise)
         params = SamplerParams(
-            centre, tril, jnp.asarray(step_size, centre.dtype), estimator.params, init_tril
+            wh.centre, wh.scale_tril, jnp.asarray(step_size, wh.centre.dtype), estimator.params,
+            wh.init_tril,
         )
         return Preprocessed(
-            potential, proxy, estimator, float(step_size), noise, centre, tril,
-            time.perf_counter() - t0, float(passes), params,
+            potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
+            time.perf_counter() - t0, wh.data_passes + estimator.data_passes, params,
         )
 
     # -- the functional core --------------------------------------------------------------------
