@@ -1,6 +1,6 @@
 """numpyro_subsample: stochastic-gradient and energy-conserving subsampling MCMC for NumPyro."""
 
-from numpyro_subsample import compare, datasets
+from numpyro_subsample import datasets
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import DataPlate, Potential, build_potential
 from numpyro_subsample.ecs.kernel import ECSState, EnergyConservingHMC
@@ -79,8 +79,7 @@ __all__ = [
     "pseudo_variance",
     "ksd",
     "mcmc_ksd",
-    # tooling and data sets
-    "compare",
+    # data sets
     "datasets",
 ]
 __version__ = "0.2.0"
