@@ -327,9 +327,43 @@ def _check_request(name, potential, proxy, replace, weights, uniform_mix) -> Non
         )
 
 
-def _build(name, potential, data, proxy, n, replace, chunk_size, weights, uniform_mix):
+def build_preferential(
+    potential: Potential,
+    data: ModelData,
+    proxy=None,
+    *,
+    subsample_size: int,
+    replace: bool = True,
+    rng_key: jax.Array | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    weights: Any = "approx",
+    uniform_mix: float | None = None,
+    control_variate: bool = False,
+) -> GradientEstimator:
+    """SGLD-PS (Putcha et al. 2023, Eq. 8 with the weights of Eq. 11) or, with
+    ``control_variate=True``, SGLD-CV-PS (Eq. 12 with the weights of Eq. 16): the Taylor
+    control variate at θ̂ and p_i ∝ ||∇²f_i(θ̂) L||_F.
+
+    Parameters
+    ----------
+    weights
+        ``"approx"`` (p_i ∝ ||∇f_i(θ̂)||, Eq. 11, or Eq. 16 with the control variate; default),
+        ``"exact"`` (the optimal state-dependent law, Eq. 10 or Eq. 14: one data pass per step,
+        for diagnostics) or an array of N positive weights.
+    uniform_mix
+        λ in p = (1 − λ) p_w + λ/N; default 0.05 for computed weights, 0 for a user array.
+    control_variate
+        Fixed by the registration: ``False`` for ``"preferential"``, ``True`` for
+        ``"cv-preferential"`` (:data:`build_cv_preferential`); not a user option.
+
+    ``info``: the realised law ``probs``, the ``alias_table``, the ``design``, ``weights``,
+    ``uniform_mix``, preprocessing ``seconds`` and ``data_passes``.
+    """
+    del rng_key
+    name = "cv-preferential" if control_variate else "preferential"
+    n = subsample_size
     _check_request(name, potential, proxy, replace, weights, uniform_mix)
-    cv = control_variate_from_proxy(proxy) if name == "cv-preferential" else None
+    cv = control_variate_from_proxy(proxy) if control_variate else None
     dtype = potential.init_theta.dtype
     if isinstance(weights, str) and weights == "exact":
         lam = _check_mix(uniform_mix, DEFAULT_UNIFORM_MIX)
@@ -350,55 +384,9 @@ def _build(name, potential, data, proxy, n, replace, chunk_size, weights, unifor
                           info=info)
 
 
-def build_preferential(
-    potential: Potential,
-    data: ModelData,
-    proxy=None,
-    *,
-    subsample_size: int,
-    replace: bool = True,
-    rng_key: jax.Array | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-    weights: Any = "approx",
-    uniform_mix: float | None = None,
-) -> GradientEstimator:
-    """SGLD-PS (Putcha et al. 2023, Eq. 8 with the weights of Eq. 11).
-
-    Parameters
-    ----------
-    weights
-        ``"approx"`` (p_i ∝ ||∇f_i(θ̂)||, Eq. 11, default), ``"exact"`` (the optimal
-        state-dependent law, Eq. 10: one data pass per step, for diagnostics) or an array of N
-        positive weights.
-    uniform_mix
-        λ in p = (1 − λ) p_w + λ/N; default 0.05 for computed weights, 0 for a user array.
-
-    ``info``: the realised law ``probs``, the ``alias_table``, the ``design``, ``weights``,
-    ``uniform_mix``, preprocessing ``seconds`` and ``data_passes``.
-    """
-    del rng_key
-    return _build("preferential", potential, data, proxy, subsample_size, replace, chunk_size,
-                  weights, uniform_mix)
-
-
-def build_cv_preferential(
-    potential: Potential,
-    data: ModelData,
-    proxy=None,
-    *,
-    subsample_size: int,
-    replace: bool = True,
-    rng_key: jax.Array | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-    weights: Any = "approx",
-    uniform_mix: float | None = None,
-) -> GradientEstimator:
-    """SGLD-CV-PS (Putcha et al. 2023, Eq. 12 with the weights of Eq. 16): the Taylor control
-    variate at θ̂ and p_i ∝ ||∇²f_i(θ̂) L||_F; ``weights="exact"`` is Eq. 14. Options and
-    ``info`` as :func:`build_preferential`."""
-    del rng_key
-    return _build("cv-preferential", potential, data, proxy, subsample_size, replace,
-                  chunk_size, weights, uniform_mix)
+#: SGLD-CV-PS (Putcha et al. 2023, Eq. 12): :func:`build_preferential` with the Taylor
+#: control variate; options and ``info`` as there.
+build_cv_preferential = partial(build_preferential, control_variate=True)
 
 
 def analytic_pseudo_variance(

@@ -2,9 +2,10 @@
 
 A builder has the signature ``builder(potential, data, proxy, *, subsample_size, replace,
 rng_key, chunk_size, **options) -> GradientEstimator``, its options as keyword-only arguments
-with defaults. :func:`configure_estimator` looks the name up, checks the options against the
-builder's signature (before any data pass), and with ``adaptive=True`` wraps a ``"cv"`` or
-``"cv-preferential"`` estimator in the adaptive subsample size
+with defaults; a builder may be a :func:`functools.partial`, whose bound keywords fix the
+configuration and are not options. :func:`configure_estimator` looks the name up, checks the
+options against the builder's signature (before any data pass), and with ``adaptive=True``
+wraps a ``"cv"`` or ``"cv-preferential"`` estimator in the adaptive subsample size
 (:mod:`numpyro_subsample.estimators.adaptive`).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -61,9 +63,9 @@ def _build_cv(potential, data, proxy, *, subsample_size, replace=True, rng_key=N
 ESTIMATORS: dict[str, Callable[..., GradientEstimator]] = {
     "uniform": _build_uniform,
     "cv": _build_cv,
-    "preferential": build_preferential,
+    "preferential": partial(build_preferential, control_variate=False),
     "cv-preferential": build_cv_preferential,
-    "stratified": build_stratified,
+    "stratified": partial(build_stratified, control_variate=False),
     "cv-stratified": build_cv_stratified,
 }
 #: names whose builder reads the proxy by default (centre, covariance or ∇f_i(θ̂)); a kernel
@@ -83,11 +85,14 @@ def register_estimator(name: str, builder: Callable[..., GradientEstimator], *,
 
 def estimator_options(name: str) -> tuple[str, ...] | None:
     """The options of a named configuration (its builder's keyword-only arguments beyond the
-    common ones), or None if the builder takes arbitrary ``**options``."""
-    params = inspect.signature(ESTIMATORS[name]).parameters.values()
+    common ones and those bound by a :func:`functools.partial`), or None if the builder takes
+    arbitrary ``**options``."""
+    builder = ESTIMATORS[name]
+    params = inspect.signature(builder).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
-    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _COMMON)
+    fixed = set(_COMMON) | set(builder.keywords if isinstance(builder, partial) else ())
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in fixed)
 
 
 def _check_options(name: str, options: dict, adaptive: bool) -> dict:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
 import jax
@@ -274,46 +274,6 @@ def stratified_features(
     return np.concatenate(feats, axis=1), passes + num_probes
 
 
-def _build(name, potential, data, proxy, n, chunk_size, num_strata, features, kmeans_iters,
-           num_probes, strata_seed, draw_method) -> GradientEstimator:
-    t0 = time.perf_counter()
-    N = potential.num_data
-    if not isinstance(num_strata, (int, np.integer)) or num_strata < 1:
-        raise ValueError(f"num_strata must be a positive integer, got {num_strata!r}.")
-    if num_strata > n:
-        raise ValueError(
-            f"num_strata={num_strata} exceeds the subsample size {n}: each stratum needs at "
-            "least one draw per step. Lower num_strata or raise the plate's subsample_size."
-        )
-    if draw_method not in DRAW_METHODS:
-        raise ValueError(f"draw_method must be one of {DRAW_METHODS}, got {draw_method!r}.")
-    if not isinstance(num_probes, (int, np.integer)) or num_probes < 1:
-        raise ValueError(f"num_probes must be a positive integer, got {num_probes!r}.")
-    if name == "cv-stratified" and proxy is None:
-        raise ValueError(f"estimator={name!r} needs a proxy (its centre θ̂ and ∇f_i(θ̂)).")
-    if features is None:
-        feats, passes = stratified_features(
-            name, potential, data, proxy, num_probes=num_probes, seed=strata_seed,
-            chunk_size=chunk_size,
-        )
-        kind = "gradients" if name == "stratified" else "cv-residuals"
-    else:
-        feats, passes, kind = np.asarray(features), 0.0, "user"
-        if feats.ndim == 1:
-            feats = feats[:, None]
-        if feats.ndim != 2 or feats.shape[0] != N:
-            raise ValueError(
-                f"features must have shape (N, p) with N={N} (the size of plate "
-                f"'{potential.plate.name}'), got {feats.shape}."
-            )
-    strata = make_strata(feats, int(num_strata), n, kmeans_iters=kmeans_iters, seed=strata_seed)
-    design = stratified_design(strata, potential.init_theta.dtype, draw_method)
-    cv = control_variate_from_proxy(proxy) if name == "cv-stratified" else None
-    info = {"strata": strata, "design": design, "features": kind, "data_passes": passes,
-            "seconds": time.perf_counter() - t0}
-    return make_estimator(potential, design, cv, name=name, data_passes=passes, info=info)
-
-
 def build_stratified(
     potential: Potential,
     data: ModelData,
@@ -329,8 +289,11 @@ def build_stratified(
     num_probes: int = 2,
     strata_seed: int = 0,
     draw_method: str = "auto",
+    control_variate: bool = False,
 ) -> GradientEstimator:
-    """CP-SGMCMC's estimator (Fu and Zhang 2023, Eq. 10 with the allocation of Eq. 14).
+    """CP-SGMCMC's estimator (Fu and Zhang 2023, Eq. 10 with the allocation of Eq. 14) or, with
+    ``control_variate=True``, the same on the residuals of the Taylor control variate (Baker et
+    al. 2019, Eq. 4).
 
     Parameters
     ----------
@@ -346,34 +309,55 @@ def build_stratified(
         Seed of k-means and of the probes.
     draw_method
         ``"auto"``, ``"loop"`` or ``"sort"`` (the within-stratum draw).
+    control_variate
+        Fixed by the registration: ``False`` for ``"stratified"``, ``True`` for
+        ``"cv-stratified"`` (:data:`build_cv_stratified`); not a user option.
 
     Draws are always without replacement within a stratum (the paper's design; never worse
     than with replacement, same cost), so ``replace`` does not apply. ``info["strata"]`` is the
     :class:`Strata`; ``info["design"]`` the design.
     """
     del replace, rng_key
-    return _build("stratified", potential, data, proxy, int(subsample_size), chunk_size,
-                  num_strata, features, kmeans_iters, num_probes, strata_seed, draw_method)
+    t0 = time.perf_counter()
+    name = "cv-stratified" if control_variate else "stratified"
+    n = int(subsample_size)
+    N = potential.num_data
+    if not isinstance(num_strata, (int, np.integer)) or num_strata < 1:
+        raise ValueError(f"num_strata must be a positive integer, got {num_strata!r}.")
+    if num_strata > n:
+        raise ValueError(
+            f"num_strata={num_strata} exceeds the subsample size {n}: each stratum needs at "
+            "least one draw per step. Lower num_strata or raise the plate's subsample_size."
+        )
+    if draw_method not in DRAW_METHODS:
+        raise ValueError(f"draw_method must be one of {DRAW_METHODS}, got {draw_method!r}.")
+    if not isinstance(num_probes, (int, np.integer)) or num_probes < 1:
+        raise ValueError(f"num_probes must be a positive integer, got {num_probes!r}.")
+    if control_variate and proxy is None:
+        raise ValueError(f"estimator={name!r} needs a proxy (its centre θ̂ and ∇f_i(θ̂)).")
+    if features is None:
+        feats, passes = stratified_features(
+            name, potential, data, proxy, num_probes=num_probes, seed=strata_seed,
+            chunk_size=chunk_size,
+        )
+        kind = "cv-residuals" if control_variate else "gradients"
+    else:
+        feats, passes, kind = np.asarray(features), 0.0, "user"
+        if feats.ndim == 1:
+            feats = feats[:, None]
+        if feats.ndim != 2 or feats.shape[0] != N:
+            raise ValueError(
+                f"features must have shape (N, p) with N={N} (the size of plate "
+                f"'{potential.plate.name}'), got {feats.shape}."
+            )
+    strata = make_strata(feats, int(num_strata), n, kmeans_iters=kmeans_iters, seed=strata_seed)
+    design = stratified_design(strata, potential.init_theta.dtype, draw_method)
+    cv = control_variate_from_proxy(proxy) if control_variate else None
+    info = {"strata": strata, "design": design, "features": kind, "data_passes": passes,
+            "seconds": time.perf_counter() - t0}
+    return make_estimator(potential, design, cv, name=name, data_passes=passes, info=info)
 
 
-def build_cv_stratified(
-    potential: Potential,
-    data: ModelData,
-    proxy=None,
-    *,
-    subsample_size: int,
-    replace: bool = True,
-    rng_key: jax.Array | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-    num_strata: int = 10,
-    features: Any = None,
-    kmeans_iters: int = 5,
-    num_probes: int = 2,
-    strata_seed: int = 0,
-    draw_method: str = "auto",
-) -> GradientEstimator:
-    """Fu and Zhang (2023, Eq. 10) on the residuals of the Taylor control variate (Baker et al.
-    2019, Eq. 4). Options as :func:`build_stratified`."""
-    del replace, rng_key
-    return _build("cv-stratified", potential, data, proxy, int(subsample_size), chunk_size,
-                  num_strata, features, kmeans_iters, num_probes, strata_seed, draw_method)
+#: Fu and Zhang (2023, Eq. 10) on the control-variate residuals: :func:`build_stratified` with
+#: the Taylor control variate (Baker et al. 2019, Eq. 4); options as there.
+build_cv_stratified = partial(build_stratified, control_variate=True)

@@ -21,7 +21,7 @@ __all__ = ["ZVStats", "zv_covariates", "empty_stats", "welford_update", "flat_fn
 
 
 def zv_covariates(theta: Any, grad: Any, degree: int = 1, xp: Any = jnp) -> Any:
-    """Zero-mean ZV covariates u(θ, ŝ) (module docstring; paper 002 Eq. 13).
+    """Zero-mean ZV covariates u(θ, ŝ) (module docstring; Baker et al. 2019, Eq. 13).
 
     ``theta``, ``grad``: (..., d) unconstrained position and estimate of ∇ log π at it.
     Returns (..., d) for degree 1 and (..., d(d+3)/2) for degree 2.

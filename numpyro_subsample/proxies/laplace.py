@@ -1,10 +1,11 @@
-"""Proxies of the posterior: a centre θ̂ and a covariance Σ̂ in unconstrained space.
+"""The Laplace proxy: a centre θ̂ and a covariance Σ̂ in unconstrained space.
 
-The Laplace proxy (paper 002, Sect. 3: the centring value replaces burn-in) finds the mode by
-stochastic optimisation (Optax Adam on the model's own minibatches, a couple of epochs), then
-polishes it with damped Newton steps on the full data, each one chunked data pass that also
-yields the Hessian; Σ̂ is the inverse Hessian at the mode. The per-datum gradients ∇f_i(θ̂) are
-kept for the control variates and the preferential weights.
+As in Baker, Fearnhead, Fox and Nemeth (2019, Sect. 3: the centring value replaces burn-in),
+the mode is found by stochastic optimisation (Optax Adam on the model's own minibatches, a
+couple of epochs), then polished with damped Newton steps on the full data, each one chunked
+data pass that also yields the Hessian; Σ̂ is the inverse Hessian at the mode. The sum of the
+per-datum gradients Σ_i ∇f_i(θ̂) comes from the last Newton pass; the (N, d) table of ∇f_i(θ̂)
+is computed only on request.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def fit_laplace(
     store_datum_grads: bool = True,
     progress: bool = False,
 ) -> Proxy:
-    """Laplace proxy: mode by Adam + full-data Newton, Σ̂ = (∇²f(θ̂))⁻¹ (paper 002 Sect. 3).
+    """Laplace proxy: mode by Adam + full-data Newton, Σ̂ = (∇²f(θ̂))⁻¹ (Baker et al. 2019, Sect. 3).
 
     The data passes used are counted in ``num_data_passes`` (Adam epochs + one per Newton
     evaluation + one for the per-datum gradients). Raises ``ValueError`` if the potential is

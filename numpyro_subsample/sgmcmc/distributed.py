@@ -46,10 +46,10 @@ from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
+from numpyro_subsample.estimators.base import ControlVariate, make_estimator
 from numpyro_subsample.estimators.selection import SamplingDesign
-from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.sgmcmc.kernel import SGLD, SamplerParams, SGMCMCState
+from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, SGMCMCState
+from numpyro_subsample.sgmcmc.kernel import SGLD
 from numpyro_subsample.sgmcmc.shards import (
     ShardLayout,
     ShardParams,
@@ -71,6 +71,7 @@ __all__ = [
     "DistributedPreprocessed",
     "DistributedSetup",
     "DistributedSGLD",
+    "ShardFacts",
     "ShardLayout",
     "ShardParams",
     "shard_design",
@@ -80,25 +81,31 @@ __all__ = [
 DISTRIBUTED_ESTIMATORS = ("uniform", "cv")
 
 
-class DistributedPreprocessed(NamedTuple):
-    """The fields of :class:`~numpyro_subsample.sgmcmc.kernel.Preprocessed` (``estimator``:
-    the single-device reference of the distributed estimator, :func:`shard_design` on the full
-    data; ``params.estimator``: the :class:`ShardParams` on the devices) and the layout and
-    the measured noise within and between shards."""
+class ShardFacts(NamedTuple):
+    """The shard layout and the measured noise within and between shards (the v_within and
+    v_between of the default step size, :class:`DistributedSGLD`)."""
 
-    potential: Potential
-    proxy: Proxy | None
-    estimator: GradientEstimator
-    step_size: float
-    noise: float
-    centre: jax.Array
-    scale_tril: jax.Array
-    seconds: float
-    data_passes: float
-    params: SamplerParams
     layout: ShardLayout
     noise_within: float
     noise_between: float
+
+
+class DistributedPreprocessed(NamedTuple):
+    """The core's :class:`~numpyro_subsample.sgmcmc.kernel.Preprocessed` (``estimator``: the
+    single-device reference of the distributed estimator, :func:`shard_design` on the full
+    data; ``params.estimator``: the :class:`ShardParams` on the devices) and the
+    :class:`ShardFacts`. The fields of both read as attributes (``pre.params``,
+    ``pre.layout``)."""
+
+    core: Preprocessed
+    shards: ShardFacts
+
+    def __getattr__(self, name: str) -> Any:
+        if name in Preprocessed._fields:
+            return getattr(self.core, name)
+        if name in ShardFacts._fields:
+            return getattr(self.shards, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class DistributedSetup(NamedTuple):
@@ -284,10 +291,11 @@ class DistributedSGLD(SGLD):
             potential, shard_design(layout, n, self.replace, dtype), cv_ref,
             name=f"shard-{self.estimator_name}", data_passes=passes - base.data_passes,
         )
-        return DistributedPreprocessed(
+        core = Preprocessed(
             potential, proxy, reference, float(step_size), noise, base.centre, base.scale_tril,
-            time.perf_counter() - t0, passes, params, layout, v_w, v_b,
+            time.perf_counter() - t0, passes, params,
         )
+        return DistributedPreprocessed(core, ShardFacts(layout, v_w, v_b))
 
     def shard_estimates(self, keys: jax.Array, theta: jax.Array) -> jax.Array:
         """g_s(θ) (Eq. 1, full-gradient scale, estimates ∇f) for each shard s and each key:

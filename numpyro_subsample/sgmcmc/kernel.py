@@ -1,10 +1,9 @@
 """Stochastic-gradient MCMC kernels for NumPyro: SGLD, SGHMC, SGNHT.
 
-A functional core (pure ``step(state, data)`` and per-chain init over the NamedTuple
-:class:`SGMCMCState`) wrapped by the thin adapter of :mod:`numpyro_subsample.core.adapter`.
-The chain moves in coordinates whitened by the proxy, θ = θ̂ + L w with Σ̂ = L Lᵀ; the arrays
-of the preprocessing (θ̂, L, step size, the estimator's arrays) travel in the state's
-``params`` field, so the compiled loop is reused for new data of the same shapes.
+The functional core (:mod:`numpyro_subsample.sgmcmc.chain`: pure per-chain init and
+``step(state, data)`` over :class:`SGMCMCState`) wrapped by the thin adapter of
+:mod:`numpyro_subsample.core.adapter`; the classes here choose the dynamics, the step-size rule
+and run the preprocessing (proxy, estimator, measured noise).
 """
 
 from __future__ import annotations
@@ -12,31 +11,28 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
-from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.core.rng import STEP_RNG, raw_key, split_step_key
-from numpyro_subsample.estimators.base import GradientEstimator
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.noise import measure_whitened_noise
 from numpyro_subsample.estimators.registry import ESTIMATORS, NEEDS_PROXY, configure_estimator
-from numpyro_subsample.estimators.zv import (
-    ZVStats,
-    default_g,
-    empty_stats,
-    flat_fn,
-    num_covariates,
-    welford_update,
-    zv_covariates,
-)
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.sgmcmc.chain import (
+    Preprocessed,
+    SamplerParams,
+    SGMCMCState,
+    Whitening,
+    _Config,
+    chain_programs,
+)
 from numpyro_subsample.sgmcmc.dynamics import (
     Dynamics,
     sghmc_dynamics,
@@ -54,150 +50,6 @@ __all__ = [
     "SGHMC",
     "SGNHT",
 ]
-
-
-class SamplerParams(NamedTuple):
-    """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w,
-    the step size h and the estimator's arrays."""
-
-    centre: jax.Array
-    scale_tril: jax.Array
-    step_size: jax.Array
-    estimator: Any
-    init_tril: jax.Array  # Cholesky factor of the proxy covariance, for initial draws
-
-
-class SGMCMCState(NamedTuple):
-    """State of a stochastic-gradient chain.
-
-    ``z``: unconstrained latent values (dict); ``w``: whitened position (θ = θ̂ + L w);
-    ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step;
-    ``subsample_size``: data used for ``grad``; ``diverging``: the last proposed step was
-    non-finite and was rejected; ``data_passes``: cumulative data evaluations / N, including
-    preprocessing; ``params``: the preprocessing's arrays (shared by vectorized chains);
-    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``).
-    """
-
-    i: jax.Array
-    z: dict
-    w: jax.Array
-    momentum: jax.Array
-    thermostat: jax.Array
-    grad: jax.Array
-    subsample_size: jax.Array
-    diverging: jax.Array
-    data_passes: jax.Array
-    rng_key: jax.Array
-    params: SamplerParams
-    zv_stats: ZVStats | None = None
-
-
-class Preprocessed(NamedTuple):
-    """Everything computed once per data set before sampling."""
-
-    potential: Potential
-    proxy: Proxy | None
-    estimator: GradientEstimator
-    step_size: float
-    noise: float
-    centre: jax.Array
-    scale_tril: jax.Array
-    seconds: float
-    data_passes: float
-    params: SamplerParams
-
-
-class Whitening(NamedTuple):
-    """The proxy and the whitening θ = θ̂ + L w (``init_tril``: the proxy's Cholesky factor,
-    for initial draws); ``data_passes`` spent on the proxy."""
-
-    proxy: Proxy | None
-    centre: jax.Array
-    scale_tril: jax.Array
-    init_tril: jax.Array
-    data_passes: float
-
-
-class _Config(NamedTuple):
-    """Static configuration of the compiled step (hashable; equal configs share code)."""
-
-    potential: Potential
-    estimate: Callable
-    dynamics: Dynamics
-    rng_impl: str
-    init_strategy: str  # "proxy", "centre"
-    precondition_draw: bool  # w is whitened by the proxy (True) or raw θ − θ̂ (False)
-    base_passes: float
-    zv_degree: int  # 0: no ZV streaming
-    zv_fn: Callable | None
-    num_warmup: int
-
-
-@lru_cache(maxsize=64)
-def _programs(cfg: _Config) -> tuple[Callable, Callable]:
-    """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)`` of a config."""
-    pot, estimate, dynamics = cfg.potential, cfg.estimate, cfg.dynamics
-    inv_n = 1.0 / pot.num_data
-    zv_flat = None
-    if cfg.zv_degree:
-        g_fn = cfg.zv_fn or default_g
-
-        def zv_flat(z, data):
-            return flat_fn(lambda zz: g_fn(pot.constrain(zz, data)), z)[0](z)
-
-    def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
-        p = state.params
-        key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
-        grad_w = p.scale_tril.T @ state.grad
-        w, mom, xi = dynamics.step(
-            k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size
-        )
-        theta = p.centre + p.scale_tril @ w
-        g, n = estimate(p.estimator, k_est, theta, data)
-        finite = jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(g))
-        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-        w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
-        grad = keep(-g, state.grad)
-        z = jax.tree.map(keep, pot.unravel(theta), state.z)
-        new = SGMCMCState(
-            state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~finite,
-            state.data_passes + n * inv_n, key, p, state.zv_stats,
-        )
-        if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
-            theta_z = ravel_pytree(new.z)[0]
-            u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
-            gv = zv_flat(new.z, data).astype(theta_z.dtype)
-            stats = welford_update(state.zv_stats, u, gv, new.i > cfg.num_warmup)
-            new = new._replace(zv_stats=stats)
-        return new
-
-    def init_one(rng_key, init_params, data, params: SamplerParams) -> SGMCMCState:
-        k_pos, k_mom, k_est, key = jax.random.split(rng_key, 4)
-        key = raw_key(key)
-        centre, tril = params.centre, params.scale_tril
-        d = centre.shape[0]
-        if init_params is not None:
-            theta = ravel_pytree(init_params)[0].astype(centre.dtype)
-            w = jax.scipy.linalg.solve_triangular(tril, theta - centre, lower=True)
-        elif cfg.init_strategy == "proxy":  # θ ~ N(θ̂, Σ̂) of the proxy
-            xi = jax.random.normal(k_pos, (d,), centre.dtype)
-            w = xi if cfg.precondition_draw else params.init_tril @ xi
-        else:
-            w = jnp.zeros((d,), centre.dtype)
-        theta = centre + tril @ w
-        g, n = estimate(params.estimator, k_est, theta, data)
-        mom, xi = dynamics.init_momentum(k_mom, w)
-        stats = None
-        if cfg.zv_degree:
-            m = jax.eval_shape(zv_flat, pot.unravel(theta), data).shape[0]
-            stats = empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype)
-        return SGMCMCState(
-            jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
-            jnp.asarray(n, jnp.int32), jnp.zeros((), bool),
-            jnp.asarray(cfg.base_passes + n * inv_n, centre.dtype), key, params, stats,
-        )
-
-    return init_one, step
 
 
 class SGMCMCKernel(SubsampleKernel):
@@ -425,7 +277,7 @@ class SGMCMCKernel(SubsampleKernel):
         )
 
     def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
-        init_one, step = _programs(self._config(pre, num_warmup, traced))
+        init_one, step = chain_programs(self._config(pre, num_warmup, traced))
         return init_one, step, pre.params
 
     def _state_axes(self) -> SGMCMCState:

@@ -26,7 +26,7 @@ from numpyro_subsample.core.datapass import map_data
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.base import ControlVariate
 from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
-from numpyro_subsample.sgmcmc.kernel import SamplerParams, SGMCMCState
+from numpyro_subsample.sgmcmc.chain import SamplerParams, SGMCMCState
 
 __all__ = ["ShardLayout", "shard_layout", "shard_design", "ShardParams"]
 
