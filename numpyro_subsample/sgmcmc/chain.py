@@ -45,6 +45,7 @@ class SamplerParams(NamedTuple):
     step_size: jax.Array
     estimator: Any
     init_tril: jax.Array  # Cholesky factor of the proxy covariance, for initial draws
+    data_passes: jax.Array  # data passes spent on the preprocessing
 
 
 class SGMCMCState(NamedTuple):
@@ -107,7 +108,6 @@ class _Config(NamedTuple):
     rng_impl: str
     init_strategy: str  # "proxy", "centre"
     precondition_draw: bool  # w is whitened by the proxy (True) or raw θ − θ̂ (False)
-    base_passes: float
     zv_degree: int  # 0: no ZV streaming
     zv_fn: Callable | None
     num_warmup: int
@@ -174,7 +174,7 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         return SGMCMCState(
             jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
             jnp.asarray(n, jnp.int32), jnp.zeros((), bool),
-            jnp.asarray(cfg.base_passes + n * inv_n, centre.dtype), key, params, stats,
+            (params.data_passes + n * inv_n).astype(centre.dtype), key, params, stats,
         )
 
     return init_one, step

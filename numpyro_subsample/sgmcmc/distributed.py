@@ -278,7 +278,7 @@ class DistributedSGLD(SGLD):
         shard_params = ShardParams(sharded, weights, jax.device_put(taus, rep), cv)
         params = SamplerParams(
             *jax.device_put((base.centre, base.scale_tril, jnp.zeros((), dtype)), rep),
-            shard_params, jax.device_put(base.init_tril, rep),
+            shard_params, *jax.device_put((base.init_tril, jnp.zeros((), dtype)), rep),
         )
         q = jnp.asarray(layout.frequencies, dtype)
         within, between = _shard_noise(cfg, params, q, preprocess_keys(self.seed)[3], 1.5, 8, 16)
@@ -286,7 +286,10 @@ class DistributedSGLD(SGLD):
         v_w, v_b = top(within), top(between)
         noise = v_w + float(np.sum(layout.frequencies * layout.trajectory_lengths)) * v_b
         step_size = self._chosen_step_size(noise)
-        params = params._replace(step_size=jax.device_put(jnp.asarray(step_size, dtype), rep))
+        params = params._replace(
+            step_size=jax.device_put(jnp.asarray(step_size, dtype), rep),
+            data_passes=jax.device_put(jnp.asarray(passes, dtype), rep),
+        )
         reference = make_estimator(
             potential, shard_design(layout, n, self.replace, dtype), cv_ref,
             name=f"shard-{self.estimator_name}", data_passes=passes - base.data_passes,

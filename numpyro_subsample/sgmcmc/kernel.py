@@ -257,13 +257,15 @@ class SGMCMCKernel(SubsampleKernel):
         )
         noise, _ = measure_whitened_noise(estimator, wh.centre, wh.scale_tril, k_noise, data)
         step_size = self._chosen_step_size(noise)
+        passes = wh.data_passes + estimator.data_passes
+        dtype = wh.centre.dtype
         params = SamplerParams(
-            wh.centre, wh.scale_tril, jnp.asarray(step_size, wh.centre.dtype), estimator.params,
-            wh.init_tril,
+            wh.centre, wh.scale_tril, jnp.asarray(np.asarray(step_size, dtype)),
+            estimator.params, wh.init_tril, jnp.asarray(np.asarray(passes, dtype)),
         )
         return Preprocessed(
             potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
-            time.perf_counter() - t0, wh.data_passes + estimator.data_passes, params,
+            time.perf_counter() - t0, passes, params,
         )
 
     # -- the functional core --------------------------------------------------------------------
@@ -272,7 +274,7 @@ class SGMCMCKernel(SubsampleKernel):
         return _Config(
             pre.potential, pre.estimator.estimate, self._dynamics(),
             "threefry2x32" if traced else STEP_RNG, init_strategy, self.preconditioning,
-            pre.data_passes, self.zv_degree if self.zv_stream else 0, self.zv_fn,
+            self.zv_degree if self.zv_stream else 0, self.zv_fn,
             int(num_warmup) if self.zv_stream else 0,
         )
 

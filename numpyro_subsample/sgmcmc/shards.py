@@ -221,7 +221,7 @@ def _param_specs(cfg: _Shards, params: SamplerParams) -> SamplerParams:
     axis, sp = _axis(cfg), params.estimator
     cv = None if sp.cv is None else ControlVariate(P(), P(), P(axis))
     data = _data_specs(sp.data, cfg.potential.data_leaves, axis)
-    return SamplerParams(P(), P(), P(), ShardParams(data, P(), P(), cv), P())
+    return SamplerParams(P(), P(), P(), ShardParams(data, P(), P(), cv), P(), P())
 
 
 def _chain_specs(cfg: _Shards) -> SGMCMCState:
