@@ -45,9 +45,12 @@ spans, names, hits = [], [], [0]
 EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
           "/jax/core/compile/jaxpr_to_mlir_module_duration",
           "/jax/core/compile/backend_compile_duration")
+per_program = {}
 def span(event, start, end, **kw):
     if event in EVENTS:
         spans.append((start, end))
+        name = kw.get("fun_name", "?").removeprefix("jit(").removesuffix(")")
+        per_program[name] = per_program.get(name, 0.0) + end - start
     if event == EVENTS[2]:
         names.append(kw.get("fun_name", "?"))
 def count(event, **kw):
@@ -84,12 +87,14 @@ X, y = data(0)
 jax.block_until_ready((X, y))
 kernel = SGLD(model, progress_bar=False)
 mcmc = MCMC(kernel, num_warmup=1000, num_samples=10_000, progress_bar=False, jit_model_args=True)
-spans.clear()
+spans.clear(); per_program.clear()
 t0 = time.perf_counter()
 mcmc.run(jax.random.PRNGKey(0), X, y)
 draws = jax.block_until_ready(mcmc.get_samples()["beta"])
 out["cold_total_s"] = time.perf_counter() - t0
 out["cold_compile_s"] = merged(spans)
+out["cold_programs"] = len(per_program)
+out["cold_top_programs"] = sorted(per_program.items(), key=lambda kv: -kv[1])[:8]
 out["preprocess_s"] = kernel.preprocessed.seconds
 out["sampling_s"] = out["cold_total_s"] - out["preprocess_s"]
 out["step_size"] = kernel.step_size
@@ -152,6 +157,9 @@ def main(argv=None) -> None:
               f"| {r['N']:,} | {r['cold_total_s']:.2f} | {r['cold_compile_s']:.2f} | "
               f"{r['preprocess_s']:.2f} | {r['sampling_s']:.2f} | {r['rerun_total_s']:.2f} | "
               f"{r['rerun_compilations']} | – | – |")
+    for r in rows:
+        top = ", ".join(f"{k} {v:.2f}" for k, v in r["cold_top_programs"])
+        print(f"N={r['N']:,}: {r['cold_programs']} programs traced/compiled; slowest (s): {top}")
     c = {r["N"]: r["cold_compile_s"] for r in rows}
     if len(c) > 1:
         lo, hi = min(c), max(c)
