@@ -241,3 +241,23 @@ def test_kernel_and_mcmc_pickle_and_run_again(small):
     m3 = MCMC(k2, num_warmup=20, num_samples=30, progress_bar=False)
     m3.run(jax.random.PRNGKey(0), X, y)
     np.testing.assert_allclose(m3.get_samples()["beta"], mcmc.get_samples()["beta"], rtol=1e-5)
+
+
+def test_exploding_chain_is_flagged_not_returned(linreg):
+    """A too-large step makes the chain grow geometrically while staying finite (|1 − h| > 1 on
+    a Gaussian target in whitened coordinates): states beyond MAX_PROXY_SD proxy sds are
+    rejected and flagged, so no draw explodes and the run warns."""
+    from numpyro_subsample.sgmcmc.chain import MAX_PROXY_SD
+
+    X, y, (mean, sd) = linreg
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(linreg_model, step_size=3.0)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=300, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    beta = np.asarray(mcmc.get_samples()["beta"], np.float64)
+    div = np.asarray(mcmc.get_extra_fields()["diverging"])
+    assert div.sum() > 100, div.sum()
+    proxy_sd = np.sqrt(np.diag(np.asarray(kernel.proxy.cov)))
+    assert np.all(np.abs(beta - np.asarray(kernel.proxy.centre)) < MAX_PROXY_SD * proxy_sd * 5)
+    with pytest.warns(UserWarning, match="smaller step_size"):
+        to_arviz(mcmc)

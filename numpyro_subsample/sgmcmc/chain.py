@@ -33,7 +33,19 @@ from numpyro_subsample.estimators.zv import (
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 
-__all__ = ["SamplerParams", "SGMCMCState", "Preprocessed", "Whitening", "chain_programs"]
+__all__ = [
+    "MAX_PROXY_SD",
+    "SamplerParams",
+    "SGMCMCState",
+    "Preprocessed",
+    "Whitening",
+    "chain_programs",
+]
+
+#: A proposed state farther than this many proxy standard deviations from the proxy centre (in
+#: any whitened coordinate) is treated as an exploding chain: the step is rejected and marked
+#: ``diverging``, like a non-finite one.
+MAX_PROXY_SD = 1e3
 
 
 class SamplerParams(NamedTuple):
@@ -54,7 +66,8 @@ class SGMCMCState(NamedTuple):
     ``z``: unconstrained latent values (dict); ``w``: whitened position (θ = θ̂ + L w);
     ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step;
     ``subsample_size``: data used for ``grad``; ``diverging``: the last proposed step was
-    non-finite and was rejected; ``data_passes``: cumulative data evaluations / N, including
+    non-finite or farther than :data:`MAX_PROXY_SD` proxy sds from the centre, and was
+    rejected; ``data_passes``: cumulative data evaluations / N, including
     preprocessing; ``params``: the preprocessing's arrays (shared by vectorized chains);
     ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``).
     """
@@ -134,7 +147,14 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         )
         theta = p.centre + p.scale_tril @ w
         g, n = estimate(p.estimator, k_est, theta, data)
-        finite = jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(g))
+        # distance from the proxy centre in proxy standard deviations (w itself when whitened)
+        z_sd = w if cfg.precondition_draw else jax.scipy.linalg.solve_triangular(
+            p.init_tril, w, lower=True
+        )
+        finite = (
+            jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(g))
+            & (jnp.max(jnp.abs(z_sd)) < MAX_PROXY_SD)
+        )
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
         grad = keep(-g, state.grad)
