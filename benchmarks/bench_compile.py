@@ -36,39 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from jax import monitoring
 from numpyro.infer import MCMC, NUTS
 from numpyro_subsample import SGLD
+from numpyro_subsample.compare.timing import CompileTimer
 
 N, run_nuts = int(sys.argv[1]), sys.argv[2] == "1"
-spans, names, hits = [], [], [0]
-EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
-          "/jax/core/compile/jaxpr_to_mlir_module_duration",
-          "/jax/core/compile/backend_compile_duration")
-per_program = {}
-def span(event, start, end, **kw):
-    if event in EVENTS:
-        spans.append((start, end))
-        name = kw.get("fun_name", "?").removeprefix("jit(").removesuffix(")")
-        per_program[name] = per_program.get(name, 0.0) + end - start
-    if event == EVENTS[2]:
-        names.append(kw.get("fun_name", "?"))
-def count(event, **kw):
-    if event == "/jax/compilation_cache/cache_hits":
-        hits[0] += 1
-monitoring.register_event_time_span_listener(span)
-monitoring.register_event_listener(count)
-
-def merged(sp):
-    tot, cs, ce = 0.0, None, None
-    for a, b in sorted(sp):
-        if ce is None or a > ce:
-            if ce is not None:
-                tot += ce - cs
-            cs, ce = a, b
-        else:
-            ce = max(ce, b)
-    return tot + (ce - cs if ce is not None else 0.0)
 
 def model(X, y=None):
     beta = numpyro.sample("beta", dist.Normal(0, 10).expand([X.shape[1]]).to_event(1))
@@ -87,27 +59,27 @@ X, y = data(0)
 jax.block_until_ready((X, y))
 kernel = SGLD(model, progress_bar=False)
 mcmc = MCMC(kernel, num_warmup=1000, num_samples=10_000, progress_bar=False, jit_model_args=True)
-spans.clear(); per_program.clear()
-t0 = time.perf_counter()
-mcmc.run(jax.random.PRNGKey(0), X, y)
-draws = jax.block_until_ready(mcmc.get_samples()["beta"])
-out["cold_total_s"] = time.perf_counter() - t0
-out["cold_compile_s"] = merged(spans)
-out["cold_programs"] = len(per_program)
-out["cold_top_programs"] = sorted(per_program.items(), key=lambda kv: -kv[1])[:8]
+with CompileTimer() as ct:
+    t0 = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    draws = jax.block_until_ready(mcmc.get_samples()["beta"])
+    out["cold_total_s"] = time.perf_counter() - t0
+out["cold_compile_s"] = ct.seconds
+out["cold_programs"] = len(ct.per_program)
+out["cold_top_programs"] = sorted(ct.per_program.items(), key=lambda kv: -kv[1])[:8]
 out["preprocess_s"] = kernel.preprocessed.seconds
 out["sampling_s"] = out["cold_total_s"] - out["preprocess_s"]
 out["step_size"] = kernel.step_size
 X2, y2 = data(1)
 jax.block_until_ready((X2, y2))
-spans.clear(); names.clear(); hits[0] = 0
-t0 = time.perf_counter()
-mcmc.run(jax.random.PRNGKey(1), X2, y2)
-jax.block_until_ready(mcmc.get_samples()["beta"])
-out["rerun_total_s"] = time.perf_counter() - t0
-out["rerun_compilations"] = len(names) - hits[0]
-out["rerun_programs"] = list(names)
-out["rerun_trace_lower_s"] = merged(spans)
+with CompileTimer() as ct:
+    t0 = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(1), X2, y2)
+    jax.block_until_ready(mcmc.get_samples()["beta"])
+    out["rerun_total_s"] = time.perf_counter() - t0
+out["rerun_compilations"] = ct.compiled
+out["rerun_programs"] = ct.programs
+out["rerun_trace_lower_s"] = ct.seconds
 if run_nuts:
     def full(X, y=None):
         beta = numpyro.sample("beta", dist.Normal(0, 10).expand([X.shape[1]]).to_event(1))

@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compile_utils import CompileCounter, persistent_cache
+from compile_utils import persistent_cache
 from models import logistic_data, logistic_model
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD
+from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, build_potential
 
@@ -33,10 +34,10 @@ def test_rerun_on_new_same_shape_data_compiles_nothing(chain_method, num_chains)
         mcmc.get_samples()  # NumPyro's own reshape of the draws, compiled once
         first_centre = np.asarray(kernel.proxy.centre)
         X2, y2 = _data(1)
-        with CompileCounter() as cc:
+        with CompileTimer() as cc:
             mcmc.run(jax.random.PRNGKey(1), X2, y2)
             beta = np.asarray(mcmc.get_samples()["beta"])
-        assert cc.compiled == 0, cc.names
+        assert cc.compiled == 0, cc.programs
         # the second run really used the new data: new proxy, draws near its centre
         assert not np.allclose(kernel.proxy.centre, first_centre)
         sd = np.sqrt(np.diag(np.asarray(kernel.proxy.cov)))
@@ -49,10 +50,10 @@ def test_default_jit_model_args_reuses_our_programs():
     kernel = SGLD(logistic_model)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=50, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), *_data(2))
-    with CompileCounter() as cc:
+    with CompileTimer() as cc:
         mcmc.run(jax.random.PRNGKey(1), *_data(3))
-    ours = [n for n in cc.names if "fori_collect" not in n and "body_fn" not in n]
-    assert ours == [], cc.names
+    ours = [n for n in cc.programs if "fori_collect" not in n and "body_fn" not in n]
+    assert ours == [], cc.programs
 
 
 def test_equal_values_in_new_arrays_skip_the_refit():

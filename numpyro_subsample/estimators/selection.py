@@ -27,10 +27,6 @@ class SamplingDesign(NamedTuple):
     num_data: int
     params: Any = None
 
-    def sample(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``draw`` with the design's own params."""
-        return self.draw(self.params, key)
-
 
 def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.Array:
     """n distinct indices, uniformly distributed over the n-subsets of range(population).
