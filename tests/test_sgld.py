@@ -261,3 +261,8 @@ def test_exploding_chain_is_flagged_not_returned(linreg):
     assert np.all(np.abs(beta - np.asarray(kernel.proxy.centre)) < MAX_PROXY_SD * proxy_sd * 5)
     with pytest.warns(UserWarning, match="smaller step_size"):
         to_arviz(mcmc)
+
+
+def test_default_step_without_preconditioning_is_refused_at_construction():
+    with pytest.raises(ValueError, match="step_size=None needs preconditioning=True"):
+        SGLD(logistic_hier_model, preconditioning=False)

@@ -196,6 +196,3 @@ class SubsampleKernel(MCMCKernel):
             state.pop(key, None)
         state["_potentials"] = {}
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)

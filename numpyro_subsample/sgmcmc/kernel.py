@@ -140,6 +140,11 @@ class SGMCMCKernel(SubsampleKernel):
             raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
         if not (isinstance(proxy, Proxy) or proxy in ("laplace", "variational")):
             raise ValueError(f"proxy must be 'laplace', 'variational' or a Proxy, got {proxy!r}.")
+        if step_size is None and not preconditioning:
+            raise ValueError(
+                "step_size=None needs preconditioning=True (the default rule works in "
+                "whitened coordinates); pass a step_size."
+            )
         if init_strategy not in ("proxy", "centre"):
             raise ValueError(f"init_strategy must be 'proxy' or 'centre', got {init_strategy!r}.")
         if int(chunk_size) < 1:
@@ -238,14 +243,7 @@ class SGMCMCKernel(SubsampleKernel):
         return Whitening(proxy, centre, tril, init_tril, float(passes))
 
     def _chosen_step_size(self, noise: float) -> float:
-        if self._step_size is not None:
-            return self._step_size
-        if not self.preconditioning:
-            raise ValueError(
-                "step_size=None needs preconditioning=True (the default rule works in "
-                "whitened coordinates); pass a step_size."
-            )
-        return self._default_step_size(noise)
+        return self._default_step_size(noise) if self._step_size is None else self._step_size
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         t0 = time.perf_counter()
