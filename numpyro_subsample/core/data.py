@@ -6,13 +6,15 @@ constant), so its size does not grow with N and it is reused for new data of the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ModelData"]
+__all__ = ["ModelData", "indexed_axes"]
 
 
 def _is_array(x: Any) -> bool:
@@ -96,3 +98,74 @@ class ModelData:
     def __repr__(self) -> str:
         pairs = zip(self.names(), self.arrays, strict=True)
         return f"ModelData({', '.join(f'{n}: {a.shape}' for n, a in pairs)})"
+
+
+# -- which arrays the plate's indices select rows of ---------------------------------------------
+#: call primitives whose inner jaxpr takes the call's operands one to one
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+          "remat", "checkpoint"}
+#: primitives whose output is the operand's data (same values, maybe another dtype)
+_SAME = {"convert_element_type", "copy", "copy_p"}
+
+
+def _inner(eqn) -> jex.Jaxpr | None:
+    if eqn.primitive.name not in _CALLS:
+        return None
+    for value in eqn.params.values():
+        jaxpr = value.jaxpr if isinstance(value, jex.ClosedJaxpr) else value
+        if isinstance(jaxpr, jex.Jaxpr) and len(jaxpr.invars) == len(eqn.invars):
+            return jaxpr
+    return None
+
+
+def _walk(jaxpr: jex.Jaxpr, derived: set, alias: dict, found: set) -> None:
+    """Follow index arithmetic on the plate's indices (``derived``) and views of data arrays
+    (``alias``: var -> (array position, original axis of each axis)) through ``jaxpr``; add
+    (position, axis) to ``found`` for every gather of one axis of a data array at derived
+    indices."""
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if isinstance(v, jex.Var)]
+        name = eqn.primitive.name
+        if name == "gather":
+            operand, indices = eqn.invars[:2]
+            dims = eqn.params["dimension_numbers"].start_index_map
+            if operand in alias and indices in derived and len(dims) == 1:
+                pos, axes = alias[operand]
+                found.add((pos, axes[dims[0]]))
+            continue  # gathered values are data, not index arithmetic
+        if name in _SAME and ins and ins[0] in alias:
+            alias[eqn.outvars[0]] = alias[ins[0]]
+        elif name == "transpose" and ins and ins[0] in alias:
+            pos, axes = alias[ins[0]]
+            alias[eqn.outvars[0]] = (pos, tuple(axes[p] for p in eqn.params["permutation"]))
+        inner = _inner(eqn)
+        if inner is not None:
+            pairs = [(o, i) for o, i in zip(eqn.invars, inner.invars, strict=True)
+                     if isinstance(o, jex.Var)]
+            sub_derived = {i for o, i in pairs if o in derived}
+            sub_alias = {i: alias[o] for o, i in pairs if o in alias}
+            _walk(inner, sub_derived, sub_alias, found)
+            for o, i in zip(eqn.outvars, inner.outvars, strict=True):
+                if isinstance(i, jex.Var) and i in sub_derived:
+                    derived.add(o)
+            continue
+        if any(v in derived for v in ins):
+            derived.update(eqn.outvars)
+
+
+def indexed_axes(fn: Callable, idx: Any, data: ModelData) -> set[tuple[int, int]]:
+    """The axes of ``data``'s arrays whose rows ``fn(idx, data)`` selects by ``idx``.
+
+    Returns ``{(position in data.arrays, axis)}`` for every gather of one axis of a data array
+    at indices computed from ``idx`` alone (``X[idx]``, ``jnp.take(X, idx, axis)``,
+    ``X.T[:, idx]``), read from the jaxpr of ``fn``; indices that pass through other data (e.g.
+    ``a[group[idx]]``) are not followed. Raises what tracing ``fn`` raises.
+    """
+    closed = jax.make_jaxpr(fn)(idx, data)
+    invars = closed.jaxpr.invars
+    derived = {invars[0]}
+    alias = {v: (i, tuple(range(np.ndim(a))))
+             for i, (v, a) in enumerate(zip(invars[1:], data.arrays, strict=True))}
+    found: set[tuple[int, int]] = set()
+    _walk(closed.jaxpr, derived, alias, found)
+    return found

@@ -23,12 +23,12 @@ import numpy as np
 
 from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
+from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.ecs import likelihood_proxies as lik
 from numpyro_subsample.ecs.chain import ChainConfig, ECSParams, ECSState, chain_programs
 from numpyro_subsample.ecs.difference import (
-    SELECTIONS,
     loglik_estimates,
     preferential_selection,
     uniform_selection,
@@ -39,6 +39,11 @@ from numpyro_subsample.proxies.laplace import fit_laplace
 __all__ = ["EnergyConservingHMC", "ECSState", "ECSParams", "ECSPreprocessed"]
 
 _OLD_PROXIES = {"taylor": ("laplace", "taylor"), "hybrid": ("variational", "hybrid")}
+
+
+def _divisor(m: int) -> int:
+    """The largest divisor of m up to 100 (a suggestion for num_blocks)."""
+    return max(g for g in range(1, min(m, 100) + 1) if m % g == 0)
 
 
 class ECSPreprocessed(NamedTuple):
@@ -148,7 +153,6 @@ max_tree_depth, trajectory_length, num_steps
         seed: int = 0,
         progress_bar: bool | None = None,
     ) -> None:
-        super().__init__(model, seed=seed)
         if isinstance(proxy, str) and proxy in _OLD_PROXIES:
             new, kind = _OLD_PROXIES[proxy]
             warnings.warn(
@@ -159,37 +163,25 @@ max_tree_depth, trajectory_length, num_steps
             if likelihood_proxy is None:
                 likelihood_proxy = kind
             proxy = new
-        if not (isinstance(proxy, Proxy) or proxy in ("laplace", "variational")):
+        check_options(
+            "EnergyConservingHMC", likelihood_proxy=likelihood_proxy, taylor_order=taylor_order,
+            hybrid_order=hybrid_order, num_blocks=num_blocks, subsample_size=subsample_size,
+            selection=selection, uniform_mix=uniform_mix,
+            num_selection_draws=num_selection_draws, num_mc_draws=num_mc_draws, algo=algo,
+            step_size=step_size, adapt_step_size=adapt_step_size,
+            adapt_mass_matrix=adapt_mass_matrix, dense_mass=dense_mass,
+            target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
+            trajectory_length=trajectory_length, num_steps=num_steps, proxy_kwargs=proxy_kwargs,
+            chunk_size=chunk_size, seed=seed, progress_bar=progress_bar,
+            **({} if isinstance(proxy, Proxy) else {"proxy": proxy}),
+        )
+        if subsample_size is not None and subsample_size % num_blocks:
             raise ValueError(
-                f"proxy must be 'laplace', 'variational' or a Proxy, got {proxy!r}; the "
-                "likelihood approximation is likelihood_proxy=."
+                f"EnergyConservingHMC: subsample_size={subsample_size} is not a multiple of "
+                f"num_blocks={num_blocks}; pass num_blocks dividing it (e.g. "
+                f"{_divisor(subsample_size)}) or change subsample_size."
             )
-        if likelihood_proxy is not None and likelihood_proxy not in lik.LIKELIHOOD_PROXIES:
-            raise ValueError(
-                f"likelihood_proxy must be one of {lik.LIKELIHOOD_PROXIES} or None (the "
-                f"default for the proxy), got {likelihood_proxy!r}."
-            )
-        for name, value in (("taylor_order", taylor_order), ("hybrid_order", hybrid_order)):
-            if value not in (1, 2):
-                raise ValueError(f"{name} must be 1 or 2, got {value!r}.")
-        for name, value, low in (("num_blocks", num_blocks, 1), ("chunk_size", chunk_size, 1),
-                                 ("num_selection_draws", num_selection_draws, 1)):
-            if not (isinstance(value, (int, np.integer)) and value >= low):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if num_mc_draws is not None and not (
-            isinstance(num_mc_draws, (int, np.integer)) and num_mc_draws >= 2
-        ):
-            raise ValueError(
-                f"num_mc_draws must be an integer of at least 2, got {num_mc_draws!r}."
-            )
-        if selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}.")
-        if not 0.0 < float(uniform_mix) <= 1.0:
-            raise ValueError(
-                f"uniform_mix must be in (0, 1] so that every p_i > 0, got {uniform_mix!r}."
-            )
-        if algo not in ("NUTS", "HMC"):
-            raise ValueError(f"algo must be 'NUTS' or 'HMC', got {algo!r}.")
+        super().__init__(model, seed=seed)
         if algo == "HMC" and trajectory_length is None and num_steps is None:
             trajectory_length = 2 * np.pi
         self._proxy_spec = proxy
@@ -267,10 +259,9 @@ max_tree_depth, trajectory_length, num_steps
                 f"subsample_size must be between 2 and N={potential.num_data}, got m={m}."
             )
         if m % self.num_blocks:
-            divisor = max(g for g in range(1, min(m, 100) + 1) if m % g == 0)
             raise ValueError(
                 f"The subsample size m={m} is not a multiple of num_blocks={self.num_blocks}; "
-                f"pass num_blocks dividing m (e.g. {divisor}) or change subsample_size."
+                f"pass num_blocks dividing m (e.g. {_divisor(m)}) or change subsample_size."
             )
         proxy = self._fit_proxy(potential, data, k_proxy)
         spec = self._likelihood_spec(proxy)

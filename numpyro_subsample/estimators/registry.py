@@ -17,10 +17,17 @@ from functools import partial
 from typing import Any
 
 import jax
+import numpy as np
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
+from numpyro_subsample.core.options import OPTIONS, check_options
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.estimators.adaptive import AdaptiveOptions, adaptive_options, adaptive_size
+from numpyro_subsample.estimators.adaptive import (
+    ADAPTIVE_NAMES,
+    AdaptiveOptions,
+    adaptive_options,
+    adaptive_size,
+)
 from numpyro_subsample.estimators.base import (
     GradientEstimator,
     control_variate_from_proxy,
@@ -33,6 +40,7 @@ from numpyro_subsample.estimators.stratified import build_cv_stratified, build_s
 __all__ = [
     "ESTIMATORS",
     "NEEDS_PROXY",
+    "check_estimator_request",
     "configure_estimator",
     "estimator_options",
     "register_estimator",
@@ -95,21 +103,97 @@ def estimator_options(name: str) -> tuple[str, ...] | None:
     return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in fixed)
 
 
+def _typecheck(owner: str, values: dict) -> None:
+    """Types and ranges of the options declared for ``owner`` (:mod:`numpyro_subsample.core.
+    options`); options of a user-registered builder are not declared and pass as given."""
+    spec = OPTIONS.get(owner, {})
+    declared = {k: v for k, v in values.items() if k in spec}
+    if declared:
+        check_options(owner, **declared)
+
+
 def _check_options(name: str, options: dict, adaptive: bool) -> dict:
-    """Split ``options`` into the builder's and the adaptive wrapper's; raise on unknown ones."""
+    """Split ``options`` into the builder's and the adaptive wrapper's; raise on unknown ones
+    (listing the valid ones) and on values of the wrong type or out of range."""
     valid = estimator_options(name)
     if valid is None:
         return dict(options)
     extra = AdaptiveOptions._fields if adaptive else ()
     unknown = sorted(set(options) - set(valid) - set(extra))
     if unknown:
-        hint = "" if adaptive or name not in ("cv", "cv-preferential") else (
+        hint = "" if adaptive or name not in ADAPTIVE_NAMES else (
             "; with adaptive=True also " + ", ".join(AdaptiveOptions._fields))
         raise ValueError(
             f"Unknown option(s) {unknown} for estimator {name!r}; valid options: "
             f"{list(valid) + list(extra) or 'none'}{hint}."
         )
-    return {k: v for k, v in options.items() if k in valid}
+    builder_opts = {k: v for k, v in options.items() if k in valid}
+    _typecheck(f"estimator={name!r}", builder_opts)
+    _typecheck("adaptive=True", {k: v for k, v in options.items() if k not in valid})
+    return builder_opts
+
+
+def check_estimator_request(
+    name: str, options: dict, *, replace: bool = True, potential: Potential | None = None
+) -> None:
+    """Cheap checks of a named configuration and its options, before any data pass.
+
+    ``options`` are those a kernel passes to :func:`configure_estimator` (the builder's,
+    ``subsample_size``, ``adaptive`` and the adaptive options). Without ``potential``: names,
+    types and ranges, and the combinations that need no data; with it, also the checks that
+    need N and the subsample size n (``num_strata`` ≤ n, arrays of N rows, ``n_max`` ≤ N), so
+    that a kernel reports them before fitting its proxy.
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"Unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}.")
+    top = {k: options[k] for k in ("subsample_size", "adaptive") if k in options}
+    check_options("configure_estimator", **top)
+    adaptive = bool(top.get("adaptive", False))
+    if adaptive and name not in ADAPTIVE_NAMES:
+        raise ValueError(
+            "adaptive=True needs a control variate (Putcha et al. 2023, Eq. 18-19); "
+            f"estimator={name!r} has none. Use estimator='cv' or 'cv-preferential'."
+        )
+    rest = {k: v for k, v in options.items() if k not in top}
+    builder_opts = _check_options(name, rest, adaptive)
+    if name in ("preferential", "cv-preferential") and not replace:
+        raise ValueError(
+            f"estimator={name!r} draws the subsample with replacement (Putcha et al. 2023, "
+            "Sect. 3); got replace=False. Pass replace=True."
+        )
+    if potential is None:
+        return
+    N = potential.num_data
+    n = top.get("subsample_size") or potential.plate.subsample_size
+    if n > N:
+        raise ValueError(
+            f"subsample_size={n} exceeds the size N={N} of plate '{potential.plate.name}'; "
+            f"pass an integer between 1 and {N}."
+        )
+    if adaptive:
+        adaptive_options(name, potential, n, builder_opts,
+                         **{k: v for k, v in rest.items() if k not in builder_opts})
+    if name in ("stratified", "cv-stratified"):
+        k = builder_opts.get("num_strata", 10)
+        if k > n:
+            raise ValueError(
+                f"estimator={name!r}: num_strata={k} exceeds the subsample size n={n}: each "
+                "stratum needs at least one draw per step. Lower num_strata or raise the "
+                f"subsample_size of plate '{potential.plate.name}'."
+            )
+        features = builder_opts.get("features")
+        if features is not None and np.shape(features)[0] != N:
+            raise ValueError(
+                f"estimator={name!r}: features must have shape (N, p) with N={N} (the size of "
+                f"plate '{potential.plate.name}'), got {np.shape(features)}."
+            )
+    weights = builder_opts.get("weights")
+    if weights is not None and not isinstance(weights, str) and np.shape(weights) != (N,):
+        raise ValueError(
+            f"estimator={name!r}: weights must be 'approx', 'exact' or an array of length "
+            f"N={N} (the size of plate '{potential.plate.name}'); got shape "
+            f"{np.shape(weights)}."
+        )
 
 
 def configure_estimator(

@@ -45,6 +45,7 @@ from jax.sharding import PartitionSpec as P
 from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.adapter import preprocess_keys
+from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.base import ControlVariate, make_estimator
 from numpyro_subsample.estimators.selection import SamplingDesign
@@ -172,11 +173,11 @@ class DistributedSGLD(SGLD):
         estimator: str = "cv",
         **kwargs: Any,
     ) -> None:
-        if estimator not in DISTRIBUTED_ESTIMATORS:
-            raise ValueError(
-                f"DistributedSGLD supports estimator in {DISTRIBUTED_ESTIMATORS}, got "
-                f"{estimator!r}."
-            )
+        check_options(
+            "DistributedSGLD", num_shards=num_shards, shard_sizes=shard_sizes,
+            shard_frequencies=shard_frequencies, trajectory_length=trajectory_length,
+            adaptive_trajectory=adaptive_trajectory, estimator=estimator,
+        )
         if kwargs.get("zv_stream"):
             raise ValueError("zv_stream=True is not supported by DistributedSGLD.")
         if kwargs.get("store_datum_grads") is not None:

@@ -1,0 +1,465 @@
+"""Every user option of the package's kernels and estimators, declared in one place.
+
+:data:`OPTIONS` maps an owner (a kernel class, ``"estimator='<name>'"`` for the options of a
+named estimator configuration, ``"adaptive=True"`` for the adaptive subsample size) to its
+options, each an :class:`Option`: accepted type, range or choices, meaning and remedy.
+:func:`check_options` validates values against it before any expensive work and raises
+
+- :class:`OptionTypeError` (a ``TypeError``, and a ``ValueError``) for a value of the wrong
+  type,
+- ``ValueError`` for a value out of range, not among the choices, or an unknown option name
+  (listing the valid ones),
+
+with a message naming the owner, the option, the value seen, what the option means and what
+to pass instead. Checks that need the data (N, the subsample size) are made where the data are
+known, before the proxy fit.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OPTIONS", "Option", "OptionTypeError", "check_options", "requirement"]
+
+
+class OptionTypeError(TypeError, ValueError):
+    """An argument of the wrong type. Also a ``ValueError``, so that code catching invalid
+    arguments as ``ValueError`` sees every bad option."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """The declaration of one option.
+
+    Parameters
+    ----------
+    kind
+        ``"int"``, ``"real"`` (finite), ``"bool"``, ``"str"``, ``"array"`` (array-like, at
+        least one dimension), ``"ints"`` / ``"reals"`` (a sequence of such numbers, each in the
+        range), ``"callable"``, ``"mapping"``; or a tuple of these (any of them).
+    meaning
+        What the option is, for the message.
+    low, high, open_low, open_high
+        The range of a number (``None``: unbounded); open or closed ends.
+    choices
+        The accepted values (strings, or numbers for ``"int"``); for a numeric or array kind,
+        strings accepted besides the numbers or arrays.
+    none
+        ``None`` is accepted (the default).
+    remedy
+        What to pass instead (the message ends with it).
+    must
+        Replaces the generated description of the accepted values.
+    """
+
+    kind: str | tuple[str, ...]
+    meaning: str
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    choices: tuple = ()
+    none: bool = False
+    remedy: str = ""
+    must: str = ""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.kind,) if isinstance(self.kind, str) else tuple(self.kind)
+
+
+# -- type tests ----------------------------------------------------------------------------------
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, (bool, np.bool_))
+
+
+def _is_scalar_array(v: Any, kinds: tuple) -> bool:
+    """A 0-d NumPy/JAX array whose dtype is a subtype of one of ``kinds``."""
+    shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
+    return shape == () and dtype is not None and any(np.issubdtype(dtype, k) for k in kinds)
+
+
+def _is_int(v: Any) -> bool:
+    if _is_bool(v):
+        return False
+    return isinstance(v, (numbers.Integral, np.integer)) or _is_scalar_array(v, (np.integer,))
+
+
+def _is_real(v: Any) -> bool:
+    if _is_bool(v):
+        return False
+    if isinstance(v, (numbers.Real, np.integer, np.floating)):
+        return True
+    return _is_scalar_array(v, (np.floating, np.integer))
+
+
+def _is_array(v: Any) -> bool:
+    if isinstance(v, (str, bytes, Mapping)) or v is None:
+        return False
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return len(v.shape) >= 1
+    if isinstance(v, (list, tuple)):
+        try:
+            return np.asarray(v).ndim >= 1
+        except (ValueError, TypeError):
+            return False
+    return False
+
+
+def _is_seq(v: Any, item: Callable[[Any], bool]) -> bool:
+    if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__iter__"):
+        return False
+    if hasattr(v, "shape") and len(v.shape) != 1:
+        return False
+    return all(item(x) for x in v)
+
+
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "int": _is_int,
+    "real": _is_real,
+    "bool": _is_bool,
+    "str": lambda v: isinstance(v, str),
+    "array": _is_array,
+    "ints": lambda v: _is_seq(v, _is_int),
+    "reals": lambda v: _is_seq(v, _is_real),
+    "callable": callable,
+    "mapping": lambda v: isinstance(v, Mapping),
+}
+
+
+# -- descriptions ----------------------------------------------------------------------------------
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _numbers_text(opt: Option, noun: str, single: bool) -> str:
+    """"a positive integer", "an integer ≥ 2", "in (0, 1]", "positive numbers" (plural)."""
+    lo, hi = opt.low, opt.high
+    article = ("an " if noun[0] in "aeiou" else "a ") if single else ""
+    nouns = noun if single else noun + "s"
+    if lo is None and hi is None:
+        return article + nouns
+    if hi is None and lo == 0:
+        adj = "positive" if opt.open_low else "non-negative"
+        return ("a " if single else "") + f"{adj} {nouns}"
+    if hi is None and lo == 1 and noun == "integer":
+        return ("a " if single else "") + f"positive {nouns}"
+    if hi is None:
+        return f"{article}{nouns} {'>' if opt.open_low else '≥'} {_fmt(lo)}"
+    if lo is None:
+        return f"{article}{nouns} {'<' if opt.open_high else '≤'} {_fmt(hi)}"
+    interval = (f"{'(' if opt.open_low else '['}{_fmt(lo)}, "
+                f"{_fmt(hi)}{')' if opt.open_high else ']'}")
+    if single and noun == "number":
+        return f"in {interval}"
+    return f"{article}{nouns} in {interval}"
+
+
+_KIND_TEXT = {"array": "an array", "callable": "a callable", "mapping": "a dict",
+              "str": "a string"}
+
+
+def requirement(opt: Option) -> str:
+    """What ``opt`` accepts, in words ("a positive integer", "in (0, 1]", "'a', 'b' or None")."""
+    if opt.must:
+        return opt.must
+    strings = [repr(c) for c in opt.choices if isinstance(c, str)]
+    numbers_ = [repr(c) for c in opt.choices if not isinstance(c, str)]
+    parts = []
+    for kind in opt.kinds:
+        if kind == "int":
+            parts += numbers_ or [_numbers_text(opt, "integer", True)]
+        elif kind == "real":
+            parts.append(_numbers_text(opt, "number", True))
+        elif kind in ("ints", "reals"):
+            noun = "integer" if kind == "ints" else "number"
+            parts.append("a sequence of " + _numbers_text(opt, noun, False))
+        elif kind == "bool":
+            parts += ["True", "False"]
+        elif not (kind == "str" and strings):
+            parts.append(_KIND_TEXT[kind])
+    parts += strings
+    if len(parts) > 2 and len(parts) == len(strings):
+        return "one of " + ", ".join(parts) + (" or None" if opt.none else "")
+    parts += ["None"] if opt.none else []
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+# -- checking --------------------------------------------------------------------------------------
+def _in_range(opt: Option, x: float) -> bool:
+    if not math.isfinite(x):
+        return False
+    if opt.low is not None and (x < opt.low or (opt.open_low and x == opt.low)):
+        return False
+    if opt.high is not None and (x > opt.high or (opt.open_high and x == opt.high)):
+        return False
+    return True
+
+
+def _problem(opt: Option, value: Any) -> type[Exception] | None:
+    """None if ``value`` is acceptable, else the exception class to raise."""
+    if value is None:
+        return None if opt.none else OptionTypeError
+    if isinstance(value, str):
+        strings = tuple(c for c in opt.choices if isinstance(c, str))
+        if value in strings:
+            return None
+        if strings or "str" in opt.kinds:
+            return ValueError
+        return OptionTypeError
+    matched = [k for k in opt.kinds if k != "str" and _TYPES[k](value)]
+    if not matched:
+        return OptionTypeError
+    for kind in matched:
+        if kind == "int":
+            ints = tuple(c for c in opt.choices if not isinstance(c, str))
+            if (value in ints) if ints else _in_range(opt, float(value)):
+                return None
+        elif kind == "real":
+            if _in_range(opt, float(value)):
+                return None
+        elif kind in ("ints", "reals"):
+            if all(_in_range(opt, float(x)) for x in value):
+                return None
+        else:
+            return None
+    return ValueError
+
+
+def check_options(owner: str, /, **values: Any) -> None:
+    """Validate ``values`` against the options of ``owner`` in :data:`OPTIONS`.
+
+    Raises
+    ------
+    OptionTypeError
+        A value of the wrong type (a ``TypeError`` and a ``ValueError``).
+    ValueError
+        A value out of range or not among the choices, or an unknown option name.
+    """
+    spec = OPTIONS[owner]
+    unknown = sorted(set(values) - set(spec))
+    if unknown:
+        raise ValueError(
+            f"{owner}: unknown option(s) {unknown}; valid options: {sorted(spec)}."
+        )
+    for name, value in values.items():
+        opt = spec[name]
+        exc = _problem(opt, value)
+        if exc is None:
+            continue
+        seen = repr(value) if exc is ValueError else f"{value!r} (type {type(value).__name__})"
+        remedy = opt.remedy or f"Pass {requirement(opt)}."
+        raise exc(
+            f"{owner}: {name} must be {requirement(opt)}, got {seen}. ({name}: {opt.meaning}.) "
+            f"{remedy}"
+        )
+
+
+# -- the declarations ------------------------------------------------------------------------------
+def _positive_int(meaning: str, remedy: str = "", none: bool = False, low: int = 1) -> Option:
+    return Option("int", meaning, low=low, none=none, remedy=remedy)
+
+
+def _flag(meaning: str) -> Option:
+    return Option("bool", meaning, remedy="Pass True or False.")
+
+
+_CHUNK = _positive_int("the number of data per vmapped evaluation in full-data passes",
+                       "Pass e.g. chunk_size=2048 (the default).")
+_SEED = Option("int", "the seed of the preprocessing (proxy fit, estimator, noise measurement)",
+               remedy="Pass an integer, e.g. seed=0.")
+_PROGRESS = Option("bool", "whether the preprocessing shows progress bars", none=True,
+                   remedy="Pass True, False or None (on, except under CI).")
+_PROXY = Option("str", "the posterior proxy N(θ̂, Σ̂)", choices=("laplace", "variational"),
+                must="'laplace', 'variational' or a Proxy",
+                remedy="Pass proxy='laplace' (the default), 'variational' or a fitted Proxy.")
+_PROXY_KWARGS = Option("mapping", "the keyword arguments of the proxy fit", none=True,
+                       remedy="Pass a dict such as {'num_steps': 500}, or None.")
+
+_SGMCMC: dict[str, Option] = {
+    "step_size": Option(
+        "real", "the time step h of the diffusion in whitened coordinates (None: chosen from "
+        "the measured gradient noise)", low=0, open_low=True, none=True,
+        must="a positive number",
+        remedy="Pass a positive number, or None for the default rule."),
+    "proxy": _PROXY,
+    "preconditioning": _flag("whether the chain moves in coordinates whitened by the proxy"),
+    "max_variance_inflation": Option(
+        "real", "δ, the tolerated relative inflation of the posterior variance by the default "
+        "step size", low=0, high=1, open_low=True,
+        remedy="Pass e.g. 0.05 (the default)."),
+    "replace": _flag("whether subsample indices are drawn with replacement"),
+    "proxy_kwargs": _PROXY_KWARGS,
+    "chunk_size": _CHUNK,
+    "store_datum_grads": _flag("whether the N×d table of ∇f_i(θ̂) is kept"),
+    "noise_correction": _flag("whether the injected noise is reduced by the estimator's own"),
+    "init_strategy": Option("str", "where each chain starts", choices=("proxy", "centre"),
+                            remedy="Pass 'proxy' (a draw from N(θ̂, Σ̂), the default) or "
+                            "'centre' (θ̂)."),
+    "seed": _SEED,
+    "progress_bar": _PROGRESS,
+    "zv_stream": _flag("whether zero-variance statistics are accumulated while sampling"),
+    "zv_degree": Option("int", "the polynomial degree of the zero-variance control variates",
+                        choices=(1, 2), remedy="Pass 1 or 2."),
+    "zv_fn": Option("callable", "the function of the constrained sample whose mean the "
+                    "zero-variance statistics estimate", none=True,
+                    remedy="Pass a function of the sample dict, or None (every coordinate and "
+                    "its square)."),
+}
+
+_SGHMC: dict[str, Option] = {
+    "friction": Option("real", "the friction α of SGHMC, or the diffusion A of SGNHT's "
+                       "injected noise (whitened units)", low=0,
+                       open_low=True, remedy="Pass a positive number, e.g. friction=1.0."),
+}
+
+_ECS: dict[str, Option] = {
+    "proxy": replace(_PROXY, remedy="Pass proxy='laplace' (the default), 'variational' or a "
+                     "fitted Proxy; the per-datum likelihood approximation is "
+                     "likelihood_proxy=."),
+    "likelihood_proxy": Option(
+        "str", "the per-datum approximation q_i ≈ ℓ_i of the difference estimator",
+        choices=("taylor", "hybrid", "variational"), none=True,
+        remedy="Pass 'taylor', 'hybrid', 'variational' or None (the default for the proxy)."),
+    "taylor_order": Option("int", "the order of the Taylor likelihood proxy", choices=(1, 2),
+                           remedy="Pass 1 or 2."),
+    "hybrid_order": Option("int", "the order of the hybrid likelihood proxy", choices=(1, 2),
+                           remedy="Pass 1 or 2."),
+    "num_blocks": _positive_int("G, the number of blocks of the subsample (one is redrawn per "
+                                "iteration; the subsample size must be a multiple of it)",
+                                "Pass a positive divisor of the subsample size, e.g. 10."),
+    "subsample_size": _positive_int("m, the subsample size of the estimator (None: the "
+                                    "model's plate subsample size)",
+                                    "Pass an integer between 2 and N, or None.", none=True,
+                                    low=2),
+    "selection": Option("str", "the selection law of the subsample",
+                        choices=("uniform", "preferential"),
+                        remedy="Pass 'preferential' (the default) or 'uniform'."),
+    "uniform_mix": Option("real", "the weight of the uniform law in the preferential "
+                          "selection (every p_i > 0)", low=0, high=1, open_low=True,
+                          remedy="Pass e.g. 0.05 (the default)."),
+    "num_selection_draws": _positive_int("the number of proxy draws of the preferential "
+                                         "selection", "Pass e.g. 16 (the default)."),
+    "num_mc_draws": _positive_int("S, the draws of q for the variational and hybrid proxies",
+                                  "Pass an integer ≥ 2, or None (the default).", none=True,
+                                  low=2),
+    "algo": Option("str", "the HMC algorithm", choices=("NUTS", "HMC"),
+                   remedy="Pass 'NUTS' (the default) or 'HMC'."),
+    "step_size": Option("real", "NumPyro's initial HMC step size", low=0, open_low=True,
+                        remedy="Pass a positive number, e.g. 1.0 (the default)."),
+    "adapt_step_size": _flag("whether NumPyro adapts the step size during warmup"),
+    "adapt_mass_matrix": _flag("whether NumPyro adapts the mass matrix during warmup"),
+    "dense_mass": _flag("whether the mass matrix is dense"),
+    "target_accept_prob": Option("real", "the target acceptance probability of the step-size "
+                                 "adaptation", low=0, high=1, open_low=True, open_high=True,
+                                 remedy="Pass e.g. 0.8 (the default)."),
+    "max_tree_depth": Option(("int", "ints"), "the maximum depth of the NUTS tree", low=1,
+                             must="a positive integer or a pair of them",
+                             remedy="Pass a positive integer, e.g. 10 (the default)."),
+    "trajectory_length": Option("real", "the HMC trajectory length (algo='HMC')", low=0,
+                                open_low=True, none=True,
+                                remedy="Pass a positive number, or None."),
+    "num_steps": _positive_int("the number of leapfrog steps per HMC iteration (algo='HMC')",
+                               "Pass a positive integer, or None.", none=True),
+    "proxy_kwargs": _PROXY_KWARGS,
+    "chunk_size": _CHUNK,
+    "seed": _SEED,
+    "progress_bar": _PROGRESS,
+}
+
+_DISTRIBUTED: dict[str, Option] = {
+    "num_shards": _positive_int("S, the number of data shards (one per device)",
+                                "Pass a positive integer no larger than the number of "
+                                "devices, or None (all devices).", none=True),
+    "shard_sizes": Option("ints", "N_s, the sizes of the contiguous data shards", low=1,
+                          none=True, remedy="Pass S positive integers summing to N, or None."),
+    "shard_frequencies": Option("reals", "q_s, the probabilities of the shards", low=0,
+                                open_low=True, none=True,
+                                remedy="Pass S positive numbers summing to 1, or None."),
+    "trajectory_length": _positive_int("τ, the SGLD steps per shard visit (or their mean τ̄ "
+                                       "with adaptive trajectories)",
+                                       "Pass a positive integer, e.g. 1 (the default)."),
+    "adaptive_trajectory": _flag("whether trajectory lengths follow τ_s = τ̄ S q_s"),
+    "estimator": Option("str", "the estimator within each shard", choices=("uniform", "cv"),
+                        remedy="Pass 'cv' (the default) or 'uniform'."),
+}
+
+_CONFIGURE: dict[str, Option] = {
+    "subsample_size": _positive_int("n, overriding the model's plate subsample size (n_max "
+                                    "with adaptive=True)", "Pass an integer between 1 and N, "
+                                    "or None.", none=True),
+    "adaptive": _flag("whether the subsample size is chosen per step (Putcha et al. 2023, "
+                      "Algorithm 2)"),
+}
+
+_PREFERENTIAL: dict[str, Option] = {
+    "weights": Option("array", "the unnormalised selection weights", choices=("approx", "exact"),
+                      remedy="Pass 'approx' (the default), 'exact' or an array of N positive "
+                      "weights."),
+    "uniform_mix": Option("real", "λ in p = (1 − λ) p_w + λ/N", low=0, high=1, none=True,
+                          remedy="Pass a number in [0, 1], or None (0.05 for computed weights, "
+                          "0 for an array)."),
+}
+
+_STRATIFIED: dict[str, Option] = {
+    "num_strata": _positive_int("k, the number of k-means strata (at most the subsample size)",
+                                "Pass a positive integer, e.g. 10 (the default)."),
+    "features": Option("array", "the (N, p) array clustered into strata", none=True,
+                       remedy="Pass an (N, p) array, or None (gradients at the proxy centre)."),
+    "kmeans_iters": _positive_int("the number of Lloyd iterations of k-means",
+                                  "Pass a positive integer, e.g. 5 (the default)."),
+    "num_probes": _positive_int("the number of proxy draws of the 'cv-stratified' features",
+                                "Pass a positive integer, e.g. 2 (the default)."),
+    "strata_seed": Option("int", "the seed of k-means and of the probes",
+                          remedy="Pass an integer, e.g. 0."),
+    "draw_method": Option("str", "the within-stratum draw", choices=("auto", "loop", "sort"),
+                          remedy="Pass 'auto' (the default), 'loop' or 'sort'."),
+}
+
+_ADAPTIVE: dict[str, Option] = {
+    "v0": Option("real", "V0, the pseudo-variance threshold of the adaptive subsample size",
+                 low=0, open_low=True, choices=("pilot", "proxy"),
+                 remedy="Pass a positive number, 'pilot' (the default) or 'proxy'."),
+    "lipschitz": Option("array", "the per-datum Lipschitz constants L_i",
+                        choices=("auto", "autodiff"),
+                        remedy="Pass 'auto' (the default), 'autodiff' or N non-negative "
+                        "constants."),
+    "lipschitz_radius": Option("real", "R of the Poisson bound of the Lipschitz constants",
+                               low=0, open_low=True, none=True,
+                               remedy="Pass a positive number, or None."),
+    "n_min": _positive_int("the smallest subsample size", "Pass an integer between 1 and "
+                           "n_max, or None (n_max // 64).", none=True),
+    "n_max": _positive_int("the largest subsample size", "Pass an integer between 1 and N, or "
+                           "None (the plate's subsample size).", none=True),
+    "pilot_chains": _positive_int("the number of chains of the V0 pilot run",
+                                  "Pass a positive integer, e.g. 4 (the default)."),
+    "pilot_steps": _positive_int("the number of steps of the V0 pilot run",
+                                 "Pass a positive integer, e.g. 200 (the default)."),
+    "pilot_quantile": Option("real", "the quantile of the pilot pseudo-variances taken as V0",
+                             low=0, high=1, open_low=True,
+                             remedy="Pass e.g. 0.95 (the default)."),
+    "max_variance_inflation": Option("real", "δ of the pilot run's step size", low=0,
+                                     open_low=True, remedy="Pass e.g. 0.05 (the default)."),
+}
+
+#: ``{owner: {option name: Option}}``: every option the package validates.
+OPTIONS: dict[str, dict[str, Option]] = {
+    "SGMCMCKernel": _SGMCMC,
+    "SGHMC": _SGHMC,
+    "EnergyConservingHMC": _ECS,
+    "DistributedSGLD": _DISTRIBUTED,
+    "configure_estimator": _CONFIGURE,
+    "estimator='uniform'": {},
+    "estimator='cv'": {},
+    "estimator='preferential'": _PREFERENTIAL,
+    "estimator='cv-preferential'": _PREFERENTIAL,
+    "estimator='stratified'": _STRATIFIED,
+    "estimator='cv-stratified'": _STRATIFIED,
+    "adaptive=True": _ADAPTIVE,
+}
