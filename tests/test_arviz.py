@@ -12,7 +12,6 @@ from models import logistic_data, logistic_hier_model
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGLD, EnergyConservingHMC, to_arviz
-from numpyro_subsample.post.arviz import warn_divergences
 
 matplotlib.use("Agg")
 
@@ -77,14 +76,6 @@ def test_to_arviz_needs_a_finished_run():
         to_arviz(mcmc)
 
 
-def test_divergence_warning_names_the_count_and_a_smaller_step():
-    with pytest.warns(UserWarning, match="3 of 8 steps.*step size 0.5.*smaller step_size"):
-        assert warn_divergences(np.array([1, 1, 0, 0, 1, 0, 0, 0], bool), 0.5) == 3
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert warn_divergences(np.zeros(8, bool), 0.5) == 0
-
-
 def test_to_arviz_reads_energy_conserving_hmc_through_the_protocol():
     X, y = logistic_data(N=1500, d=3, seed=4)
     mcmc = MCMC(EnergyConservingHMC(logistic_hier_model), num_warmup=50, num_samples=50,
@@ -102,3 +93,73 @@ def test_to_arviz_reads_energy_conserving_hmc_through_the_protocol():
     beta = np.asarray(idata.posterior["beta"].values[0, 7])
     manual = dist.Bernoulli(logits=X @ beta).log_prob(y)
     np.testing.assert_allclose(ll[0, 7], manual, rtol=1e-4, atol=1e-5)
+
+
+def _spy_blocks(monkeypatch):
+    """Record the number of draws of every chunk of the log-likelihood pass."""
+    import numpyro_subsample.post.arviz as arviz_mod
+
+    calls = []
+    original = arviz_mod._log_likelihood_rows
+
+    def spy(potential, latent, data, chunk):
+        first = next(iter(latent.values()))
+        if not isinstance(first, jax.core.Tracer):  # not the shape probe
+            calls.append((first.shape[0], chunk))
+        return original(potential, latent, data, chunk)
+
+    monkeypatch.setattr(arviz_mod, "_log_likelihood_rows", spy)
+    return calls
+
+
+def test_log_likelihood_in_chunks_equals_one_chunk_and_respects_the_bound(run, monkeypatch):
+    from numpyro_subsample import full_log_likelihood
+
+    X, y, mcmc = run
+    calls = _spy_blocks(monkeypatch)
+    whole = full_log_likelihood(mcmc)["y"]
+    assert calls == [(600, 1024)]  # 600 draws × 1500 data fit the default 256 MB in one chunk
+    calls.clear()
+    bound = 64 * 1500 * 4  # a buffer of 32 draws × N in half of it
+    chunked = full_log_likelihood(mcmc, chunk_memory=bound)["y"]
+    assert [c[0] for c in calls] == [32] * 19  # ceil(600 / 32) chunks of 32 draws
+    assert all(c[0] * 1500 * 4 <= bound // 2 for c in calls)
+    assert all(c[0] * c[1] * 4 * 8 <= bound // 2 for c in calls)  # the tile's share
+    assert chunked.shape == whole.shape == (2, 300, 1500)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-6)
+    calls.clear()
+    tiny = full_log_likelihood(mcmc, chunk_memory="1kB")["y"]  # one draw, data in 16-row tiles
+    assert len(calls) == 600 and calls[0] == (1, 16)
+    np.testing.assert_allclose(tiny, whole, rtol=1e-5, atol=1e-6)
+    beta = np.asarray(mcmc.get_samples(group_by_chain=True)["beta"][1, 123])
+    manual = dist.Bernoulli(logits=X @ beta).log_prob(y)
+    np.testing.assert_allclose(tiny[1, 123], manual, rtol=1e-4, atol=1e-5)
+
+
+def test_log_likelihood_thinned_draws(run):
+    _, _, mcmc = run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = to_arviz(mcmc, log_likelihood=True, check=False)  # a short run
+        thin = to_arviz(mcmc, log_likelihood=True, log_likelihood_thin=7, chunk_memory="64kB",
+                        check=False)
+    ll = thin.log_likelihood["y"]
+    assert ll.shape == (2, 43, 1500)
+    np.testing.assert_array_equal(ll["draw"].values, np.arange(0, 300, 7))
+    np.testing.assert_allclose(ll.values, full.log_likelihood["y"].values[:, ::7], rtol=1e-5,
+                               atol=1e-6)
+    assert thin.posterior["beta"].shape == (2, 300, 3)  # the posterior keeps every draw
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Pareto k of a short, tiled chain
+        loo = az.loo(thin)
+    assert np.isfinite(loo.elpd_loo)
+
+
+def test_log_likelihood_options_are_checked(run):
+    _, _, mcmc = run
+    with pytest.raises(ValueError, match="log_likelihood_thin must be a positive integer"):
+        to_arviz(mcmc, log_likelihood=True, log_likelihood_thin=0)
+    with pytest.raises(ValueError, match="chunk_memory='lots' is not a memory size"):
+        to_arviz(mcmc, log_likelihood=True, chunk_memory="lots")
+    with pytest.raises(ValueError, match="plate_deterministic='some'"):
+        to_arviz(mcmc, plate_deterministic="some")

@@ -57,8 +57,16 @@ def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0) -> Callab
 
 @partial(jax.jit, static_argnums=0)
 def _constrain(potential: Potential, z: dict, data: ModelData) -> dict:
-    """Constrained latent values and deterministic sites (compiled once per potential)."""
-    return potential.constrain(z, data)
+    """Constrained latent values and deterministic sites (compiled once per potential).
+
+    Deterministic sites inside the data plate are evaluated on the plate's first n rows
+    (indices 0..n−1, n the model's ``subsample_size``), the same rows for every draw: O(n) per
+    draw, never O(N). :func:`numpyro_subsample.post.predictive.predictive` gives all N rows.
+    """
+    if not potential.plate_deterministic_sites:
+        return potential.constrain(z, data)
+    idx = jnp.arange(potential.plate.subsample_size)
+    return potential.constrain_at(z, idx, data)
 
 
 def default_progress() -> bool:

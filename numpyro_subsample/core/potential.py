@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import jax
@@ -31,7 +31,8 @@ from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 from numpyro.primitives import Messenger
 
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, indexed_axes
+from numpyro_subsample.core.options import OptionTypeError
 
 __all__ = [
     "DataPlate",
@@ -40,6 +41,7 @@ __all__ = [
     "build_potential",
     "check_data_finite",
     "set_plate_indices",
+    "full_plate",
     "per_datum",
     "in_plate",
 ]
@@ -71,7 +73,8 @@ class Potential:
     init_theta: jax.Array  # flat unconstrained starting point (prior median)
     latent_sites: tuple[str, ...]
     plate_deterministic_sites: tuple[str, ...]
-    constrain: Callable[[dict, ModelData], dict]  # unconstrained -> constrained + deterministic
+    # unconstrained -> constrained latent values and the deterministic sites outside the plate
+    constrain: Callable[[dict, ModelData], dict]
     model: Callable
     data_leaves: tuple[int, ...]  # positions in ModelData.arrays of arrays with N rows
 
@@ -92,10 +95,25 @@ class Potential:
         return self.terms(theta, idx, data)[1]
 
     def full_data_model(self) -> Callable:
-        """The user's model with its subsample plate set to all N indices."""
-        return set_plate_indices(
-            self.model, name=self.plate.name, indices=jnp.arange(self.plate.size)
-        )
+        """The user's model with its subsample plate over all its indices 0..size−1.
+
+        The size is read from the model's plate at each call, so the same object serves the
+        run's data (N rows) and new data of any number of rows; one object per model (a static
+        argument of compiled programs).
+        """
+        return _full_plate_model(self.model, self.plate.name)
+
+    def constrain_at(self, z: dict, idx: jax.Array, data: ModelData) -> dict:
+        """Constrained latent values and every deterministic site, with the plate at ``idx``.
+
+        Deterministic sites inside the data plate hold their values for the rows ``idx``
+        (cost O(len(idx)) model evaluations); the others do not depend on ``idx``.
+        """
+        args, kwargs = data.args_kwargs()
+        fn = set_plate_indices(self.model, name=self.plate.name, indices=idx)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return constrain_fn(fn, args, kwargs, z, return_deterministic=True)
 
 
 class set_plate_indices(Messenger):
@@ -112,17 +130,71 @@ class set_plate_indices(Messenger):
             msg["args"] = (msg["args"][0], int(self.indices.shape[0]))
 
 
-class _check_plate_sizes(Messenger):
-    """Raise a clear error for a plate whose subsample size exceeds its size."""
+class full_plate(Messenger):
+    """Make the subsample plate ``name`` cover all its indices (no subsampling), whatever its
+    size.
+
+    A deterministic site inside the plate keeps its computed value when a handler substitutes
+    one of another shape, e.g. the n-row values stored by a run substituted into this N-row
+    model (``arviz.from_numpyro``, ``numpyro.infer.log_likelihood``), so that the model's
+    downstream code sees N rows; the trace records the substituted value.
+    """
+
+    def __init__(self, fn=None, name: str = ""):
+        self.name = name
+        self._computed: dict = {}
+        super().__init__(fn)
 
     def process_message(self, msg):
-        if msg["type"] == "plate":
-            size, subsample_size = msg["args"]
-            if subsample_size is not None and subsample_size > size:
-                raise ValueError(
-                    f"Plate '{msg['name']}' has subsample_size={subsample_size} larger than "
-                    f"its size N={size}. Pass a subsample_size between 1 and {size}."
-                )
+        if msg["type"] == "plate" and msg["name"] == self.name:
+            size = msg["args"][0]
+            msg["value"] = jnp.arange(size)
+            msg["args"] = (size, size)
+        elif msg["type"] == "deterministic" and in_plate(msg, self.name):
+            self._computed[msg["name"]] = msg["value"]
+
+    def postprocess_message(self, msg):
+        if msg["type"] == "deterministic" and msg["name"] in self._computed:
+            computed = self._computed.pop(msg["name"])
+            if jnp.shape(msg["value"]) != jnp.shape(computed):
+                msg["value"] = computed
+
+
+@lru_cache(maxsize=64)
+def _full_plate_model(model: Callable, name: str) -> full_plate:
+    return full_plate(model, name=name)
+
+
+class _check_plate_sizes(Messenger):
+    """Raise a clear error for a subsampled plate of size 0, or whose subsample size is not an
+    integer between 1 and its size."""
+
+    def process_message(self, msg):
+        if msg["type"] != "plate" or msg["args"][1] is None:
+            return
+        (size, n), name = msg["args"], msg["name"]
+        if size < 1:
+            raise ValueError(
+                f"Plate '{name}' has size N={size} and subsample_size={n!r}: there are no data "
+                "to subsample. Check the data passed to the model (the plate's size is usually "
+                "the number of rows, e.g. X.shape[0])."
+            )
+        if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)):
+            raise OptionTypeError(
+                f"Plate '{name}' has subsample_size={n!r} (type {type(n).__name__}); pass an "
+                f"integer between 1 and its size N={size}, e.g. subsample_size={min(size, 100)}."
+            )
+        if not 1 <= n <= size:
+            what = (f"larger than its size N={size}" if n > size
+                    else f"which is not positive (its size is N={size})")
+            raise ValueError(
+                f"Plate '{name}' has subsample_size={n!r} {what}. Pass a subsample_size "
+                f"between 1 and {size}."
+            )
+
+
+class _SiteError(ValueError):
+    """A site of the model does not follow the subsample plate (message names the site)."""
 
 
 def _site_log_prob(site: dict) -> jax.Array:
@@ -136,7 +208,7 @@ def per_datum(lp: jax.Array, plate: DataPlate, m: int, name: str) -> jax.Array:
     """Reduce a log-prob array with the plate along ``plate.dim`` to a length-m vector."""
     axis = jnp.ndim(lp) + plate.dim
     if axis < 0 or lp.shape[axis] != m:
-        raise ValueError(
+        raise _SiteError(
             f"Observed site '{name}' inside the subsample plate '{plate.name}' has log-prob "
             f"shape {tuple(jnp.shape(lp))}, which does not follow the plate's {m} indices along "
             f"dim {plate.dim}. Index the data with the plate's indices, e.g. "
@@ -153,7 +225,7 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
     are checked; without it, every floating array.
     """
     for name, leaf in zip(data.names(), data.arrays, strict=True):
-        if isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0:
+        if isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0 or leaf.size == 0:
             continue
         if num_data is not None and leaf.shape[0] != num_data:
             continue
@@ -211,7 +283,18 @@ def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        values = jax.jit(run)(rng_key, data)
+        try:
+            values = jax.jit(run)(rng_key, data)
+        except AssertionError as err:  # NumPyro asserts a positive plate size
+            if "size of plate" not in str(err):
+                raise
+            empty = [n for n, a in zip(data.names(), data.arrays, strict=True)
+                     if a.ndim >= 1 and a.shape[0] == 0]
+            raise ValueError(
+                f"A plate of the model has size N=0 ({err}); data arguments with 0 rows: "
+                f"{empty or 'none'}. Pass non-empty data (the plate's size is usually the "
+                "number of rows, e.g. X.shape[0])."
+            ) from err
     return holder["trace"], values
 
 
@@ -249,6 +332,29 @@ def in_plate(site: dict, plate_name: str) -> bool:
     return any(f.name == plate_name for f in site.get("cond_indep_stack", []))
 
 
+def _check_observed_shape(name: str, site: dict, plate: DataPlate) -> None:
+    """The observed value of a site in the plate must not broadcast its distribution: its
+    shape must broadcast to ``batch_shape + event_shape`` unchanged, so that the log-likelihood
+    has one term per datum (a (n, 1) value against a (n,) likelihood would give n × n)."""
+    fn = site["fn"]
+    value_shape = tuple(jnp.shape(site["value"]))
+    fn_shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
+    try:
+        joint = jnp.broadcast_shapes(value_shape, fn_shape)
+    except ValueError:
+        joint = None
+    if joint != fn_shape:
+        what = ("the two shapes do not broadcast" if joint is None else
+                f"the log-likelihood would have shape {joint} instead of one term per datum")
+        raise _SiteError(
+            f"Observed site '{name}' inside the subsample plate '{plate.name}' has a value of "
+            f"shape {value_shape}, but its distribution has shape {fn_shape} (batch "
+            f"{tuple(fn.batch_shape)}, event {tuple(fn.event_shape)}): {what}. Give the "
+            "observations the distribution's shape, e.g. y.reshape(-1) for a column vector y "
+            "of shape (N, 1) (or obs=y[idx].reshape(-1) in the model)."
+        )
+
+
 def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[str, ...]]:
     latent, plate_det, observed_in_plate = [], [], []
     for name, site in tr.items():
@@ -258,6 +364,7 @@ def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[
             continue
         if site["is_observed"]:
             if in_plate(site, plate.name):
+                _check_observed_shape(name, site, plate)
                 observed_in_plate.append(name)
             continue
         if site["fn"].support.is_discrete:
@@ -283,12 +390,30 @@ def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[
     return tuple(latent), tuple(plate_det)
 
 
+def _check_indexed_lengths(indexed: set, data: ModelData, plate: DataPlate) -> None:
+    """Every data array whose rows the plate's indices select has N rows along that axis
+    (a shorter one would be read at clipped indices, a longer one partly ignored)."""
+    names = data.names()
+    for pos, axis in sorted(indexed):
+        shape = tuple(data.arrays[pos].shape)
+        if shape[axis] != plate.size:
+            raise ValueError(
+                f"The data argument {names[pos]} (shape {shape}) has {shape[axis]} rows along "
+                f"axis {axis}, which the subsample plate '{plate.name}' indexes, but the plate "
+                f"has size N={plate.size}. Pass arrays with N rows, or give the plate the "
+                f"number of rows as its size (e.g. numpyro.plate('{plate.name}', "
+                "X.shape[0], subsample_size=n))."
+            )
+
+
 def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Potential:
     """Inspect and validate ``model`` on ``data`` and return its :class:`Potential`.
 
-    Raises ``ValueError`` naming the site or setting for: no subsample plate, several subsample
-    plates, subsample size > N, discrete latent sites, latent sites inside the plate, observed
-    sites that do not follow the plate, non-finite data.
+    Raises ``ValueError`` naming the site, argument or setting for: no subsample plate, several
+    subsample plates, a plate of size 0, a subsample size outside [1, N] (``TypeError`` if not
+    an integer), discrete latent sites, latent sites inside the plate, observed sites that do
+    not follow the plate or whose value would broadcast the likelihood, data arrays indexed by
+    the plate without N rows, non-finite data.
     """
     check_data_finite(data)
     tr, medians = _prototype_trace(model, data, rng_key)
@@ -314,6 +439,15 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
             lp = _site_log_prob(site)
             scale = site["scale"]
             if in_plate(site, plate.name):
+                if jnp.shape(lp) != tuple(site["fn"].batch_shape):
+                    _check_observed_shape(name, site, plate)
+                    raise _SiteError(
+                        f"Observed site '{name}' inside the subsample plate '{plate.name}' has "
+                        f"log-prob shape {tuple(jnp.shape(lp))}, not its distribution's batch "
+                        f"shape {tuple(site['fn'].batch_shape)}: the log-likelihood would not "
+                        "have one term per datum. Give the observations the distribution's "
+                        "shape."
+                    )
                 per = per_datum(lp, plate, m, name)
                 if scale is not None:
                     per = per * (scale * m / plate.size)
@@ -325,17 +459,22 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
 
     # The validation trace uses a subsample length different from the model's n, so that
     # observed values not indexed by the plate are caught here rather than silently.
+    # Its jaxpr also shows which data arrays the plate's indices select rows of.
     m_check = 3 if plate.subsample_size != 3 else 2
     try:
-        jax.eval_shape(terms, init_theta, np.arange(m_check, dtype=np.int32), data)
+        indexed = indexed_axes(
+            lambda idx, data: terms(init_theta, idx, data),
+            np.arange(m_check, dtype=np.int32), data,
+        )
+    except _SiteError:
+        raise
     except (ValueError, TypeError, IndexError) as err:
-        if "does not follow the plate" in str(err):
-            raise
         raise ValueError(
             f"Evaluating the model with {m_check} indices of the subsample plate "
             f"'{plate.name}' failed: every observed site inside the plate must be indexed by "
             f"the plate's indices (e.g. obs=y[idx]). Original error: {err}"
         ) from err
+    _check_indexed_lengths(indexed, data, plate)
 
     def constrain(z: dict, data: ModelData) -> dict:
         args, kwargs = data.args_kwargs()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from functools import partial
-from typing import Any
 
 import arviz as az
 import jax
@@ -13,8 +12,13 @@ import numpy as np
 import xarray as xr
 from numpyro import handlers
 
-from numpyro_subsample.core.datapass import map_data
 from numpyro_subsample.core.potential import ModelData, Potential, in_plate, per_datum
+from numpyro_subsample.post.checks import check_run
+from numpyro_subsample.post.predictive import (
+    DEFAULT_CHUNK_MEMORY,
+    parse_memory,
+    predict_draws,
+)
 from numpyro_subsample.post.protocol import kernel_of, model_at, run_data
 
 __all__ = [
@@ -22,29 +26,11 @@ __all__ = [
     "full_observed_data",
     "full_log_likelihood",
     "log_likelihood_pass",
-    "warn_divergences",
+    "log_likelihood_chunks",
+    "full_plate_deterministic",
 ]
 
-_BUDGET = 2**22  # draws × data per chunk of the log-likelihood pass
-
-
-def warn_divergences(
-    diverging: Any, step_size: float | None = None, *, stacklevel: int = 2
-) -> int:
-    """Warn, with a suggestion, when draws are marked ``diverging``; return their count."""
-    count = int(np.sum(np.asarray(diverging)))
-    if count:
-        size = "" if step_size is None else f" {float(step_size):.3g}"
-        warnings.warn(
-            f"{count} of {np.size(diverging)} steps diverged or produced non-finite values "
-            f"(marked `diverging`). The step size{size} is too large for this posterior: pass "
-            "a smaller step_size (e.g. half), or let the kernel choose a smaller one (a "
-            "smaller max_variance_inflation for SG kernels, a larger target_accept_prob for "
-            "adapted HMC steps).",
-            UserWarning,
-            stacklevel=stacklevel,
-        )
-    return count
+_TILE_ARRAYS = 8  # model intermediates per (draw, datum) of a tile, for its share of the bound
 
 
 def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndarray]:
@@ -56,7 +42,7 @@ def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndar
     data = run_data(mcmc) if data is None else data
     args, kwargs = data.args_kwargs()
     model = kernel.potential.full_data_model()
-    samples = {k: v[0] for k, v in mcmc.get_samples().items()}
+    samples = {k: v[0] for k, v in mcmc.get_samples().items() if k in kernel.potential.latent_sites}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = handlers.trace(handlers.substitute(handlers.seed(model, 0), data=samples)).get_trace(
@@ -69,9 +55,13 @@ def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndar
     }
 
 
-@partial(jax.jit, static_argnames=("potential", "chunk_size"))
-def _log_likelihood(potential: Potential, latent: dict, data: ModelData, chunk_size: int):
+@partial(jax.jit, static_argnames=("potential", "chunk"))
+def _log_likelihood_rows(potential: Potential, latent: dict, data: ModelData, chunk: int):
+    """{site: (s, N)} for the s draws of ``latent``: a loop over data chunks of ``chunk`` rows
+    writing into one (s, N) buffer per site (the last chunk overlaps the previous one)."""
     plate = potential.plate
+    num_data = plate.size
+    chunk = min(chunk, num_data)
     args, kwargs = data.args_kwargs()
 
     def one(sample, idx):
@@ -85,49 +75,172 @@ def _log_likelihood(potential: Potential, latent: dict, data: ModelData, chunk_s
             if site["type"] == "sample" and site["is_observed"] and in_plate(site, plate.name)
         }
 
-    def chunk(idx):  # (chunk, S) per site
-        return jax.tree.map(jnp.transpose, jax.vmap(one, in_axes=(0, None))(latent, idx))
+    def tile(start):  # {site: (s, chunk)}
+        idx = start + jax.lax.iota(jnp.int32, chunk)
+        return jax.vmap(one, in_axes=(0, None))(latent, idx)
 
-    return jax.tree.map(jnp.transpose, map_data(chunk, plate.size, chunk_size))
+    zero = jnp.zeros((), jnp.int32)
+    shapes = jax.eval_shape(tile, zero)
+    init = {k: jnp.zeros((v.shape[0], num_data), v.dtype) for k, v in shapes.items()}
+
+    def body(c, bufs):
+        start = jnp.minimum(c * chunk, num_data - chunk).astype(jnp.int32)
+        vals = tile(start)
+        return {k: jax.lax.dynamic_update_slice(b, vals[k], (zero, start)) for k, b in bufs.items()}
+
+    return jax.lax.fori_loop(0, -(-num_data // chunk), body, init)
+
+
+def log_likelihood_chunks(
+    num_draws: int, num_data: int, itemsize: int, chunk_size: int, chunk_bytes: int
+) -> tuple[int, int]:
+    """``(draws, data)`` per chunk of :func:`log_likelihood_pass`: a buffer of draws × N
+    values of ``itemsize`` bytes (all observed sites) within half of ``chunk_bytes``, and the
+    model's intermediates for draws × data (``_TILE_ARRAYS`` values each) within the other half;
+    at least one draw and one datum, at most ``chunk_size`` data."""
+    if isinstance(chunk_size, bool) or int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
+    draws = int(max(1, min(num_draws, chunk_bytes // (2 * num_data * itemsize))))
+    data = int(max(1, min(int(chunk_size), num_data,
+                          chunk_bytes // (2 * draws * itemsize * _TILE_ARRAYS))))
+    return draws, data
 
 
 def log_likelihood_pass(
-    potential: Potential, latent: dict, data: ModelData, chunk_size: int = 1024
-) -> dict[str, jax.Array]:
+    potential: Potential,
+    latent: dict,
+    data: ModelData,
+    chunk_size: int = 1024,
+    chunk_memory: int | str = DEFAULT_CHUNK_MEMORY,
+) -> dict[str, np.ndarray]:
     """log p(x_i | θ_s) for S draws and every datum i of the plate, (S, N) per observed site.
 
-    ``latent``: constrained latent values with a leading draw axis. One pass over the data in
-    chunks of at most ``chunk_size`` data (fewer when S is large: S · chunk ≤ 2²²); compiled
-    once per potential and shapes.
+    ``latent``: constrained latent values with a leading draw axis. The output arrays are
+    allocated once and filled a chunk of draws at a time; ``chunk_memory`` (bytes, or a string
+    such as ``"512MB"``) bounds the temporaries of one chunk beyond the output: a buffer of s
+    draws × N per site (at most half the bound) and the model's intermediates for s draws ×
+    ``chunk_size`` data (estimated, the other half). A chunk holds at least one draw. One
+    compiled program per potential and chunk shape.
     """
-    num_draws = int(np.shape(next(iter(latent.values())))[0])
-    chunk = int(max(1, min(int(chunk_size), _BUDGET // max(num_draws, 1))))
-    latent = {k: jnp.asarray(latent[k]) for k in potential.latent_sites}
-    return _log_likelihood(potential, latent, data, chunk)
+    bound = parse_memory(chunk_memory)
+    latent = {k: np.asarray(latent[k]) for k in potential.latent_sites}
+    num_draws = int(np.shape(latent[potential.latent_sites[0]])[0])
+    num_data = potential.plate.size
+    probe = jax.eval_shape(
+        lambda lat, d: _log_likelihood_rows(potential, lat, d, 1),
+        {k: v[:1] for k, v in latent.items()},
+        data,
+    )
+    itemsize = sum(v.dtype.itemsize for v in probe.values())
+    draws, chunk = log_likelihood_chunks(num_draws, num_data, itemsize, chunk_size, bound)
+    out = {k: np.empty((num_draws, num_data), v.dtype) for k, v in probe.items()}
+    for start in range(0, num_draws, draws):
+        stop = min(start + draws, num_draws)
+        rows = np.minimum(np.arange(start, start + draws), stop - 1)  # pad with the last draw
+        block = _log_likelihood_rows(potential, {k: v[rows] for k, v in latent.items()}, data,
+                                     chunk)
+        for k, v in block.items():
+            out[k][start:stop] = np.asarray(v)[: stop - start]
+        del block
+    return out
 
 
 def full_log_likelihood(
-    mcmc, chunk_size: int = 1024, data: ModelData | None = None
+    mcmc,
+    chunk_size: int = 1024,
+    data: ModelData | None = None,
+    *,
+    chunk_memory: int | str = DEFAULT_CHUNK_MEMORY,
+    thin: int = 1,
 ) -> dict[str, np.ndarray]:
     """log p(x_i | θ_s) for every draw s and every datum i of the plate: (chains, draws, N).
 
-    Costs S·N likelihood evaluations (:func:`log_likelihood_pass`). ``data``: the model's data
-    (default: those of the run).
+    Costs S·N likelihood evaluations (:func:`log_likelihood_pass`, temporaries bounded by
+    ``chunk_memory`` beyond the output). ``thin``: every ``thin``-th draw of each chain
+    (draws 0, thin, 2·thin, ...). ``data``: the model's data (default: those of the run).
     """
     kernel = kernel_of(mcmc, "full_log_likelihood")
+    thin = _check_thin(thin, "thin")
     data = run_data(mcmc) if data is None else data
     samples = mcmc.get_samples(group_by_chain=True)
-    chains, draws = next(iter(samples.values())).shape[:2]
-    latent = {
-        k: np.asarray(samples[k]).reshape((chains * draws,) + samples[k].shape[2:])
-        for k in kernel.potential.latent_sites
-    }
-    out = log_likelihood_pass(kernel.potential, latent, data, chunk_size)
-    return {k: np.asarray(v).reshape(chains, draws, -1) for k, v in out.items()}
+    latent = {k: np.asarray(samples[k])[:, ::thin] for k in kernel.potential.latent_sites}
+    chains, draws = next(iter(latent.values())).shape[:2]
+    latent = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in latent.items()}
+    out = log_likelihood_pass(kernel.potential, latent, data, chunk_size, chunk_memory)
+    return {k: v.reshape(chains, draws, -1) for k, v in out.items()}
+
+
+def _plate_deterministic(idata, mcmc, data, mode: str, chunk_memory, kwargs: dict) -> None:
+    """Posterior variables of the deterministic sites inside the plate: the stored values on
+    a ``<plate>_subsample`` axis (row indices 0..n−1 as coordinates), or all N rows on the
+    plate's axis; ``dims`` the user gave for a site are kept."""
+    pot = kernel_of(mcmc).potential
+    plate, post = pot.plate, idata.posterior
+    user_dims = kwargs.get("dims") or {}
+    if mode == "all":
+        values = full_plate_deterministic(mcmc, data, chunk_memory=chunk_memory)
+        dim = plate.name
+    else:
+        values = {k: post[k].values for k in pot.plate_deterministic_sites
+                  if k in post and k not in user_dims}
+        dim = f"{plate.name}_subsample"
+    if not values:
+        return
+    old_dims = {d for k in values if k in post for d in post[k].dims}
+    post = post.drop_vars([k for k in values if k in post])
+    used = {d for v in post.data_vars.values() for d in v.dims}
+    post = post.drop_vars([c for c in post.coords if c in old_dims and c not in used])
+    for k, v in values.items():
+        axis = v.ndim + plate.dim
+        dims = tuple(dim if j == axis else f"{k}_dim_{j - 2}" for j in range(2, v.ndim))
+        if k in user_dims and len(user_dims[k]) == v.ndim - 2:
+            dims = tuple(user_dims[k])
+        post[k] = (("chain", "draw") + dims, v)
+        if mode == "first" and dim in dims:
+            post = post.assign_coords({dim: np.arange(v.shape[axis])})
+    idata.posterior = post
+
+
+def _check_thin(thin: int, name: str) -> int:
+    if isinstance(thin, bool) or not isinstance(thin, (int, np.integer)) or thin < 1:
+        raise ValueError(f"{name} must be a positive integer (1 keeps every draw); got {thin!r}.")
+    return int(thin)
+
+
+def full_plate_deterministic(
+    mcmc, data: ModelData | None = None, *, chunk_memory: int | str = DEFAULT_CHUNK_MEMORY
+) -> dict[str, np.ndarray]:
+    """The deterministic sites inside the data plate for all N rows: (chains, draws, ...).
+
+    The run stores them for the plate's first n rows only (O(n) per draw); this pass evaluates
+    the full-data model (observed sites as observed) for every draw, in chunks of draws
+    bounded by ``chunk_memory``.
+    """
+    kernel = kernel_of(mcmc, "full_plate_deterministic")
+    pot = kernel.potential
+    sites = pot.plate_deterministic_sites
+    if not sites:
+        return {}
+    data = run_data(mcmc) if data is None else data
+    samples = mcmc.get_samples(group_by_chain=True)
+    chains, draws = np.shape(samples[pot.latent_sites[0]])[:2]
+    latent = {k: np.asarray(samples[k]).reshape((chains * draws,) + np.shape(samples[k])[2:])
+              for k in pot.latent_sites}
+    out = predict_draws(pot.full_data_model(), latent, data, sites, jax.random.PRNGKey(0),
+                        parse_memory(chunk_memory))
+    return {k: v.reshape((chains, draws) + v.shape[1:]) for k, v in out.items()}
 
 
 def to_arviz(
-    mcmc, log_likelihood: bool = False, zv: bool | int = False, **kwargs
+    mcmc,
+    log_likelihood: bool = False,
+    zv: bool | int = False,
+    *,
+    log_likelihood_thin: int = 1,
+    plate_deterministic: str = "first",
+    chunk_memory: int | str = DEFAULT_CHUNK_MEMORY,
+    check: bool = True,
+    **kwargs,
 ) -> az.InferenceData:
     """``arviz.InferenceData`` for a run of a package kernel (SG kernels or ECS).
 
@@ -136,8 +249,27 @@ def to_arviz(
     ``observed_data`` (all N data, not the last subsample) and, when ``log_likelihood=True``,
     ``log_likelihood`` on the full data (S·N evaluations). ``attrs`` record the sampler, the
     step size and estimator where the kernel has them, and the preprocessing cost. Extra
-    keyword arguments go to ``arviz.from_numpyro`` (``coords``, ``dims``, ...). Warns when
-    draws are marked ``diverging``.
+    keyword arguments go to ``arviz.from_numpyro`` (``coords``, ``dims``, ...).
+
+    The run checks of :func:`~numpyro_subsample.post.checks.check_run` (min bulk/tail ESS,
+    split R-hat, divergences and stopped chains, and the step-halving shift when it was run)
+    are in the ``sample_stats`` attributes; with ``check=True`` (default) a run that fails
+    them warns, unless the run came from :class:`~numpyro_subsample.post.mcmc.MCMC`, which
+    has warned already.
+
+    The ``log_likelihood`` group is a float array of chains × draws × N per observed site (the
+    output itself, 4·S·N bytes in float32). It is computed a chunk of draws at a time into that
+    preallocated array; ``chunk_memory`` (bytes, or a string such as ``"512MB"``; default
+    256 MB) bounds the temporaries beyond the output (:func:`log_likelihood_pass`).
+    ``log_likelihood_thin=k`` computes it on every k-th draw of each chain only (its ``draw``
+    coordinate holds the kept draws' indices 0, k, 2k, ...).
+
+    Deterministic sites inside the data plate: with ``plate_deterministic="first"`` (default)
+    the posterior holds the values the run stored, for the plate's first n rows (indices
+    0..n−1, n the model's ``subsample_size``), the same rows for every draw; with ``"all"``
+    they are recomputed for all N rows (dimension named after the plate, S·N evaluations, in
+    chunks bounded by ``chunk_memory``; :func:`numpyro_subsample.post.predictive.predictive`
+    gives the same for new data).
 
     ``zv=True`` (or the degree, 1 or 2) adds the zero-variance post-processing of Baker,
     Fearnhead, Fox and Nemeth (2019, Sect. 4; :mod:`numpyro_subsample.post.zv`): a
@@ -147,11 +279,18 @@ def to_arviz(
     with ``zv_stream=True``.
     """
     kernel = kernel_of(mcmc, "to_arviz")
+    thin = _check_thin(log_likelihood_thin, "log_likelihood_thin")
+    if plate_deterministic not in ("first", "all"):
+        raise ValueError(
+            f"plate_deterministic={plate_deterministic!r}: pass 'first' (the stored values for "
+            "the plate's first n rows) or 'all' (recomputed for all N rows)."
+        )
+    parse_memory(chunk_memory)
     pre = kernel.preprocessed
     step_size = getattr(pre, "step_size", None)
-    extra = mcmc.get_extra_fields()
-    if "diverging" in extra:
-        warn_divergences(extra["diverging"], step_size, stacklevel=3)
+    run_check = getattr(mcmc, "run_check", None)
+    if run_check is None:
+        run_check = check_run(mcmc, warn=check, stacklevel=3)
     data = run_data(mcmc)
     idata = az.from_numpyro(mcmc, log_likelihood=False, **kwargs)
     plate = kernel.potential.plate
@@ -162,11 +301,14 @@ def to_arviz(
     if "observed_data" in idata.groups():
         del idata.observed_data
     idata.add_groups(observed_data=observed)
+    _plate_deterministic(idata, mcmc, data, plate_deterministic, chunk_memory, kwargs)
     if log_likelihood:
-        ll = full_log_likelihood(mcmc, data=data)
+        ll = full_log_likelihood(mcmc, data=data, chunk_memory=chunk_memory, thin=thin)
+        draws = np.arange(next(iter(ll.values())).shape[1]) * thin
         idata.add_groups(
             log_likelihood=xr.Dataset(
-                {k: (("chain", "draw", plate.name), v) for k, v in ll.items()}
+                {k: (("chain", "draw", plate.name), v) for k, v in ll.items()},
+                coords={"chain": idata.posterior.chain.values, "draw": draws},
             )
         )
     attrs = {
@@ -181,6 +323,7 @@ def to_arviz(
     attrs = {k: v for k, v in attrs.items() if v is not None}
     for group in ("posterior", "sample_stats"):
         getattr(idata, group).attrs.update(attrs)
+    idata.sample_stats.attrs.update(run_check.attrs())
     if zv:
         from numpyro_subsample.post.zv import add_zv_groups
 

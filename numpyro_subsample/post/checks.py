@@ -1,0 +1,274 @@
+"""Mixing and bias checks of a finished run, with one warning that names the worst sites.
+
+:func:`check_run` reads the draws an ``MCMC`` run already holds and computes, per scalar
+coordinate of every latent site, ArviZ's rank-normalised bulk and tail ESS and, with two or more
+chains, split R-hat (Vehtari, Gelman, Simpson, Carpenter and Bürkner 2021). It also reports
+chains that stopped (a package kernel stops a chain whose state became non-finite or exploded,
+:mod:`numpyro_subsample.sgmcmc.chain`), coordinates that never moved, and, on request, the
+step-halving check: a second run at half the step size, whose shift in posterior mean and sd
+(in posterior sd units, against its Monte Carlo standard error) measures the discretisation
+bias of a stochastic-gradient chain.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, NamedTuple
+
+import arviz as az
+import numpy as np
+
+from numpyro_subsample.core.sites import coordinate_names, site_label
+
+__all__ = [
+    "BiasCheck",
+    "RunCheck",
+    "RunDiagnosticsWarning",
+    "check_run",
+    "step_halving_check",
+]
+
+
+class RunDiagnosticsWarning(UserWarning):
+    """A run that may be wrong: not mixed, chains disagreeing, stopped or biased."""
+
+
+class BiasCheck(NamedTuple):
+    """The step-halving check: a run at ``step_size`` (half the original) against the original.
+
+    ``mean_shift``, ``log_sd_shift``: the largest shift over coordinates, in posterior sd
+    units (mean) and in log sd; ``*_se``: their Monte Carlo standard errors at those
+    coordinates (from the bulk ESS of both runs); ``worst_sites``: the coordinates of the
+    largest mean shifts, then the largest sd shift.
+    """
+
+    step_size: float
+    mean_shift: float
+    mean_shift_se: float
+    log_sd_shift: float
+    log_sd_shift_se: float
+    worst_sites: tuple[str, ...]
+
+
+class RunCheck(NamedTuple):
+    """The figures of :func:`check_run`; ``messages`` is empty when the run passed."""
+
+    min_ess_bulk: float
+    min_ess_tail: float
+    max_rhat: float
+    worst_sites: tuple[str, ...]
+    divergences: int
+    num_draws: int
+    messages: tuple[str, ...]
+    bias: BiasCheck | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.messages
+
+    def attrs(self) -> dict[str, Any]:
+        """The figures as flat attributes (for ArviZ ``sample_stats.attrs``)."""
+        out = {
+            "min_ess_bulk": self.min_ess_bulk, "min_ess_tail": self.min_ess_tail,
+            "max_rhat": self.max_rhat, "worst_sites": ", ".join(self.worst_sites),
+            "num_divergent": self.divergences, "run_warnings": "\n".join(self.messages),
+        }
+        if self.bias is not None:
+            out.update({
+                f"step_halving_{k}": ", ".join(v) if isinstance(v, tuple) else v
+                for k, v in self.bias._asdict().items()
+            })
+        return out
+
+
+_SMALLER_STEP = (
+    "pass a smaller step_size (e.g. half), or let the kernel choose a smaller one (a smaller "
+    "max_variance_inflation for SG kernels, a larger target_accept_prob for adapted HMC steps)"
+)
+
+
+def _latent_draws(mcmc) -> dict[str, np.ndarray]:
+    """Draws (chains, draws, ...) of the latent sites (deterministic sites left out)."""
+    samples = mcmc.get_samples(group_by_chain=True)
+    z = getattr(mcmc.last_state, mcmc.sampler.sample_field, None)
+    if isinstance(z, dict):
+        samples = {k: v for k, v in samples.items() if k in z}
+    return {k: np.asarray(v, np.float64) for k, v in samples.items()}
+
+
+def _flatten(draws: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """(chains, draws, coordinates) and the coordinates' labels."""
+    cols, names = [], []
+    for name in sorted(draws):
+        v = draws[name]
+        shape = v.shape[2:]
+        cols.append(v.reshape(v.shape[0], v.shape[1], -1))
+        names += [site_label(name, shape, i) for i in range(int(np.prod(shape, dtype=int)))]
+    return np.concatenate(cols, axis=2), names
+
+
+def _per_coordinate(fn, x: np.ndarray, **kwargs) -> np.ndarray:
+    ds = az.convert_to_dataset({"x": x})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(fn(ds, **kwargs)["x"].values, np.float64).reshape(-1)
+
+
+def _failures(mcmc) -> list[str]:
+    """One line per chain that a package kernel stopped (``fail_step`` ≥ 0)."""
+    state = mcmc.last_state
+    if not hasattr(state, "fail_step"):
+        return []
+    steps = np.atleast_1d(np.asarray(state.fail_step))
+    coords = np.atleast_1d(np.asarray(state.fail_coord))
+    try:
+        names = coordinate_names(mcmc.sampler.potential)
+    except Exception:  # noqa: BLE001  (labels are a courtesy; the figures stand without them)
+        names = None
+    lines = []
+    for c, (s, k) in enumerate(zip(steps, coords, strict=True)):
+        if s >= 0:
+            site = names[k] if names is not None and 0 <= k < len(names) else f"θ[{k}]"
+            lines.append(f"chain {c} stopped at step {int(s)}: {site} became non-finite or "
+                         "exploded; its later draws repeat the last valid state")
+    if lines:
+        lines.append(_SMALLER_STEP)
+    return lines
+
+
+def _step_size(mcmc) -> float | None:
+    try:
+        return float(mcmc.sampler.step_size)
+    except Exception:  # noqa: BLE001  (kernels without a scalar step size)
+        return None
+
+
+def check_run(
+    mcmc,
+    *,
+    min_ess: float = 100.0,
+    max_rhat: float = 1.01,
+    warn: bool = True,
+    check_bias: bool = False,
+    bias_tolerance: float = 0.1,
+    stacklevel: int = 2,
+) -> RunCheck:
+    """Check the draws of a finished ``MCMC`` run; warn once, naming the worst sites.
+
+    Parameters
+    ----------
+    mcmc
+        A ``numpyro.infer.MCMC`` after ``run`` (any kernel; package kernels also report
+        stopped chains).
+    min_ess
+        Warn when the smallest bulk or tail ESS over coordinates is below this.
+    max_rhat
+        Warn when the largest split R-hat (two or more chains) exceeds this.
+    warn
+        Emit a :class:`RunDiagnosticsWarning` listing every failed check.
+    check_bias
+        Also run :func:`step_halving_check` (a second run at half the step size; package
+        stochastic-gradient kernels only) and warn when the posterior mean of a coordinate moves
+        by more than ``bias_tolerance`` posterior sds, beyond three Monte Carlo standard errors.
+    """
+    x, names = _flatten(_latent_draws(mcmc))
+    chains, draws, _ = x.shape
+    messages = _failures(mcmc)
+    extra = mcmc.get_extra_fields()
+    divergences = int(np.sum(np.asarray(extra["diverging"]))) if "diverging" in extra else 0
+    if divergences and not messages:
+        messages.append(f"{divergences} of {chains * draws} draws diverged; {_SMALLER_STEP}")
+    frozen = np.ptp(x, axis=1) == 0  # (chains, coordinates)
+    for c, k in zip(*np.nonzero(frozen), strict=True):
+        if len(messages) < 12:
+            messages.append(f"{names[k]} never moved in chain {c}")
+    ess_bulk = ess_tail = rhat = np.full(len(names), np.nan)
+    if draws >= 4:
+        ess_bulk = _per_coordinate(az.ess, x, method="bulk")
+        ess_tail = _per_coordinate(az.ess, x, method="tail")
+        ess_bulk = np.where(frozen.any(0), 0.0, ess_bulk)
+        ess_tail = np.where(frozen.any(0), 0.0, ess_tail)
+        if chains >= 2:
+            rhat = _per_coordinate(az.rhat, x)
+    min_bulk = float(np.nanmin(ess_bulk)) if np.isfinite(ess_bulk).any() else float("nan")
+    min_tail = float(np.nanmin(ess_tail)) if np.isfinite(ess_tail).any() else float("nan")
+    max_r = float(np.nanmax(rhat)) if np.isfinite(rhat).any() else float("nan")
+    worst = []
+    h = _step_size(mcmc)
+    step = "" if h is None else f" (step size {h:.3g})"
+    if min(min_bulk, min_tail) < min_ess:
+        order = np.argsort(np.minimum(ess_bulk, ess_tail))[:3]
+        worst += [names[k] for k in order]
+        messages.append(
+            f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
+            f"< {min_ess:g} at {', '.join(names[k] for k in order)}{step}: the chain has not "
+            "mixed; run more steps, or use SGHMC, or check the proxy (kernel.proxy)"
+        )
+    if max_r > max_rhat:
+        order = np.argsort(-np.nan_to_num(rhat))[:3]
+        worst += [names[k] for k in order if names[k] not in worst]
+        messages.append(
+            f"max split R-hat {max_r:.3f} > {max_rhat:g} between {chains} chains at "
+            f"{', '.join(names[k] for k in order)}: the chains disagree; run longer or check "
+            "for several modes"
+        )
+    bias = None
+    if check_bias:
+        bias = step_halving_check(mcmc)
+        mean_moved = bias.mean_shift > max(bias_tolerance, 3 * bias.mean_shift_se)
+        sd_moved = bias.log_sd_shift > max(bias_tolerance, 3 * bias.log_sd_shift_se)
+        if mean_moved or sd_moved:
+            messages.append(
+                f"halving the step to {bias.step_size:.3g} moved the posterior mean by "
+                f"{bias.mean_shift:.2f} ± {bias.mean_shift_se:.2f} sd and the log sd by "
+                f"{bias.log_sd_shift:.2f} ± {bias.log_sd_shift_se:.2f} (at "
+                f"{', '.join(bias.worst_sites)}): the step is too large for "
+                f"{bias_tolerance:g}-sd accuracy; pass step_size={bias.step_size:.3g} or a "
+                "smaller max_variance_inflation"
+            )
+    result = RunCheck(min_bulk, min_tail, max_r, tuple(worst), divergences, chains * draws,
+                      tuple(messages), bias)
+    if warn and messages:
+        warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),
+                      RunDiagnosticsWarning, stacklevel=stacklevel)
+    return result
+
+
+def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -> BiasCheck:
+    """Rerun ``mcmc``'s stochastic-gradient kernel at half its step size and compare.
+
+    The rerun has the same warmup, chains and (by default) number of draws, and reuses the
+    kernel's preprocessing; it costs as much as the original run.
+    """
+    import jax
+    from numpyro.infer import MCMC as NumPyroMCMC
+
+    kernel = mcmc.sampler
+    if not hasattr(kernel, "with_step_size"):
+        raise TypeError(
+            f"check_bias needs a stochastic-gradient kernel of the package (SGLD, SGHMC, "
+            f"SGNHT); got {type(kernel).__name__}."
+        )
+    h = 0.5 * float(kernel.step_size)
+    half = NumPyroMCMC(
+        kernel.with_step_size(h), num_warmup=mcmc.num_warmup,
+        num_samples=int(num_samples or mcmc.num_samples), num_chains=mcmc.num_chains,
+        chain_method=mcmc.chain_method, thinning=mcmc.thinning, progress_bar=False,
+    )
+    half.run(jax.random.PRNGKey(seed), *mcmc._args, **mcmc._kwargs)  # noqa: SLF001
+    x1, names = _flatten(_latent_draws(mcmc))
+    x2, _ = _flatten(_latent_draws(half))
+    flat1, flat2 = x1.reshape(-1, x1.shape[2]), x2.reshape(-1, x2.shape[2])
+    sd = flat1.std(0)
+    sd = np.where(sd > 0, sd, np.inf)
+    shift = np.abs(flat1.mean(0) - flat2.mean(0)) / sd
+    se = np.sqrt(_per_coordinate(az.mcse, x1) ** 2 + _per_coordinate(az.mcse, x2) ** 2) / sd
+    log_sd = np.abs(np.log(flat2.std(0) / sd))
+    ess1 = np.maximum(_per_coordinate(az.ess, x1, method="bulk"), 1.0)
+    ess2 = np.maximum(_per_coordinate(az.ess, x2, method="bulk"), 1.0)
+    log_sd_se = np.sqrt(0.5 / ess1 + 0.5 / ess2)  # sd of log s for a Gaussian, ESS draws
+    k, j = int(np.nanargmax(shift)), int(np.nanargmax(log_sd))
+    worst = [names[i] for i in np.argsort(-shift)[:2]]
+    worst += [names[j]] if names[j] not in worst else []
+    return BiasCheck(h, float(shift[k]), float(se[k]), float(log_sd[j]), float(log_sd_se[j]),
+                     tuple(worst))

@@ -1,0 +1,101 @@
+"""Run checks (ESS, R-hat, stopped and frozen chains, step halving): they fire on runs that may
+be wrong and stay silent on a correct run of a well-posed model."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from models import linreg_data, linreg_exact, linreg_model, logistic_data, logistic_model
+
+from numpyro_subsample import MCMC, SGHMC, SGLD, RunDiagnosticsWarning, check_run, to_arviz
+
+
+@pytest.fixture(scope="module")
+def logistic():
+    return logistic_data(N=2000, d=4, seed=1)
+
+
+def test_correct_run_is_silent(logistic):
+    X, y = logistic
+    mcmc = MCMC(SGHMC(logistic_model, progress_bar=False), num_warmup=300, num_samples=3000,
+                num_chains=2, chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+        idata = to_arviz(mcmc)
+    rc = mcmc.run_check
+    assert rc.ok and rc.min_ess_bulk > 100 and rc.max_rhat < 1.01, rc
+    assert rc.num_draws == 6000 and rc.divergences == 0
+    assert idata.sample_stats.attrs["min_ess_bulk"] == pytest.approx(rc.min_ess_bulk)
+
+
+def test_frozen_chain_warns_with_site_and_step(logistic):
+    X, y = logistic
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(logistic_model, step_size=1e-7, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=500, progress_bar=False)
+    with pytest.warns(RunDiagnosticsWarning, match=r"min ESS .* at beta\[\d\].*step size 1e-07"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert mcmc.run_check.min_ess_bulk < 100
+    assert mcmc.run_check.worst_sites[0].startswith("beta[")
+
+
+def test_disagreeing_chains_warn_rhat(logistic):
+    X, y = logistic
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(logistic_model, step_size=1e-5, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=400, num_chains=4,
+                chain_method="vectorized", progress_bar=False)
+    with pytest.warns(RunDiagnosticsWarning, match=r"split R-hat .* between 4 chains"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert mcmc.run_check.max_rhat > 1.01
+
+
+def test_stopped_chain_names_step_and_site(capsys):
+    X, y = linreg_data(N=2000, d=3)
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(linreg_model, step_size=3.0, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=300, progress_bar=False)
+    with pytest.warns(RunDiagnosticsWarning, match=r"chain 0 stopped at step \d+: beta\[\d\]"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    state = mcmc.last_state
+    div = np.asarray(mcmc.get_extra_fields()["diverging"])
+    first = int(state.fail_step) - 1  # draws are counted from 0, steps from 1
+    assert div[first:].all() and not div[:first].any()
+    beta = np.asarray(mcmc.get_samples()["beta"])
+    assert np.all(beta[first:] == beta[first])  # the chain stopped at its last valid state
+    assert mcmc.run_check.divergences == div.sum()
+    mcmc.print_summary()
+    assert f"Number of divergences: {div.sum()}" in capsys.readouterr().out
+    idata = to_arviz(mcmc)  # the run has warned already
+    assert idata.sample_stats.attrs["num_divergent"] == div.sum()
+    assert int(idata.sample_stats["diverging"].sum()) == div.sum()
+
+
+def test_step_halving_detects_bias_of_a_large_step():
+    """SGLD with h = 0.6 on a Gaussian target (whitened) inflates the variance by
+    (2 + h v)/(2 − h) ≥ 1.43: the log sd moves by ≥ 0.18 when the step is halved."""
+    X, y = linreg_data(N=2000, d=3)
+    _, sd = linreg_exact(X, y)
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(linreg_model, step_size=0.6, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, check_bias=True, progress_bar=False)
+    with pytest.warns(RunDiagnosticsWarning, match="halving the step to 0.3"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    bias = mcmc.run_check.bias
+    assert bias.log_sd_shift > 3 * bias.log_sd_shift_se and bias.log_sd_shift > 0.1
+    drawn_sd = np.asarray(mcmc.get_samples()["beta"]).std(0)
+    assert np.all(drawn_sd > 1.1 * sd)  # the check reports a real inflation
+
+
+def test_step_halving_silent_for_default_step(logistic):
+    X, y = logistic
+    mcmc = MCMC(SGHMC(logistic_model, progress_bar=False), num_warmup=300, num_samples=3000,
+                num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), X, y)
+    rc = check_run(mcmc, check_bias=True, warn=False)
+    assert rc.ok, rc.messages
+    assert rc.bias.step_size == pytest.approx(0.5 * mcmc.sampler.step_size)
