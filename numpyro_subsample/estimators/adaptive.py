@@ -39,15 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 from blackjax.sgmcmc import diffusions
 
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.base import (
     ControlVariate,
+    EstimatorMoments,
     GradientEstimator,
     control_variate_from_proxy,
     weighted_gradient,
 )
 from numpyro_subsample.estimators.lipschitz import lipschitz_constants
-from numpyro_subsample.estimators.noise import measure_whitened_noise
+from numpyro_subsample.estimators.noise import whitened_noise
 from numpyro_subsample.estimators.preferential import alias_design
 from numpyro_subsample.estimators.selection import uniform_design
 
@@ -171,6 +173,29 @@ def bucket_sizes(n_min: int, n_max: int) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
+def _bucket(params: AdaptiveParams, theta: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
+    """Index of n_t = the smallest bucket ≥ ||θ − θ̂||² S / V0 (Eq. 19), clipped."""
+    need = jnp.sum((theta - params.cv.centre) ** 2) * params.scale
+    k = jnp.sum(jnp.asarray(np.asarray(sizes), need.dtype) < need)
+    return jnp.clip(k, 0, len(sizes) - 1)
+
+
+def _adaptive_cv(params: AdaptiveParams) -> ControlVariate:
+    return params.cv
+
+
+@lru_cache(maxsize=64)
+def _adaptive_moments(moments: tuple, sizes: tuple[int, ...]) -> Callable:
+    """The second moments of the bucket that :func:`_adaptive_estimate` runs at θ, so the
+    exact noise at θ is that of the adaptive estimator there (n = n_t(θ))."""
+
+    def design(params: AdaptiveParams, theta, data):
+        branches = [lambda ds, j=j: moments[j](ds[j]) for j in range(len(sizes))]
+        return jax.lax.switch(_bucket(params, theta, sizes), branches, params.designs)
+
+    return design
+
+
 @lru_cache(maxsize=64)
 def _adaptive_estimate(potential: Potential, draws: tuple, sizes: tuple[int, ...]) -> Callable:
     """Algorithm 2: n_t = the smallest bucket ≥ ||θ − θ̂||² S / V0 (Eq. 19); one ``lax.switch``
@@ -178,8 +203,7 @@ def _adaptive_estimate(potential: Potential, draws: tuple, sizes: tuple[int, ...
     sizes_arr = np.asarray(sizes, np.int32)
 
     def estimate(params: AdaptiveParams, key, theta, data):
-        need = jnp.sum((theta - params.cv.centre) ** 2) * params.scale
-        k = jnp.clip(jnp.sum(jnp.asarray(sizes_arr, need.dtype) < need), 0, len(sizes) - 1)
+        k = _bucket(params, theta, sizes)
 
         def branch(j, key):
             idx, w = draws[j](params.designs[j], key)
@@ -235,19 +259,21 @@ def pilot_v0(
     num_steps: int = 200,
     quantile: float = 0.95,
     max_variance_inflation: float = 0.05,
+    chunk_size: int = DEFAULT_CHUNK,
 ) -> tuple[float, dict]:
     """V0 by the recipe of Putcha et al. (2023, Sect. 5.3.3), automated.
 
     Runs ``num_chains`` short SGLD chains (BlackJAX's overdamped Langevin in whitened
-    coordinates, started at proxy draws, step :func:`pilot_step_size` from the measured noise)
-    with the fixed-n estimator, takes the ``quantile`` of ||θ − θ̂||² over the chains' draws
-    and returns the bound Eq. 18 there: V0 = r² S / n_max. Costs
+    coordinates, started at proxy draws, step :func:`pilot_step_size` from the exact noise of
+    :func:`~numpyro_subsample.estimators.noise.whitened_noise`) with the fixed-n estimator,
+    takes the ``quantile`` of ||θ − θ̂||² over the chains' draws and returns the bound Eq. 18
+    there: V0 = r² S / n_max. Costs the noise's passes plus
     num_chains · (num_steps + 1) · n_max / N data passes.
     """
     centre, tril = proxy.centre, proxy.scale_tril
     k_noise, k_init, k_run = jax.random.split(rng_key, 3)
-    noise, _ = measure_whitened_noise(fixed, centre, tril, k_noise, data)
-    h = pilot_step_size(noise, max_variance_inflation)
+    noise = whitened_noise(fixed, centre, tril, k_noise, data, chunk_size=chunk_size)
+    h = pilot_step_size(noise.largest, max_variance_inflation)
     w0 = jax.random.normal(k_init, (num_chains, centre.shape[0]), centre.dtype)
     dist2 = _pilot_sq_distances(
         fixed.estimate, fixed.params, centre, tril, w0, jax.random.split(k_run, num_chains),
@@ -257,7 +283,8 @@ def pilot_v0(
     if not np.all(np.isfinite(dist2)):
         raise ValueError("The V0 pilot chain diverged; pass v0=<number> or v0='proxy'.")
     r2 = float(np.quantile(dist2, quantile))
-    passes = num_chains * (num_steps + 1) * fixed.subsample_size / fixed.num_data
+    passes = noise.data_passes + num_chains * (num_steps + 1) * fixed.subsample_size / (
+        fixed.num_data)
     return r2 * sum_l2_over_p / fixed.subsample_size, {
         "pilot_step_size": h, "pilot_r2": r2, "pilot_data_passes": passes,
     }
@@ -273,7 +300,7 @@ def adaptive_size(
     *,
     replace: bool = True,
     rng_key: jax.Array | None = None,
-    chunk_size: int = 2048,
+    chunk_size: int = DEFAULT_CHUNK,
 ) -> GradientEstimator:
     """ASGLD-CV (``base.name == "cv"``) or ASGLD-CV-PS (``"cv-preferential"``), Putcha et al.
     (2023, Algorithm 2), around a fixed-size estimator ``base`` built at ``options.n_max``.
@@ -281,7 +308,9 @@ def adaptive_size(
     ``options`` comes from :func:`adaptive_options`. ``info``: the base estimator's, plus
     ``v0``, ``sum_l2_over_p``, ``lipschitz`` (how the L_i were obtained),
     ``lipschitz_constants``, ``bucket_sizes``, ``n_min``, ``n_max``, the pilot's facts,
-    ``seconds`` and ``data_passes`` (all preprocessing).
+    ``seconds`` and ``data_passes`` (all preprocessing). Its second moments are those of the
+    bucket it runs at θ, so its exact noise (:mod:`numpyro_subsample.estimators.noise`) is the
+    noise at n = n_t(θ).
     """
     t0 = time.perf_counter()
     if proxy is None:
@@ -321,7 +350,7 @@ def adaptive_size(
         v0, pinfo = pilot_v0(
             base, data, proxy, S, k_pilot, num_chains=options.pilot_chains,
             num_steps=options.pilot_steps, quantile=options.pilot_quantile,
-            max_variance_inflation=options.max_variance_inflation,
+            max_variance_inflation=options.max_variance_inflation, chunk_size=chunk_size,
         )
         info.update(pinfo)
         passes += pinfo["pilot_data_passes"]
@@ -340,10 +369,15 @@ def adaptive_size(
         jnp.asarray(S / v0, dtype),
     )
     estimate = _adaptive_estimate(potential, tuple(d.draw for d in designs), sizes)
+    moments = EstimatorMoments(
+        potential, _adaptive_moments(tuple(d.moments for d in designs), sizes), _adaptive_cv
+    )
     info.update({
         "adaptive": True, "v0": v0, "sum_l2_over_p": S, "lipschitz": kind,
         "lipschitz_constants": L, "bucket_sizes": sizes, "n_min": options.n_min,
         "n_max": n_max, "seconds": info.get("seconds", 0.0) + time.perf_counter() - t0,
         "data_passes": passes,
     })
-    return GradientEstimator(estimate, params, "adaptive-" + base.name, n_max, N, passes, info)
+    return GradientEstimator(
+        estimate, params, "adaptive-" + base.name, n_max, N, passes, info, moments
+    )

@@ -14,7 +14,10 @@ c_i is the control variate:
   Eq. 4), Putcha et al. (2023, Eq. 5);
 - non-uniform w = 1/(n p_i): Putcha et al. (2023, Eq. 8, SGLD-PS, and Eq. 12, SGLD-CV-PS).
 
-It is unbiased for ∇f(θ) whenever the design is (E Σ_j w_j h_{i_j} = Σ_i h_i).
+It is unbiased for ∇f(θ) whenever the design is (E Σ_j w_j h_{i_j} = Σ_i h_i), and its noise
+is the design's sum applied to the residuals r_i = ∇f_i(θ) − ∇c_i(θ), whose covariance the
+design's second moments give exactly (:class:`EstimatorMoments`,
+:mod:`numpyro_subsample.estimators.noise`).
 
 An estimator is *data*: a pure function ``estimate(params, key, θ, data) -> (g, n)`` that closes
 over static configuration only (the potential, sizes), and the arrays ``params`` it reads.
@@ -32,14 +35,16 @@ import jax
 import jax.numpy as jnp
 
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.estimators.selection import SamplingDesign
+from numpyro_subsample.estimators.selection import DesignMoments, SamplingDesign
 
 __all__ = [
     "ControlVariate",
+    "EstimatorMoments",
     "GradientEstimator",
     "weighted_gradient",
     "make_estimator",
     "control_variate_from_proxy",
+    "pair_control_variate",
 ]
 
 
@@ -55,6 +60,22 @@ class ControlVariate(NamedTuple):
     datum_grads: jax.Array | None = None
 
 
+class EstimatorMoments(NamedTuple):
+    """What the exact noise of an estimator needs (static, hashable: a ``jax.jit`` static
+    argument).
+
+    ``design(params, θ, data) -> DesignMoments``: the second moments of the selection at θ
+    (for a fixed law they do not depend on θ); ``control_variate(params) -> ControlVariate |
+    None``: the c_i of the residuals r_i = ∇f_i(θ) − ∇c_i; ``passes_per_point``: data passes
+    that ``design`` costs at each θ (0 for a fixed law).
+    """
+
+    potential: Potential
+    design: Callable[[Any, jax.Array, ModelData], DesignMoments]
+    control_variate: Callable[[Any], ControlVariate | None]
+    passes_per_point: float = 0.0
+
+
 class GradientEstimator(NamedTuple):
     """An estimate of ∇f(θ) as a pure function and its arrays.
 
@@ -62,6 +83,7 @@ class GradientEstimator(NamedTuple):
     ``params``: the arrays it reads (design, control variate). ``name``: the configuration.
     ``subsample_size``: the largest n it uses. ``data_passes``: full data passes spent building
     it. ``info``: read-only facts about the configuration (weights, strata, V0, ...).
+    ``moments``: what its exact noise needs (:class:`EstimatorMoments`), or None if unknown.
     """
 
     estimate: Callable[[Any, jax.Array, jax.Array, ModelData], tuple[jax.Array, jax.Array]]
@@ -71,6 +93,7 @@ class GradientEstimator(NamedTuple):
     num_data: int
     data_passes: float = 0.0
     info: dict | None = None
+    moments: EstimatorMoments | None = None
 
     def __call__(self, key: jax.Array, theta: jax.Array, data: ModelData):
         """``estimate`` with the estimator's own params."""
@@ -114,6 +137,19 @@ def _design_estimate(potential: Potential, draw: Callable, size: int) -> Callabl
     return estimate
 
 
+def pair_control_variate(params) -> ControlVariate | None:
+    """The control variate of ``params = (design or law params, cv)``."""
+    return params[1]
+
+
+@lru_cache(maxsize=256)
+def _fixed_design_moments(moments: Callable) -> Callable:
+    def design(params, theta, data):
+        return moments(params[0])
+
+    return design
+
+
 def make_estimator(
     potential: Potential,
     design: SamplingDesign,
@@ -132,6 +168,9 @@ def make_estimator(
         design.num_data,
         float(data_passes),
         info,
+        None if design.moments is None else EstimatorMoments(
+            potential, _fixed_design_moments(design.moments), pair_control_variate
+        ),
     )
 
 

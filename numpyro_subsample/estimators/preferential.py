@@ -34,12 +34,14 @@ import numpy as np
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.base import (
+    EstimatorMoments,
     GradientEstimator,
     control_variate_from_proxy,
     make_estimator,
+    pair_control_variate,
     weighted_gradient,
 )
-from numpyro_subsample.estimators.selection import SamplingDesign
+from numpyro_subsample.estimators.selection import DesignMoments, SamplingDesign
 
 __all__ = [
     "DEFAULT_UNIFORM_MIX",
@@ -54,6 +56,7 @@ __all__ = [
     "build_preferential",
     "build_cv_preferential",
     "analytic_pseudo_variance",
+    "importance_moments",
 ]
 
 DEFAULT_UNIFORM_MIX = 0.05
@@ -126,6 +129,22 @@ def _alias_draw(n: int, dtype: np.dtype) -> Callable:
     return draw
 
 
+def importance_moments(probs: jax.Array, n: int) -> DesignMoments:
+    """Second moments of n i.i.d. draws from p with weights 1/(n p_i):
+    Cov = (1/n)[Σ_i h_i h_iᵀ/p_i − H Hᵀ], H = Σ_i h_i (Putcha et al. 2023, Appendix A.2, as a
+    matrix); a datum with p_i = 0 is never drawn and contributes nothing."""
+    a = jnp.where(probs > 0, 1.0 / (n * jnp.where(probs > 0, probs, 1.0)), 0.0)
+    return DesignMoments(a, jnp.asarray(1.0 / n, a.dtype))
+
+
+@lru_cache(maxsize=256)
+def _alias_moments(n: int) -> Callable:
+    def moments(table: AliasTable) -> DesignMoments:
+        return importance_moments(table.probs, n)
+
+    return moments
+
+
 def alias_design(table: AliasTable, n: int, dtype=None) -> SamplingDesign:
     """With-replacement design from an alias table, weights 1/(n p_i) (Putcha et al. 2023,
     Eq. 8); the table is the design's ``params``."""
@@ -133,7 +152,8 @@ def alias_design(table: AliasTable, n: int, dtype=None) -> SamplingDesign:
         raise ValueError(f"The subsample size must be a positive integer, got {n!r}.")
     dtype = np.dtype(dtype or jnp.result_type(float))
     return SamplingDesign(
-        _alias_draw(int(n), dtype), int(n), int(table.threshold.shape[0]), table
+        _alias_draw(int(n), dtype), int(n), int(table.threshold.shape[0]), table,
+        _alias_moments(int(n)),
     )
 
 
@@ -270,6 +290,39 @@ def preferential_probabilities(
 
 
 # -- exact (state-dependent) weights, Eq. 10 / Eq. 14 ----------------------------------------------
+def _exact_cdf(potential: Potential, theta, data, lam, cv, chunk_size: int) -> jax.Array:
+    """The unnormalised CDF of (1 − λ) ||r_i(θ)|| / Σ_l ||r_l(θ)|| + λ/N (Eq. 10 / Eq. 14),
+    r_i the (control-variate) residuals at θ: one data pass."""
+    N = potential.num_data
+
+    def residual_norms(idx):
+        g = _datum_grads(potential, theta, idx, data)
+        if cv is not None:
+            at_centre = (cv.datum_grads[idx] if cv.datum_grads is not None
+                         else _datum_grads(potential, cv.centre, idx, data))
+            g = g - at_centre
+        return jnp.linalg.norm(g, axis=-1)
+
+    norms = map_data(residual_norms, N, chunk_size)
+    total = jnp.sum(norms)
+    pw = jnp.where(total > 0, norms / jnp.where(total > 0, total, 1.0), 1.0 / N)
+    return jnp.cumsum((1.0 - lam) * pw + lam / N)
+
+
+@lru_cache(maxsize=64)
+def _exact_moments(potential: Potential, n: int, chunk_size: int) -> Callable:
+    """Second moments of the state-dependent law at θ: the interval widths of its CDF, as
+    the draws of :func:`_exact_estimate` realise them."""
+
+    def design(params, theta, data):
+        lam, cv = params
+        cdf = _exact_cdf(potential, theta, data, lam, cv, chunk_size)
+        probs = jnp.diff(cdf, prepend=jnp.zeros((1,), cdf.dtype)) / cdf[-1]
+        return importance_moments(probs, n)
+
+    return design
+
+
 @lru_cache(maxsize=64)
 def _exact_estimate(potential: Potential, n: int, chunk_size: int) -> Callable:
     """The optimal state-dependent law recomputed at every θ: O(N) per step (diagnostics).
@@ -282,19 +335,7 @@ def _exact_estimate(potential: Potential, n: int, chunk_size: int) -> Callable:
 
     def estimate(params, key, theta, data):
         lam, cv = params
-
-        def residual_norms(idx):
-            g = _datum_grads(potential, theta, idx, data)
-            if cv is not None:
-                at_centre = (cv.datum_grads[idx] if cv.datum_grads is not None
-                             else _datum_grads(potential, cv.centre, idx, data))
-                g = g - at_centre
-            return jnp.linalg.norm(g, axis=-1)
-
-        norms = map_data(residual_norms, N, chunk_size)
-        total = jnp.sum(norms)
-        pw = jnp.where(total > 0, norms / jnp.where(total > 0, total, 1.0), 1.0 / N)
-        cdf = jnp.cumsum((1.0 - lam) * pw + lam / N)
+        cdf = _exact_cdf(potential, theta, data, lam, cv, chunk_size)
         u = jax.random.uniform(key, (n,), cdf.dtype) * cdf[-1]
         idx = jnp.clip(jnp.searchsorted(cdf, u, side="right"), 0, N - 1)
         lower = jnp.where(idx > 0, cdf[jnp.maximum(idx - 1, 0)], 0.0)
@@ -369,9 +410,13 @@ def build_preferential(
         lam = _check_mix(uniform_mix, DEFAULT_UNIFORM_MIX)
         info = {"weights": "exact", "uniform_mix": lam, "probs": None, "seconds": 0.0,
                 "data_passes": 0.0}
+        moments = EstimatorMoments(
+            potential, _exact_moments(potential, int(n), int(chunk_size)),
+            pair_control_variate, 1.0,
+        )
         return GradientEstimator(
             _exact_estimate(potential, int(n), int(chunk_size)), (jnp.asarray(lam, dtype), cv),
-            name, int(n), potential.num_data, 0.0, info,
+            name, int(n), potential.num_data, 0.0, info, moments,
         )
     p, info = preferential_probabilities(
         name, potential, data, proxy, weights=weights, uniform_mix=uniform_mix,

@@ -4,6 +4,11 @@ A :class:`SamplingDesign` draws ``(idx, weights)`` such that, for any per-datum 
 E[Σ_j weights_j · h_{idx_j}] = Σ_{i=1}^N h_i. All estimators of the package are this sum
 applied to control-variate residuals (see :mod:`numpyro_subsample.estimators.base`), so a new
 selection law is a new design, nothing else.
+
+A design may also state its second moments (:class:`DesignMoments`): the covariance of that
+sum for any h, as a function of the design's arrays. The exact noise of every estimator built
+on the design follows from it in one chunked data pass
+(:mod:`numpyro_subsample.estimators.noise`).
 """
 
 from __future__ import annotations
@@ -16,16 +21,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["SamplingDesign", "uniform_design", "sample_without_replacement"]
+__all__ = ["DesignMoments", "SamplingDesign", "uniform_design", "sample_without_replacement"]
+
+
+class DesignMoments(NamedTuple):
+    """The second moments of a design: for any per-datum vectors h_i,
+
+        Cov[Σ_j w_j h_{i_j}] = Σ_i a_i h_i h_iᵀ − Σ_g c_g H_g H_gᵀ,    H_g = Σ_{i∈g} h_i,
+
+    over a partition of the data into groups g. ``datum_weight`` a: a scalar or (N,);
+    ``group_weight`` c: a scalar (one group, ``labels=None``) or (G,) with ``labels`` the (N,)
+    group of every datum in 0..G−1.
+    """
+
+    datum_weight: jax.Array
+    group_weight: jax.Array
+    labels: jax.Array | None = None
 
 
 class SamplingDesign(NamedTuple):
-    """``draw(params, key) -> (idx (n,), weights (n,))`` with n = ``size`` fixed (static)."""
+    """``draw(params, key) -> (idx (n,), weights (n,))`` with n = ``size`` fixed (static).
+
+    ``moments(params) -> DesignMoments``: the design's second moments, or None if unknown
+    (the noise is then measured by Monte Carlo).
+    """
 
     draw: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
     size: int
     num_data: int
     params: Any = None
+    moments: Callable[[Any], DesignMoments] | None = None
 
 
 def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.Array:
@@ -69,13 +94,30 @@ def _uniform_draw(num_data: int, n: int, replace: bool) -> Callable:
     return draw
 
 
+@lru_cache(maxsize=256)
+def _uniform_moments(num_data: int, n: int, replace: bool) -> Callable:
+    """Simple random sampling of n from N with weight w (≈ N/n): with replacement,
+    Cov = n w² [(1/N) Σ h hᵀ − h̄ h̄ᵀ]; without, times (N − n)/(N − 1) (the finite-population
+    correction, Cochran 1977, Thm 2.2)."""
+    N = num_data
+    fpc = 1.0 if replace else (N - n) / (N - 1) if N > 1 else 0.0
+
+    def moments(weight):
+        a = weight * weight * (n * fpc / N)
+        return DesignMoments(a, a / N)
+
+    return moments
+
+
 def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> SamplingDesign:
-    """Simple random sampling, weights N/n (Putcha et al. 2023, Eq. 3)."""
+    """Simple random sampling, weights N/n (Putcha et al. 2023, Eq. 3), with or without
+    replacement."""
     if not 1 <= int(n) <= int(num_data):
         raise ValueError(
             f"The subsample size must be between 1 and N={num_data}, got {n!r}."
         )
     dtype = dtype or jnp.result_type(float)
     weight = jnp.asarray(np.asarray(num_data / n, dtype=jnp.dtype(dtype)))
-    draw = _uniform_draw(int(num_data), int(n), bool(replace))
-    return SamplingDesign(draw, int(n), int(num_data), weight)
+    key = (int(num_data), int(n), bool(replace))
+    return SamplingDesign(_uniform_draw(*key), int(n), int(num_data), weight,
+                          _uniform_moments(*key))

@@ -51,7 +51,7 @@ from numpyro_subsample.estimators.base import (
     make_estimator,
 )
 from numpyro_subsample.estimators.floyd import DRAW_METHODS, draw_positions, resolve_method
-from numpyro_subsample.estimators.selection import SamplingDesign
+from numpyro_subsample.estimators.selection import DesignMoments, SamplingDesign
 
 __all__ = [
     "Strata",
@@ -210,6 +210,31 @@ def _stratified_draw(batch_sizes: tuple[int, ...], method: str) -> Callable:
     return draw
 
 
+@lru_cache(maxsize=256)
+def _stratified_moments(batch_sizes: tuple[int, ...]) -> Callable:
+    """Second moments of the design (:class:`~numpyro_subsample.estimators.selection.
+    DesignMoments`): b_j of n_j without replacement, weight w_j = n_j/b_j, independently over
+    strata, so Cov = Σ_j w_j² b_j (n_j − b_j)/(n_j (n_j − 1)) [Σ_{i∈C_j} h_i h_iᵀ − H_j H_jᵀ/n_j]
+    (Fu and Zhang 2023, Lemma 3.4, with the finite-population factor (n_j − b_j)/(n_j − 1) of
+    sampling without replacement; 0 for a stratum drawn whole)."""
+    b = np.asarray(batch_sizes, np.int64)
+    first = np.concatenate([[0], np.cumsum(b)[:-1]])
+    k = b.shape[0]
+
+    def moments(params: StratifiedParams) -> DesignMoments:
+        dtype = params.weights.dtype
+        n_j, b_j = params.sizes.astype(dtype), jnp.asarray(b, dtype)
+        w = params.weights[first]
+        a = jnp.where(n_j > 1, w * w * b_j * (n_j - b_j) / (n_j * jnp.maximum(n_j - 1, 1)), 0.0)
+        N = params.order.shape[0]
+        labels = jnp.zeros((N,), jnp.int32).at[params.order].set(
+            jnp.repeat(jnp.arange(k, dtype=jnp.int32), params.sizes, total_repeat_length=N)
+        )
+        return DesignMoments(a[labels], a / n_j, labels)
+
+    return moments
+
+
 def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> SamplingDesign:
     """The design of Fu and Zhang (2023, Eq. 10): b_j draws without replacement from stratum j,
     weights n_j / b_j; all strata in one draw of static size n = Σ b_j (``draw_method``:
@@ -226,8 +251,10 @@ def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> 
         jnp.asarray(sizes, jnp.int32),
         jnp.asarray((sizes / b)[slot_stratum], dtype),
     )
-    draw = _stratified_draw(tuple(int(x) for x in b), method)
-    return SamplingDesign(draw, int(b.sum()), int(sizes.sum()), params)
+    b_key = tuple(int(x) for x in b)
+    draw = _stratified_draw(b_key, method)
+    return SamplingDesign(draw, int(b.sum()), int(sizes.sum()), params,
+                          _stratified_moments(b_key))
 
 
 def strata_of(obj: Any) -> Strata | None:

@@ -50,7 +50,8 @@ MAX_PROXY_SD = 1e3
 
 class SamplerParams(NamedTuple):
     """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w,
-    the step size h and the estimator's arrays."""
+    the step size h, the estimator's arrays and, for a noise-corrected dynamic, the matrix S
+    of the injected noise S ξ (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`)."""
 
     centre: jax.Array
     scale_tril: jax.Array
@@ -58,6 +59,7 @@ class SamplerParams(NamedTuple):
     estimator: Any
     init_tril: jax.Array  # Cholesky factor of the proxy covariance, for initial draws
     data_passes: jax.Array  # data passes spent on the preprocessing
+    noise_scale: jax.Array | None = None
 
 
 class SGMCMCState(NamedTuple):
@@ -65,10 +67,13 @@ class SGMCMCState(NamedTuple):
 
     ``z``: unconstrained latent values (dict); ``w``: whitened position (θ = θ̂ + L w);
     ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step;
-    ``subsample_size``: data used for ``grad``; ``diverging``: the last proposed step was
-    non-finite or farther than :data:`MAX_PROXY_SD` proxy sds from the centre, and was
-    rejected; ``data_passes``: cumulative data evaluations / N, including
-    preprocessing; ``params``: the preprocessing's arrays (shared by vectorized chains);
+    ``subsample_size``: data used for ``grad``; ``diverging``: the chain has failed: a
+    proposed step was non-finite or farther than :data:`MAX_PROXY_SD` proxy sds from the
+    centre; the chain then stops at its last valid state and every later draw is marked;
+    ``fail_step``, ``fail_coord``: the iteration of the failure and the flat unconstrained
+    coordinate that failed (−1 while the chain is healthy); ``data_passes``: cumulative data
+    evaluations / N, including preprocessing; ``params``: the preprocessing's arrays (shared
+    by vectorized chains);
     ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``).
     """
 
@@ -80,6 +85,8 @@ class SGMCMCState(NamedTuple):
     grad: jax.Array
     subsample_size: jax.Array
     diverging: jax.Array
+    fail_step: jax.Array
+    fail_coord: jax.Array
     data_passes: jax.Array
     rng_key: jax.Array
     params: SamplerParams
@@ -99,6 +106,7 @@ class Preprocessed(NamedTuple):
     seconds: float
     data_passes: float
     params: SamplerParams
+    noise_cov: Any = None  # the estimator's whitened noise covariance (NumPy), if measured
 
 
 class Whitening(NamedTuple):
@@ -143,7 +151,7 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
         grad_w = p.scale_tril.T @ state.grad
         w, mom, xi = dynamics.step(
-            k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size
+            k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size, p.noise_scale
         )
         theta = p.centre + p.scale_tril @ w
         g, n = estimate(p.estimator, k_est, theta, data)
@@ -151,17 +159,19 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         z_sd = w if cfg.precondition_draw else jax.scipy.linalg.solve_triangular(
             p.init_tril, w, lower=True
         )
-        finite = (
-            jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(g))
-            & (jnp.max(jnp.abs(z_sd)) < MAX_PROXY_SD)
-        )
-        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        bad = ~jnp.isfinite(theta) | ~jnp.isfinite(g) | (jnp.abs(z_sd) >= MAX_PROXY_SD)
+        healthy = state.fail_step < 0
+        ok = healthy & ~jnp.any(bad)
+        newly_failed = healthy & ~ok
+        keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
         w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
         grad = keep(-g, state.grad)
         z = jax.tree.map(keep, pot.unravel(theta), state.z)
+        fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
+        fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
         new = SGMCMCState(
-            state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~finite,
-            state.data_passes + n * inv_n, key, p, state.zv_stats,
+            state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~ok,
+            fail_step, fail_coord, state.data_passes + n * inv_n, key, p, state.zv_stats,
         )
         if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
             theta_z = ravel_pytree(new.z)[0]
@@ -193,8 +203,9 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
             stats = empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype)
         return SGMCMCState(
             jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
-            jnp.asarray(n, jnp.int32), jnp.zeros((), bool),
-            (params.data_passes + n * inv_n).astype(centre.dtype), key, params, stats,
+            jnp.asarray(n, jnp.int32), jnp.zeros((), bool), jnp.full((), -1, jnp.int32),
+            jnp.full((), -1, jnp.int32), (params.data_passes + n * inv_n).astype(centre.dtype),
+            key, params, stats,
         )
 
     return init_one, step

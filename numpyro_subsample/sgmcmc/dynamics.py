@@ -17,14 +17,23 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from blackjax.sgmcmc import diffusions
 
-__all__ = ["Dynamics", "sgld_dynamics", "sghmc_dynamics", "sgnht_dynamics"]
+__all__ = [
+    "Dynamics",
+    "corrected_dynamics",
+    "injected_noise_scale",
+    "sgld_dynamics",
+    "sghmc_dynamics",
+    "sgnht_dynamics",
+]
 
 
 class Dynamics(NamedTuple):
-    """``step(key, w, momentum, thermostat, grad_logpost_w, step_size)``
-    returns ``(w, momentum, thermostat)``.
+    """``step(key, w, momentum, thermostat, grad_logpost_w, step_size, noise_scale=None)``
+    returns ``(w, momentum, thermostat)``; ``noise_scale`` is the matrix S of the injected noise
+    S ξ of a noise-corrected dynamic (:func:`injected_noise_scale`), ignored by the others.
 
     ``init_momentum(key, w)`` gives the auxiliary variables' starting values; SGLD has none and
     carries a zero-length momentum.
@@ -43,7 +52,7 @@ def sgld_dynamics() -> Dynamics:
     def init_momentum(key, w):
         return jnp.zeros((0,), w.dtype), jnp.zeros((), w.dtype)
 
-    def step(key, w, momentum, thermostat, grad_w, step_size):
+    def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         return integrator(key, w, grad_w, step_size), momentum, thermostat
 
     return Dynamics("sgld", init_momentum, step)
@@ -78,7 +87,7 @@ def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
     def init_momentum(key, w):
         return jax.random.normal(key, w.shape, w.dtype), jnp.zeros((), w.dtype)
 
-    def step(key, w, momentum, thermostat, grad_w, step_size):
+    def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         _, p = integrator(key, w, momentum, grad_w, step_size)
         return w + step_size * p, p, thermostat
 
@@ -99,8 +108,59 @@ def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
     def init_momentum(key, w):
         return jax.random.normal(key, w.shape, w.dtype), jnp.asarray(friction, w.dtype)
 
-    def step(key, w, momentum, thermostat, grad_w, step_size):
+    def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         _, p, xi = integrator(key, w, momentum, thermostat, grad_w, step_size)
         return w + step_size * p, p, xi
 
     return Dynamics("sgnht", init_momentum, step)
+
+
+# -- noise-corrected dynamics -------------------------------------------------------------------
+# The gradient estimate ĝ = ∇log π + e carries noise e of covariance V (whitened), so one step
+# adds h²V to the variance of the position (SGLD) or of the momentum (SGHMC, SGNHT) on top of
+# the injected 2ch I (c = 1 for SGLD, the friction α or the diffusion A otherwise). Injecting
+# N(0, 2ch I − h²V) instead keeps the total at 2ch I: the correction of stochastic-gradient
+# Fisher scoring (Ahn, Korattikara and Welling 2012, Eq. 12) and of SGHMC's B̂ = hV/2 (Chen,
+# Fox and Guestrin 2014, Eq. 9). BlackJAX's diffusions inject isotropic noise (a scalar β
+# correction at most), so the corrected updates are written here, with the same conventions.
+
+
+def injected_noise_scale(noise_cov, step_size: float, diffusion: float = 1.0):
+    """S with S Sᵀ = 2ch I − h²V, eigenvalues clipped at 0 (NumPy, host side).
+
+    Returns ``(S, clipped)``: ``clipped`` counts the directions where the gradient noise alone
+    exceeds the diffusion (h²λ > 2ch); there the step is too large for the correction.
+    """
+    v = np.asarray(noise_cov, np.float64)
+    lam, q = np.linalg.eigh(0.5 * (v + v.T))
+    h, c = float(step_size), float(diffusion)
+    target = 2 * c * h - h * h * np.maximum(lam, 0.0)
+    clipped = int(np.sum(target < 0))
+    return (q * np.sqrt(np.maximum(target, 0.0))) @ q.T, clipped
+
+
+@cache
+def corrected_dynamics(name: str, friction: float = 1.0) -> Dynamics:
+    """SGLD, SGHMC or SGNHT (``name``) injecting S ξ with S Sᵀ = 2ch I − h²V (see above).
+
+    With V = 0 the updates are those of :func:`sgld_dynamics`, :func:`sghmc_dynamics` and
+    :func:`sgnht_dynamics` (symplectic Euler for the momentum dynamics).
+    """
+    if name not in ("sgld", "sghmc", "sgnht"):
+        raise ValueError(f"name must be 'sgld', 'sghmc' or 'sgnht', got {name!r}.")
+    if not friction > 0:
+        raise ValueError(f"friction must be > 0, got {friction}.")
+    base = {"sgld": sgld_dynamics, "sghmc": sghmc_dynamics, "sgnht": sgnht_dynamics}[name]
+    init_momentum = base().init_momentum if name == "sgld" else base(friction).init_momentum
+
+    def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
+        noise = noise_scale @ jax.random.normal(key, w.shape, w.dtype)
+        if name == "sgld":
+            return w + step_size * grad_w + noise, momentum, thermostat
+        damping = friction if name == "sghmc" else thermostat
+        p = (1.0 - damping * step_size) * momentum + step_size * grad_w + noise
+        if name == "sgnht":
+            thermostat = thermostat + step_size * (jnp.vdot(p, p) / p.shape[0] - 1.0)
+        return w + step_size * p, p, thermostat
+
+    return Dynamics(f"{name}-corrected", init_momentum, step)

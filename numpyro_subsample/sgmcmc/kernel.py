@@ -8,6 +8,7 @@ and run the preprocessing (proxy, estimator, measured noise).
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from collections.abc import Callable
@@ -19,10 +20,15 @@ import numpy as np
 
 from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
 from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
-from numpyro_subsample.estimators.noise import measure_whitened_noise
-from numpyro_subsample.estimators.registry import ESTIMATORS, NEEDS_PROXY, configure_estimator
+from numpyro_subsample.estimators.noise import warn_if_noise_limited, whitened_noise
+from numpyro_subsample.estimators.registry import (
+    NEEDS_PROXY,
+    check_estimator_request,
+    configure_estimator,
+)
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.sgmcmc.chain import (
@@ -35,6 +41,8 @@ from numpyro_subsample.sgmcmc.chain import (
 )
 from numpyro_subsample.sgmcmc.dynamics import (
     Dynamics,
+    corrected_dynamics,
+    injected_noise_scale,
     sghmc_dynamics,
     sgld_dynamics,
     sgnht_dynamics,
@@ -79,6 +87,14 @@ class SGMCMCKernel(SubsampleKernel):
         Sample in coordinates whitened by the proxy covariance.
     max_variance_inflation
         δ of the default step-size rule (default 0.05).
+    noise_correction
+        Inject N(0, 2ch I − h²V) instead of N(0, 2ch I), V the estimator's noise covariance
+        (whitened, measured exactly at proxy draws, :mod:`numpyro_subsample.estimators.noise`),
+        c the diffusion coefficient: the total noise per step is then the diffusion's, as in
+        stochastic-gradient Fisher scoring (Ahn, Korattikara and Welling 2012) and SGHMC's
+        B̂ correction (Chen, Fox and Guestrin 2014, Eq. 9), so the default step is larger for
+        the same variance inflation (:mod:`numpyro_subsample.sgmcmc.stepsize`). Default on;
+        needs preconditioning (V is measured in whitened coordinates).
     replace
         Draw subsample indices with replacement (default) or without.
     proxy_kwargs
@@ -121,6 +137,7 @@ class SGMCMCKernel(SubsampleKernel):
         proxy_kwargs: dict | None = None,
         chunk_size: int = 2048,
         store_datum_grads: bool = False,
+        noise_correction: bool = True,
         init_strategy: str = "proxy",
         seed: int = 0,
         progress_bar: bool | None = None,
@@ -129,36 +146,22 @@ class SGMCMCKernel(SubsampleKernel):
         zv_fn: Callable | None = None,
         **estimator_options: Any,
     ) -> None:
-        super().__init__(model, seed=seed)
-        if estimator not in ESTIMATORS:
-            raise ValueError(
-                f"Unknown estimator {estimator!r}; choose one of {sorted(ESTIMATORS)}."
-            )
-        if step_size is not None and not (
-            isinstance(step_size, (int, float)) and np.isfinite(step_size) and step_size > 0
-        ):
-            raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
-        if not (isinstance(proxy, Proxy) or proxy in ("laplace", "variational")):
-            raise ValueError(f"proxy must be 'laplace', 'variational' or a Proxy, got {proxy!r}.")
+        check_options(
+            "SGMCMCKernel", step_size=step_size, preconditioning=preconditioning,
+            max_variance_inflation=max_variance_inflation, replace=replace,
+            proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
+            store_datum_grads=store_datum_grads, noise_correction=noise_correction,
+            init_strategy=init_strategy, seed=seed,
+            progress_bar=progress_bar, zv_stream=zv_stream, zv_degree=zv_degree, zv_fn=zv_fn,
+            **({} if isinstance(proxy, Proxy) else {"proxy": proxy}),
+        )
         if step_size is None and not preconditioning:
             raise ValueError(
                 "step_size=None needs preconditioning=True (the default rule works in "
                 "whitened coordinates); pass a step_size."
             )
-        if init_strategy not in ("proxy", "centre"):
-            raise ValueError(f"init_strategy must be 'proxy' or 'centre', got {init_strategy!r}.")
-        if int(chunk_size) < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
-        if not (np.isfinite(max_variance_inflation) and 0 < max_variance_inflation <= 1):
-            raise ValueError(
-                "max_variance_inflation must be in (0, 1] (the tolerated relative inflation "
-                f"of the posterior variance), got {max_variance_inflation!r}."
-            )
-        if zv_degree not in (1, 2):
-            raise ValueError(
-                "zv_degree must be 1 or 2 (polynomial degree of the ZV control variates), got "
-                f"{zv_degree!r}."
-            )
+        check_estimator_request(estimator, estimator_options, replace=replace)
+        super().__init__(model, seed=seed)
         self.estimator_name = estimator
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
@@ -169,16 +172,37 @@ class SGMCMCKernel(SubsampleKernel):
         self.proxy_kwargs = dict(proxy_kwargs or {})
         self.chunk_size = int(chunk_size)
         self.store_datum_grads = bool(store_datum_grads)
+        self.noise_correction = bool(noise_correction) and self.preconditioning
         self.init_strategy = init_strategy
         self.progress_bar = default_progress() if progress_bar is None else progress_bar
         self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
 
     # -- what a subclass chooses ------------------------------------------------------------
+    _diffusion = 1.0  # c of the injected noise N(0, 2ch I)
+
     def _dynamics(self) -> Dynamics:
-        return sgld_dynamics()
+        return corrected_dynamics("sgld") if self.noise_correction else sgld_dynamics()
 
     def _default_step_size(self, noise: float) -> float:
-        return sgld_step_size(noise, self.max_variance_inflation)
+        return sgld_step_size(noise, self.max_variance_inflation,
+                              corrected=self.noise_correction)
+
+    def _noise_scale(self, noise_cov, step_size: float, dtype) -> jax.Array | None:
+        """S of the corrected dynamic's injected noise S ξ (None without correction); warns
+        when the gradient noise alone exceeds the diffusion in some direction."""
+        if not self.noise_correction:
+            return None
+        s, clipped = injected_noise_scale(noise_cov, step_size, self._diffusion)
+        if clipped:
+            warnings.warn(
+                f"step_size {step_size:.3g}: in {clipped} direction(s) the estimator's gradient "
+                f"noise h²v exceeds the injected 2ch (c = {self._diffusion:g}), so the noise "
+                "correction cannot remove it and the posterior there is too wide; pass a "
+                "smaller step_size or leave it to the default rule.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return jnp.asarray(np.asarray(s, dtype))
 
     # -- properties users read ----------------------------------------------------------------
     @property
@@ -194,6 +218,24 @@ class SGMCMCKernel(SubsampleKernel):
     def step_size(self) -> float:
         """The time step h in use (see the class docstring)."""
         return self.preprocessed.step_size
+
+    def with_step_size(self, step_size: float) -> SGMCMCKernel:
+        """A copy of this kernel with time step ``step_size`` that shares its preprocessing
+        (proxy, estimator, data), for the step-halving check."""
+        h = float(step_size)
+        if not (np.isfinite(h) and h > 0):
+            raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
+        new = copy.copy(self)
+        new._step_size, new._step = h, None
+        if self._pre is not None:
+            pre = self._pre
+            dtype = pre.centre.dtype
+            h_arr = jnp.asarray(np.asarray(h, dtype))
+            scale = new._noise_scale(pre.noise_cov, h, dtype)
+            new._pre = pre._replace(
+                step_size=h, params=pre.params._replace(step_size=h_arr, noise_scale=scale)
+            )
+        return new
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
@@ -248,22 +290,31 @@ class SGMCMCKernel(SubsampleKernel):
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         t0 = time.perf_counter()
         _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
+        check_estimator_request(self.estimator_name, self.estimator_options,
+                                replace=self.replace, potential=potential)
         wh = self._whitening(potential, data, k_proxy)
         estimator = configure_estimator(
             self.estimator_name, potential, data, wh.proxy, replace=self.replace,
             rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
         )
-        noise, _ = measure_whitened_noise(estimator, wh.centre, wh.scale_tril, k_noise, data)
+        measured = whitened_noise(
+            estimator, wh.centre, wh.scale_tril, k_noise, data, point_tril=wh.init_tril,
+            chunk_size=self.chunk_size,
+        )
+        noise = measured.largest
         step_size = self._chosen_step_size(noise)
-        passes = wh.data_passes + estimator.data_passes
+        if self._step_size is None:
+            warn_if_noise_limited(estimator, noise, step_size)
+        passes = wh.data_passes + estimator.data_passes + measured.data_passes
         dtype = wh.centre.dtype
         params = SamplerParams(
             wh.centre, wh.scale_tril, jnp.asarray(np.asarray(step_size, dtype)),
             estimator.params, wh.init_tril, jnp.asarray(np.asarray(passes, dtype)),
+            self._noise_scale(measured.cov, step_size, dtype),
         )
         return Preprocessed(
             potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
-            time.perf_counter() - t0, passes, params,
+            time.perf_counter() - t0, passes, params, noise_cov=measured.cov,
         )
 
     # -- the functional core --------------------------------------------------------------------
@@ -339,16 +390,22 @@ class SGHMC(SGMCMCKernel):
 
     def __init__(self, model: Callable, *, friction: float | None = None, **kwargs: Any) -> None:
         friction = self._default_friction if friction is None else friction
-        if not (isinstance(friction, (int, float)) and np.isfinite(friction) and friction > 0):
-            raise ValueError(f"friction must be a positive number, got {friction!r}.")
+        check_options("SGHMC", friction=friction)
         self.friction = float(friction)
         super().__init__(model, **kwargs)
 
+    @property
+    def _diffusion(self) -> float:
+        return self.friction
+
     def _dynamics(self) -> Dynamics:
+        if self.noise_correction:
+            return corrected_dynamics("sghmc", self.friction)
         return sghmc_dynamics(self.friction)
 
     def _default_step_size(self, noise: float) -> float:
-        return sghmc_step_size(noise, self.friction, self.max_variance_inflation)
+        return sghmc_step_size(noise, self.friction, self.max_variance_inflation,
+                               corrected=self.noise_correction)
 
 
 class SGNHT(SGHMC):
@@ -369,7 +426,10 @@ class SGNHT(SGHMC):
     _default_friction = 0.5
 
     def _dynamics(self) -> Dynamics:
+        if self.noise_correction:
+            return corrected_dynamics("sgnht", self.friction)
         return sgnht_dynamics(self.friction)
 
     def _default_step_size(self, noise: float) -> float:
-        return sgnht_step_size(noise, self.friction, self.max_variance_inflation)
+        return sgnht_step_size(noise, self.friction, self.max_variance_inflation,
+                               corrected=self.noise_correction)

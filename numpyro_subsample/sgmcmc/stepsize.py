@@ -10,6 +10,13 @@ factor (2 + h v)/(2 − h μ). Asking that factor to be at most 1 + δ gives
 v is the largest eigenvalue of the estimator's noise covariance in whitened coordinates,
 measured at points drawn from the proxy (so heavy-tailed per-datum gradients, which make v
 large, automatically shrink the step).
+
+With the noise-corrected dynamics (:func:`~numpyro_subsample.sgmcmc.dynamics.corrected_dynamics`,
+the default of the kernels) the injected noise is reduced by the estimator's own, so v leaves
+the inflation factor: h = 2δ/(μ(1 + δ)) for SGLD, and likewise v = 0 in the SGHMC and SGNHT
+rules. The correction needs 2ch ≥ h²v (c the diffusion coefficient); the rules cap h at c/v,
+so that at least half of the injected variance stays Gaussian in every direction (the
+gradient noise is not Gaussian: rare heavy rows make it skewed).
 """
 
 from __future__ import annotations
@@ -25,11 +32,25 @@ def _checked_inflation(max_variance_inflation: float) -> float:
     return delta
 
 
+def _cap(noise: float, diffusion: float) -> float:
+    """The largest h of a noise-corrected dynamic: h ≤ c/v (module docstring)."""
+    v = max(float(noise), 0.0)
+    return float("inf") if v == 0 else float(diffusion) / v
+
+
 def sgld_step_size(
-    noise: float, max_variance_inflation: float = 0.05, curvature: float = 1.0
+    noise: float,
+    max_variance_inflation: float = 0.05,
+    curvature: float = 1.0,
+    corrected: bool = False,
 ) -> float:
-    """h = 2δ / (v + μ(1 + δ)) (module docstring); δ = ``max_variance_inflation``."""
+    """h = 2δ / (v + μ(1 + δ)) (module docstring); δ = ``max_variance_inflation``.
+
+    ``corrected``: for the noise-corrected dynamic, h = min(2δ/(μ(1 + δ)), 1/v).
+    """
     delta = _checked_inflation(max_variance_inflation)
+    if corrected:
+        return min(2 * delta / (curvature * (1 + delta)), _cap(noise, 1.0))
     return 2 * delta / (max(noise, 0.0) + curvature * (1 + delta))
 
 
@@ -42,6 +63,7 @@ def sghmc_step_size(
     friction: float = 1.0,
     max_variance_inflation: float = 0.05,
     curvature: float = 1.0,
+    corrected: bool = False,
 ) -> float:
     """Time step h of SGHMC (convention of :mod:`numpyro_subsample.sgmcmc.dynamics`) from the noise.
 
@@ -62,10 +84,15 @@ def sghmc_step_size(
     ``friction`` α = 1 (in whitened units, where μ ≈ 1) is the default: the integrated
     autocorrelation time of x is 2α/μ (time units) while that of x² grows like 1/α, and
     α ≈ 1 balances the two near critical damping (α = 2).
+
+    ``corrected``: for the noise-corrected dynamic, the root with v = 0, capped at α/v.
     """
     delta = _checked_inflation(max_variance_inflation)
     if not friction > 0:
         raise ValueError(f"friction must be > 0, got {friction}.")
+    if corrected:
+        h = sghmc_step_size(0.0, friction, delta, curvature)
+        return min(h, _cap(noise, friction))
     v, a, mu = max(float(noise), 0.0), float(friction), float(curvature)
     lo, hi = 0.0, (-a + (a * a + 4 * mu) ** 0.5) / mu
     for _ in range(100):
@@ -82,6 +109,7 @@ def sgnht_step_size(
     friction: float = 1.0,
     max_variance_inflation: float = 0.05,
     curvature: float = 1.0,
+    corrected: bool = False,
 ) -> float:
     """Time step h of SGNHT (convention of :mod:`numpyro_subsample.sgmcmc.dynamics`).
 
@@ -92,8 +120,14 @@ def sgnht_step_size(
     h = 4δ / (A + sqrt(A² + 4δv)). The thermostat is one scalar, so with an anisotropic noise
     covariance it balances only the average temperature; the direction of largest noise is
     then hotter by up to h·v/(2A), so h is also capped by the SGHMC rule (same δ).
+
+    ``corrected``: for the noise-corrected dynamic, the rule with v = 0, capped at A/v.
     """
     delta = _checked_inflation(max_variance_inflation)
+    if not friction > 0:
+        raise ValueError(f"friction must be > 0, got {friction}.")
+    if corrected:
+        return min(sgnht_step_size(0.0, friction, delta, curvature), _cap(noise, friction))
     v, a = max(float(noise), 0.0), float(friction)
     h_thermo = 4 * delta / (a + (a * a + 4 * delta * v) ** 0.5)
     return min(h_thermo, sghmc_step_size(noise, friction, delta, curvature))

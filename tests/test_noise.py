@@ -1,0 +1,184 @@
+"""The exact noise covariance of every estimator configuration (estimators.noise)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from models import logistic_data, logistic_model
+
+from numpyro_subsample import SGLD, ModelData, build_potential, configure_estimator, fit_laplace
+from numpyro_subsample.estimators.noise import (
+    NoiseLimitedStepWarning,
+    exact_whitened_covs,
+    whitened_noise,
+)
+
+HERE = os.path.dirname(__file__)
+KEY = jax.random.PRNGKey(0)
+NUM_DRAWS = 20_000
+HEAVY_ROW, HEAVY_FACTOR = 17, 50.0
+
+
+@pytest.fixture(scope="module")
+def heavy():
+    """Logistic regression, N = 500, one row with a feature 50× larger than the others."""
+    X, y = logistic_data(N=500, d=3, seed=1)
+    X = np.asarray(X).copy()
+    X[HEAVY_ROW, 2] *= HEAVY_FACTOR
+    data = ModelData.from_args((jnp.asarray(X), y), {"subsample_size": 10})
+    pot = build_potential(logistic_model, data, KEY)
+    proxy = fit_laplace(pot, data, KEY)
+    theta = proxy.centre + proxy.scale_tril @ jnp.asarray([1.0, -1.0, 0.5], proxy.centre.dtype)
+    return pot, data, proxy, theta
+
+
+# Without replacement the sampling fraction is large (n = 100 of 500), so that a missing
+# finite-population factor (0.8 here) would be detected; those draws are slower, and less
+# heavy-tailed, so fewer suffice.
+CONFIGS = [
+    ("uniform", {"subsample_size": 10}),
+    ("uniform", {"subsample_size": 100, "replace": False}),
+    ("cv", {"subsample_size": 10}),
+    ("cv", {"subsample_size": 100, "replace": False}),
+    ("preferential", {"subsample_size": 10}),
+    ("preferential", {"subsample_size": 10, "weights": "exact"}),
+    ("cv-preferential", {"subsample_size": 10}),
+    ("stratified", {"subsample_size": 100, "num_strata": 4}),
+    ("cv-stratified", {"subsample_size": 100, "num_strata": 4}),
+    ("cv", {"subsample_size": 10, "adaptive": True, "v0": "proxy"}),
+    ("cv-preferential", {"subsample_size": 10, "adaptive": True, "v0": "proxy"}),
+]
+
+
+def _whitened_draws(est, theta, tril, data, num_draws=NUM_DRAWS):
+    keys = jax.random.split(jax.random.PRNGKey(3), num_draws)
+    g = jax.jit(jax.vmap(est.estimate, in_axes=(None, 0, None, None)))(
+        est.params, keys, theta, data)[0]
+    return np.asarray(g, np.float64) @ np.asarray(tril, np.float64)
+
+
+def _quadratic_form_z(u, cov, m):
+    """z-score of E[(u − ū)ᵀ M (u − ū)] = tr(M Cov) against the exact value, with the
+    Monte Carlo standard error from the draws themselves."""
+    dev = u - u.mean(0)
+    q = np.einsum("ki,ij,kj->k", dev, m, dev)
+    se = q.std() / np.sqrt(len(q))
+    return (q.mean() - np.trace(m @ cov)) / se, se / np.trace(m @ cov)
+
+
+@pytest.mark.parametrize("name, options", CONFIGS, ids=lambda v: str(v))
+def test_exact_covariance_matches_monte_carlo(heavy, name, options):
+    pot, data, proxy, theta = heavy
+    est = configure_estimator(name, pot, data, proxy, **options)
+    cov = exact_whitened_covs(est, theta[None], proxy.scale_tril, data, chunk_size=128)[0]
+    large_fraction = options["subsample_size"] == 100
+    u = _whitened_draws(est, theta, proxy.scale_tril, data, 4000 if large_fraction else NUM_DRAWS)
+    top = np.linalg.eigh(cov)[1][:, -1]
+    for m in (np.eye(3), np.outer(top, top)):  # the trace and the top eigenvalue
+        z, rel_se = _quadratic_form_z(u, cov, m)
+        assert abs(z) < 4.5, (name, options, z)
+        # power: an error of 45% (20% at the large sampling fraction) would be seen
+        assert rel_se < (0.03 if large_fraction else 0.1), rel_se
+    if options.get("adaptive"):
+        # the noise is that of the bucket n_t(θ) the estimator runs at θ, not of n_max
+        n_t = np.asarray(est(KEY, theta, data)[1])
+        assert n_t < est.subsample_size
+
+
+def test_monte_carlo_from_few_subsamples_misses_the_heavy_row(heavy):
+    """The noise measurement this module replaces: 16 subsamples of 10 from 500 include the
+    heavy row with probability 27%, so the typical 16-draw estimate is far too small."""
+    pot, data, proxy, theta = heavy
+    est = configure_estimator("cv", pot, data, proxy)
+    exact = np.trace(exact_whitened_covs(est, theta[None], proxy.scale_tril, data)[0])
+    u = _whitened_draws(est, theta, proxy.scale_tril, data, num_draws=16 * 500)
+    groups = u.reshape(500, 16, 3)
+    traces = np.array([np.trace(np.cov(g.T)) for g in groups])
+    assert np.median(traces) < 0.2 * exact, (np.median(traces), exact)
+
+
+def test_whitened_noise_points_passes_and_fallback(heavy):
+    pot, data, proxy, _ = heavy
+    L = proxy.scale_tril
+    est = configure_estimator("cv", pot, data, proxy)
+    noise = whitened_noise(est, proxy.centre, L, KEY, data, num_points=4)
+    assert noise.exact and noise.data_passes == 4.0 and noise.covs.shape == (4, 3, 3)
+    np.testing.assert_allclose(noise.points[0], proxy.centre)
+    assert np.abs(noise.covs[0]).max() < 1e-8  # the control variate is exact at its centre
+    mean_cov = noise.covs[1:].mean(0)  # the mean over the proxy draws, centre left out
+    np.testing.assert_allclose(noise.cov, mean_cov, rtol=1e-6)
+    assert noise.largest == pytest.approx(np.linalg.eigvalsh(mean_cov).max())
+    assert noise.largest > 0
+    assert np.linalg.eigvalsh(noise.cov).min() > -1e-6 * noise.largest
+    # an estimator without second moments is measured by Monte Carlo
+    mc = whitened_noise(est._replace(moments=None), proxy.centre, L, KEY, data, num_points=2)
+    assert not mc.exact and mc.covs.shape == (2, 3, 3)
+    assert mc.data_passes == pytest.approx(2 * 16 * 10 / 500)
+
+
+@pytest.fixture(scope="module")
+def large():
+    X, y = logistic_data(N=20_000, d=3, seed=2)
+    return X, y
+
+
+def test_noise_limited_step_warns_for_uniform_not_for_cv(large):
+    X, y = large
+    kernel = SGLD(logistic_model, estimator="uniform")
+    with pytest.warns(NoiseLimitedStepWarning, match="estimator='uniform'.*estimator='cv'"):
+        pre = kernel.preprocess((X, y), {"subsample_size": 1})
+    assert pre.step_size < 1e-4 and pre.noise > 1e4
+    kernel = SGLD(logistic_model, estimator="cv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pre = kernel.preprocess((X, y), {"subsample_size": 10})
+    assert pre.step_size > 1e-2
+    # the noise passes are counted in the preprocessing
+    assert pre.data_passes >= pre.proxy.num_data_passes + 4
+
+
+def test_float64_exact_covariance_equals_the_formula():
+    """Under jax_enable_x64, chunked (padded last chunk) and grouped sums equal the formula
+    on the (N, d) per-datum residuals, stratum by stratum, to float64 precision."""
+    code = """
+        import conftest  # noqa: F401  (the tests' compilation cache)
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import numpy as np
+        from models import logistic_data, logistic_model
+        from numpyro_subsample import ModelData, build_potential, configure_estimator, fit_laplace
+        from numpyro_subsample.core.datapass import datum_values_and_grads
+        from numpyro_subsample.estimators.noise import exact_whitened_covs
+        X, y = logistic_data(N=300, d=3, seed=5)
+        X, y = X.astype("float64"), y.astype("float64")
+        data = ModelData.from_args((X, y), {"subsample_size": 30})
+        key = jax.random.PRNGKey(0)
+        pot = build_potential(logistic_model, data, key)
+        proxy = fit_laplace(pot, data, key)
+        est = configure_estimator("cv-stratified", pot, data, proxy, num_strata=3)
+        L = np.asarray(proxy.scale_tril)
+        theta = proxy.centre + proxy.scale_tril @ np.array([0.5, 1.0, -1.0])
+        cov = exact_whitened_covs(est, theta[None], proxy.scale_tril, data, chunk_size=64)[0]
+        assert cov.dtype == np.float64
+        r = np.asarray(datum_values_and_grads(pot, theta, data)[1]
+                       - datum_values_and_grads(pot, proxy.centre, data)[1]) @ L
+        s = est.info["strata"]
+        ref = np.zeros((3, 3))
+        for j, (n_j, b_j) in enumerate(zip(s.sizes, s.batch_sizes)):
+            rj = r[s.labels == j]
+            dev = rj - rj.mean(0)
+            ref += n_j**2 / b_j * (1 - b_j / n_j) * dev.T @ dev / (n_j - 1)
+        assert np.allclose(cov, ref, rtol=1e-9, atol=1e-12), (cov, ref)
+        print("OK")
+    """
+    env = {**os.environ, "PYTHONPATH": HERE}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK" in out.stdout
