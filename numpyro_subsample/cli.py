@@ -1,16 +1,19 @@
 """The ``numpyro-subsample`` command: argument parsing for :mod:`numpyro_subsample.compare`.
 
 ``numpyro-subsample compare`` runs every sampler/estimator of the package on one problem
-(default: a synthetic Bayesian logistic regression, N = 2·10^5, d = 21), NumPyro NUTS on the
-full data (the reference) and NumPyro HMCECS, prints one table and saves it as CSV, JSON and a
-PNG plot in ``--out`` (:func:`numpyro_subsample.compare.run_compare`). See
-``docs/cli_benchmarks.md``.
+(default: a synthetic Bayesian logistic regression with rare binary features and high-leverage
+rows, N = 2·10^5, d = 21), NumPyro NUTS on the full data (the reference), NumPyro HMCECS and
+independent draws from the Laplace and variational proxies, prints one table and saves it as
+CSV, JSON and a PNG plot in ``--out`` (:func:`numpyro_subsample.compare.run_compare`). Each
+method's run is saved in ``--out``/runs as soon as it finishes; after Ctrl-C (exit status 130)
+``--resume`` reruns only the missing methods. See ``docs/cli_benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +22,7 @@ from numpyro_subsample import compare
 __all__ = ["build_parser", "main"]
 
 QUICK_ENV = "NUMPYRO_SUBSAMPLE_QUICK"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
 _EPILOG = (
     "JAX's persistent compilation cache is on by default (in ~/.cache/numpyro_subsample/jax, "
     "or --compile-cache-dir; --no-compile-cache opts out): NumPyro's MCMC compiles its "
@@ -63,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quick", action="store_true",
                    help=f"small run (N=10^4, short chains; about a minute); also ${QUICK_ENV}=1")
     c.add_argument("--dataset", default="default",
-                   help="default (synthetic logistic regression, N=2e5, d=21), casp, covtype, "
-                   "a9a, ijcnn1, w8a, skin, or a file path (.npz, CASP .csv, LIBSVM)")
+                   help="default (synthetic logistic regression with rare binary features and "
+                   "high-leverage rows, N=2e5, d=21), synthetic (Gaussian-like logistic "
+                   "regression, N=2e5, d=21), casp, covtype, covtype_subset20k, a9a, ijcnn1, "
+                   "w8a, skin, or a file path (.npz, CASP .csv, LIBSVM)")
     c.add_argument("--data-dir", default=None,
                    help="folder holding the named data sets (default $NUMPYRO_SUBSAMPLE_DATA or "
                    "./data)")
@@ -72,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated method names, 'default' or 'all'; see --list-methods")
     c.add_argument("--list-methods", action="store_true", help="list available methods and exit")
     c.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    c.add_argument("--out", default="outputs", help="output folder (default ./outputs)")
+    c.add_argument("--out", default="outputs",
+                   help="output folder (default ./outputs); each method's run is saved in "
+                   "<out>/runs as soon as it finishes")
+    c.add_argument("--resume", action="store_true",
+                   help="reuse the runs saved in <out>/runs for the same problem and settings "
+                   "(e.g. after Ctrl-C) and run only the others")
     c.add_argument("--num-data", type=_positive_int, default=None,
                    help="N of the synthetic problem, or a random subset of a data set")
     c.add_argument("--subsample-size", type=_positive_int, default=None,
@@ -130,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_samples=args.num_samples, nuts_samples=args.nuts_samples, ksd=not args.no_ksd,
         jobs=args.jobs, cache_dir=args.cache_dir, use_cache=not args.no_cache,
         fast_compile=quick and not args.optimized_xla, quick=quick, progress=progress,
-        command="numpyro-subsample " + " ".join(argv),
+        resume=args.resume, command="numpyro-subsample " + " ".join(argv),
     )
     try:
         options.compile_cache_dir = compare.setup_compile_cache(
@@ -139,8 +150,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
         print(f"numpyro-subsample: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:
+        _report_interrupt(err, argv)
+        return EXIT_INTERRUPTED
     print(compare.format_summary(result))
     return 0
+
+
+def _report_interrupt(err: KeyboardInterrupt, argv: list[str]) -> None:
+    """Print which runs were kept and the command that resumes."""
+    resume = "numpyro-subsample " + " ".join(shlex.quote(a) for a in argv)
+    if "--resume" not in argv:
+        resume += " --resume"
+    if isinstance(err, compare.CompareInterrupted):
+        kept = (f"kept the finished runs ({', '.join(err.saved)}) in {err.folder}"
+                if err.saved else f"no run had finished (nothing kept in {err.folder})")
+    else:
+        kept = "no run had finished"
+    print(f"numpyro-subsample: interrupted; {kept}.\nresume with: {resume}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,8 @@
 
 - errors in posterior-sd units: the worst standardised mean error max_j |m_j − m_ref,j| /
   s_ref,j and the worst |log(s_j / s_ref,j)| (:func:`standardised_errors`);
-- the smallest bulk effective sample size over the coordinates, by ArviZ (:func:`min_ess`);
+- the smallest bulk effective sample size over the coordinates, by ArviZ (:func:`min_ess`),
+  and per second of wall time, compilation included;
 - the kernel Stein discrepancy of Putcha, Nemeth and Fearnhead (2023, Eq. 20-21) of thinned
   draws with full-data scores (:class:`FullDataScore`,
   :func:`numpyro_subsample.post.diagnostics.ksd`);
@@ -95,28 +96,47 @@ class Trace(NamedTuple):
 
 @dataclass
 class Result:
-    """One row of the table (NaN: not measured)."""
+    """One row of the table (NaN: not measured).
+
+    ``method``: the row's title, ``name``: the method's registry name; ``warnings``: how many
+    distinct warnings the run raised (``warning_messages``: their full text and counts);
+    ``checks``: a short code of its run checks (``check_details``: the ``RunCheck`` fields).
+    """
 
     method: str
     status: str = "ok"
     note: str = ""
+    name: str = ""
     preprocessing_s: float = math.nan
     sampling_s: float = math.nan
     compile_s: float = math.nan
     data_passes: float = math.nan
     iterations: int = 0
     it_per_s: float = math.nan
+    min_ess: float = math.nan
     ess_per_s: float = math.nan
     mean_err: float = math.nan
     sd_log_ratio: float = math.nan
     ksd: float = math.nan
+    warnings: int = 0
+    checks: str = "n/a"
+    warning_messages: list = field(default_factory=list)
+    check_details: dict | None = None
     curve: dict = field(default_factory=dict)
 
     def row(self) -> dict:
         """The columns as a dict (no curve), non-finite numbers as ``None``."""
-        d = {k: v for k, v in self.__dict__.items() if k != "curve"}
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in d.items()}
+        return _finite_or_none({k: v for k, v in self.__dict__.items() if k != "curve"})
+
+
+def _finite_or_none(x):
+    if isinstance(x, dict):
+        return {k: _finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_or_none(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 def evaluate(
@@ -134,7 +154,8 @@ def evaluate(
     Parameters
     ----------
     result
-        A row with ``preprocessing_s`` and ``sampling_s`` set (for ESS/s).
+        A row with ``preprocessing_s``, ``sampling_s`` and ``compile_s`` set (ESS/s is the
+        smallest bulk ESS over their sum).
     score
         θ (K, D) → ∇log π (K, D), e.g. :class:`FullDataScore`; ``None`` or ``ksd_draws=0``
         skips the KSD.
@@ -146,8 +167,9 @@ def evaluate(
     """
     S = trace.draws.shape[0]
     result.mean_err, result.sd_log_ratio = standardised_errors(trace.draws, ref)
-    total = result.preprocessing_s + result.sampling_s
-    result.ess_per_s = min_ess(trace.draws) / total if total > 0 else math.nan
+    total = result.preprocessing_s + result.sampling_s + result.compile_s
+    result.min_ess = min_ess(trace.draws)
+    result.ess_per_s = result.min_ess / total if total > 0 else math.nan
     thin_idx = kdraws = scores = None
     if ksd_draws and score is not None:
         thin_idx = np.unique(np.linspace(0, S - 1, min(ksd_draws, S)).astype(int))

@@ -1,11 +1,14 @@
 """What the comparison runs: the problem (data set and model) and the registry of methods.
 
 Problems come from :mod:`numpyro_subsample.datasets`: the synthetic default
-(:func:`~numpyro_subsample.datasets.default_problem`, Bayesian logistic regression, d = 21) or
-a named or file data set (:func:`~numpyro_subsample.datasets.load_dataset`).
+(:func:`~numpyro_subsample.datasets.generators.make_rare_features`, Bayesian logistic
+regression with rare binary features and high-leverage rows, d = 21), the former Gaussian-like
+synthetic problem (``"synthetic"``, :func:`~numpyro_subsample.datasets.default_problem`), or a
+named or file data set (:func:`~numpyro_subsample.datasets.load_dataset`).
 
 Methods are an explicit registry, ``{name: Method}``: NumPyro's NUTS (the reference) and
-HMCECS, every stochastic-gradient kernel (:class:`~numpyro_subsample.sgmcmc.kernel.SGLD`,
+HMCECS, independent draws from the Laplace and the variational proxy (no MCMC), every
+stochastic-gradient kernel (:class:`~numpyro_subsample.sgmcmc.kernel.SGLD`,
 ``SGHMC``, ``SGNHT``, :class:`~numpyro_subsample.sgmcmc.distributed.DistributedSGLD`) with
 every estimator it supports from
 :data:`~numpyro_subsample.estimators.registry.ESTIMATORS`, named ``<kernel>-<estimator>``,
@@ -15,6 +18,7 @@ and :class:`~numpyro_subsample.ecs.kernel.EnergyConservingHMC`.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,7 @@ import numpy as np
 
 from numpyro_subsample import datasets
 from numpyro_subsample.core.potential import ModelData
+from numpyro_subsample.datasets.generators import make_rare_features
 from numpyro_subsample.ecs.kernel import EnergyConservingHMC
 from numpyro_subsample.estimators.registry import ESTIMATORS
 from numpyro_subsample.sgmcmc.distributed import DISTRIBUTED_ESTIMATORS, DistributedSGLD
@@ -38,13 +43,18 @@ __all__ = [
     "SG_KERNELS",
     "available_methods",
     "check_dataset",
+    "dataset_names",
     "make_problem",
     "select_methods",
 ]
 
 DEFAULT_DATASET = "default"
-_SYNTHETIC = (None, "", "default", "synthetic")
+_DEFAULT = (None, "", "default")
+_SYNTHETIC = ("synthetic",)
+#: data set names accepted besides ``datasets.DATASET_NAMES``: ``{alias: (file, loader name)}``
+ALIASES = {"covtype_subset20k": ("covtype_subset20k.npz", "covtype")}
 QUICK_NUM_DATA = 10_000
+DEFAULT_NUM_DATA = 200_000
 
 
 # -- problems -----------------------------------------------------------------------------------
@@ -90,15 +100,34 @@ class Problem:
         return h.hexdigest()[:12]
 
 
+def dataset_names() -> tuple[str, ...]:
+    """The names ``--dataset`` accepts (besides a file path)."""
+    return ("default", "synthetic") + datasets.DATASET_NAMES + tuple(ALIASES)
+
+
 def check_dataset(dataset: str | None) -> None:
     """Raise ``FileNotFoundError`` unless ``dataset`` is the default, a known name or a file."""
-    if dataset in _SYNTHETIC:
+    if dataset in _DEFAULT or dataset in dataset_names():
         return
-    if dataset not in datasets.DATASET_NAMES and not Path(dataset).exists():
+    if not Path(dataset).exists():
         raise FileNotFoundError(
             f"--dataset {dataset!r} is neither a known name "
-            f"({', '.join(('default',) + datasets.DATASET_NAMES)}) nor an existing file."
+            f"({', '.join(dataset_names())}) nor an existing file."
         )
+
+
+def _load_alias(name: str, data_dir: str | None, seed: int) -> datasets.Dataset:
+    """A data set of :data:`ALIASES`: its file in ``data_dir`` or ``data_dir/<name>/``."""
+    filename, like = ALIASES[name]
+    root = Path(data_dir or os.environ.get("NUMPYRO_SUBSAMPLE_DATA", "data")).expanduser()
+    for cand in (root / filename, root / name / filename, root / like / filename):
+        if cand.is_file():
+            ds = datasets.load_dataset(str(cand), seed=seed, standardise=like)
+            return ds._replace(name=name)
+    raise FileNotFoundError(
+        f"Data set {name!r} not found: looked for {filename} in {str(root)!r} and its "
+        f"{name}/ subfolder. Pass the data folder (--data-dir) or the file path."
+    )
 
 
 def make_problem(
@@ -115,8 +144,12 @@ def make_problem(
     Parameters
     ----------
     dataset
-        ``"default"`` (synthetic logistic regression, N = 2·10^5, or 10^4 with ``quick``), a
-        name of :data:`~numpyro_subsample.datasets.DATASET_NAMES`, or a file path.
+        ``"default"`` (logistic regression with rare binary features and high-leverage rows,
+        :func:`~numpyro_subsample.datasets.generators.make_rare_features`, N = 2·10^5, or 10^4
+        with ``quick``), ``"synthetic"`` (the Gaussian-like
+        :func:`~numpyro_subsample.datasets.default_problem`, same sizes), a name of
+        :data:`~numpyro_subsample.datasets.DATASET_NAMES` or ``"covtype_subset20k"``, or a file
+        path.
     num_data
         N of the synthetic problem, or the size of a random subset of a data set (``quick``
         takes a 10^4-row subset).
@@ -126,10 +159,14 @@ def make_problem(
         Folder of the named data sets; seed of their split and of the subset.
     """
     check_dataset(dataset)
-    if dataset in _SYNTHETIC:
-        ds = datasets.default_problem(num_data or (QUICK_NUM_DATA if quick else 200_000))
+    size = num_data or (QUICK_NUM_DATA if quick else DEFAULT_NUM_DATA)
+    if dataset in _DEFAULT:
+        ds = make_rare_features(size)
+    elif dataset in _SYNTHETIC:
+        ds = datasets.default_problem(size)
     else:
-        ds = datasets.load_dataset(dataset, data_dir, seed=seed)
+        ds = (_load_alias(dataset, data_dir, seed) if dataset in ALIASES
+              else datasets.load_dataset(dataset, data_dir, seed=seed))
         cap = num_data or (QUICK_NUM_DATA if quick else None)
         if cap and cap < ds.num_data:
             rng = np.random.default_rng(seed)
@@ -155,9 +192,11 @@ class Method(NamedTuple):
     """One row of the comparison.
 
     ``kind``: ``"nuts"`` and ``"hmcecs"`` (NumPyro's own kernels, run by
-    :mod:`~numpyro_subsample.compare.runners`), ``"sg"`` (a stochastic-gradient kernel that
-    takes ``proxy=Proxy``) or ``"kernel"`` (another package kernel, built with the model).
-    ``kernel(model, **options, **extra)`` builds the kernel; ``default``: in the default set.
+    :mod:`~numpyro_subsample.compare.runners`), ``"proxy"`` (independent draws from a proxy,
+    ``options["proxy"]``, :mod:`~numpyro_subsample.compare.proxy_runs`), ``"sg"`` (a
+    stochastic-gradient kernel that takes ``proxy=Proxy``) or ``"kernel"`` (another package
+    kernel, built with the model). ``kernel(model, **options, **extra)`` builds the kernel;
+    ``default``: in the default set; ``label``: the row's name in the table (default ``name``).
     """
 
     name: str
@@ -165,6 +204,12 @@ class Method(NamedTuple):
     kernel: Callable | None = None
     options: dict | None = None
     default: bool = True
+    label: str | None = None
+
+    @property
+    def title(self) -> str:
+        """The row's name in the table."""
+        return self.label or self.name
 
     @property
     def estimator(self) -> str | None:
@@ -191,10 +236,17 @@ OTHER_KERNELS: dict[str, Callable] = {"energyconservinghmc": EnergyConservingHMC
 def available_methods() -> dict[str, Method]:
     """The registry ``{name: Method}`` of every method of this installation.
 
-    SGLD with every estimator, the other stochastic-gradient kernels with ``"cv"`` and the
-    other kernels are in the default set.
+    NUTS, HMCECS, both proxies, SGLD with every estimator, the other stochastic-gradient
+    kernels with ``"cv"`` and the other kernels are in the default set.
     """
-    methods = {"nuts": Method("nuts", "nuts"), "hmcecs": Method("hmcecs", "hmcecs")}
+    methods = {
+        "nuts": Method("nuts", "nuts"), "hmcecs": Method("hmcecs", "hmcecs"),
+        "laplace-proxy": Method("laplace-proxy", "proxy", options={"proxy": "laplace"},
+                                label="Laplace proxy (no MCMC)"),
+        "variational-proxy": Method("variational-proxy", "proxy",
+                                    options={"proxy": "variational"},
+                                    label="variational proxy (no MCMC)"),
+    }
     for kname, (cls, supported) in SG_KERNELS.items():
         for est in ESTIMATORS:
             if supported is None or est in supported:

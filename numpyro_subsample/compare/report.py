@@ -13,12 +13,16 @@ import jax
 import numpy as np
 import numpyro
 
+from numpyro_subsample.compare.checks import shorten
+
 __all__ = [
     "COLUMNS",
+    "check_lines",
     "format_summary",
     "format_table",
     "machine_info",
     "plot_curves",
+    "warning_lines",
     "write_outputs",
 ]
 
@@ -30,10 +34,13 @@ COLUMNS = [
     ("compile_s", "compile s", "{:.2f}"),
     ("data_passes", "passes", "{:.1f}"),
     ("it_per_s", "it/s", "{:.0f}"),
+    ("min_ess", "min ESS", "{:.0f}"),
     ("ess_per_s", "ESS/s", "{:.1f}"),
     ("mean_err", "mean err", "{:.3f}"),
     ("sd_log_ratio", "|log sd|", "{:.3f}"),
     ("ksd", "KSD", "{:.3g}"),
+    ("warnings", "warn", "{}"),
+    ("checks", "checks", "{}"),
     ("status", "status", "{}"),
 ]
 
@@ -54,14 +61,37 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def warning_lines(rows: list[dict], width: int = 100) -> list[str]:
+    """``  <method>: <category>: <message, first line shortened> (xcount)`` for each row's
+    warnings (``warning_messages``)."""
+    return [f"  {r['method']}: {w['category']}: {shorten(w['message'], width)}"
+            + (f" (x{w['count']})" if w["count"] > 1 else "")
+            for r in rows for w in r.get("warning_messages") or []]
+
+
+def check_lines(rows: list[dict], width: int = 110) -> list[str]:
+    """``  <method>: <message>`` for each run check that failed (``check_details``)."""
+    out = []
+    for r in rows:
+        d = r.get("check_details") or {}
+        msgs = d.get("messages") or ([d["error"]] if "error" in d else [])
+        out.extend(f"  {r['method']}: {shorten(str(msg), width)}" for msg in msgs)
+    return out
+
+
 def format_summary(result: dict) -> str:
-    """What the command prints: the table, the rows' notes, the KSD setting, a warning on
-    the timings of a fast-compiled or two-process run, and the files written."""
+    """What the command prints: the table, the rows' notes, warnings and failed run checks,
+    the KSD setting, a warning on the timings of a fast-compiled or two-process run, and the
+    files written."""
     rows, meta = result["rows"], result["meta"]
     lines = [format_table(rows)]
     notes = [f"  {r['method']}: {r['note']}" for r in rows if r.get("note")]
     if notes:
         lines.append("notes:\n" + "\n".join(notes))
+    for title, extra in (("warnings raised (full text in compare.json)", warning_lines(rows)),
+                         ("run checks that failed", check_lines(rows))):
+        if extra:
+            lines.append(f"{title}:\n" + "\n".join(extra))
     lines.append(f"KSD: {meta['ksd']}")
     why = [w for w, on in (
         ("--quick compiles with most XLA optimisations off (fast compile, slower steps)",

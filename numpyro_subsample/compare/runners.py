@@ -4,18 +4,22 @@ Every runner returns a :class:`RunOutput`: the draws, the cumulative data passes
 at each draw, and the preprocessing, sampling and compilation seconds measured apart
 (:class:`~numpyro_subsample.compare.timing.CompileTimer`). The Laplace proxy is fitted once
 per problem (:func:`fit_shared_proxy`) and given to every method that uses one, each of them
-being charged its seconds and data passes. :func:`start_peer` runs the reference and HMCECS in
-a worker process while the calling process runs the package's kernels.
+being charged its seconds and data passes. Each run records the warnings it raised and its run
+checks (:mod:`~numpyro_subsample.compare.checks`). :func:`start_peer` runs the reference and
+HMCECS in a worker process while the calling process runs the package's kernels.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import json
 import math
 import multiprocessing
 import os
-import sys
+import pickle
+import queue
+import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +30,18 @@ import numpy as np
 from numpyro.infer import HMCECS, MCMC, NUTS
 from numpyro.util import fori_collect
 
+from numpyro_subsample.compare.checks import DrawsRun, record_warnings, run_checks
 from numpyro_subsample.compare.problems import Method, Problem
+from numpyro_subsample.compare.store import (
+    CorruptCacheError,
+    RunStore,
+    load_arrays,
+    save_arrays,
+    warn_corrupt,
+)
 from numpyro_subsample.compare.timing import (
     CompileTimer,
     default_cache_root,
-    quiet,
     setup_compile_cache,
 )
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
@@ -38,10 +49,12 @@ from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
 
 __all__ = [
+    "Peer",
     "RunOutput",
     "Settings",
     "SharedProxy",
     "fit_shared_proxy",
+    "merge_warnings",
     "peer_runs",
     "reference_run",
     "run_hmcecs",
@@ -81,7 +94,8 @@ def settings_for(quick: bool = False, *, num_samples: int | None = None,
 
 
 class RunOutput(NamedTuple):
-    """Draws and costs of one run (seconds exclude JAX compilation)."""
+    """Draws and costs of one run (seconds exclude JAX compilation), the warnings it raised
+    (unique ``(category, message, count)``) and its run checks (``RunCheck`` as a dict)."""
 
     samples: dict  # site -> (S, ...) draws
     passes: np.ndarray  # (S,) cumulative data passes at each draw, preprocessing included
@@ -91,14 +105,17 @@ class RunOutput(NamedTuple):
     compile_s: float
     iterations: int  # warm-up + draws
     note: str = ""
+    warnings: tuple = ()
+    checks: dict | None = None
 
 
 def _collect(kernel, key: jax.Array, data: ModelData, warmup: int, samples: int,
-             field: Callable, progress: bool) -> tuple[dict, np.ndarray]:
+             field: Callable, progress: bool) -> tuple[dict, Any]:
     """Run a NumPyro kernel for warm-up + draws in one compiled loop
     (:func:`numpyro.util.fori_collect`) that carries the data in its state, so they are an
     argument of the compiled program, not a constant. Returns the constrained draws after
-    the warm-up and ``field(state)`` at every iteration, warm-up included."""
+    the warm-up and ``field(state)`` (a tuple of arrays) at every iteration, warm-up
+    included."""
     args, kwargs = data.args_kwargs()
     state = kernel.init(key, warmup, None, args, kwargs)
 
@@ -110,7 +127,7 @@ def _collect(kernel, key: jax.Array, data: ModelData, warmup: int, samples: int,
     zs, values = fori_collect(0, warmup + samples, body, (state, data),
                               transform=lambda val: (val[0].z, field(val[0])), progbar=progress)
     draws = jax.vmap(kernel.postprocess_fn(args, kwargs))(jax.tree.map(lambda x: x[warmup:], zs))
-    return {k: np.asarray(v) for k, v in draws.items()}, np.asarray(values, float)
+    return {k: np.asarray(v) for k, v in draws.items()}, jax.tree.map(np.asarray, values)
 
 
 def run_nuts(problem: Problem, settings: Settings, *, seed: int = 0,
@@ -121,15 +138,30 @@ def run_nuts(problem: Problem, settings: Settings, *, seed: int = 0,
     collected (what ``MCMC.warmup(collect_warmup=True)`` + ``MCMC.run`` do, compiled once
     instead of twice), so that its leapfrog steps count as data passes: one per step.
     """
+    return _run_nuts(problem, settings, seed=seed, progress=progress)[0]
+
+
+def _run_nuts(problem: Problem, settings: Settings, *, seed: int,
+              progress: bool) -> tuple[RunOutput, np.ndarray]:
+    """:func:`run_nuts` and the divergence flags of its draws."""
     W, S = settings.nuts_warmup, settings.nuts_samples
-    with quiet(), CompileTimer() as ct:
+    with record_warnings() as caught, CompileTimer() as ct:
         t0 = time.perf_counter()
-        samples, steps = _collect(NUTS(problem.model), jax.random.PRNGKey(seed),
-                                  problem.data(full=True), W, S, lambda s: s.num_steps, progress)
+        samples, (steps, div) = _collect(
+            NUTS(problem.model), jax.random.PRNGKey(seed), problem.data(full=True), W, S,
+            lambda s: (s.num_steps, s.diverging), progress)
         total = time.perf_counter() - t0 - ct.seconds
-    cum = np.cumsum(steps)
+    cum = np.cumsum(np.asarray(steps, float))
     passes = cum[W:]
-    return RunOutput(samples, passes, total * passes / cum[-1], total, 0.0, ct.seconds, W + S)
+    out = RunOutput(samples, passes, total * passes / cum[-1], total, 0.0, ct.seconds, W + S,
+                    _divergence_note(div[W:]), tuple(caught),
+                    run_checks(DrawsRun(samples, div[W:])))
+    return out, np.asarray(div[W:], bool)
+
+
+def _divergence_note(diverging: np.ndarray) -> str:
+    n = int(np.sum(diverging))
+    return f"{n} divergent transitions" if n else ""
 
 
 class SharedProxy(NamedTuple):
@@ -145,19 +177,20 @@ class SharedProxy(NamedTuple):
     data: ModelData
     seconds: float  # wall time without compilation
     compile_s: float
+    warnings: tuple = ()  # raised by the fit, unique (category, message, count)
 
 
 def fit_shared_proxy(problem: Problem, *, seed: int = 0, progress: bool = False) -> SharedProxy:
     """Fit the kernels' default Laplace proxy (no N×d table of ∇f_i(θ̂)) on the problem."""
     k_model, k_proxy, _ = jax.random.split(jax.random.PRNGKey(seed), 3)
     data = problem.data()
-    with quiet(), CompileTimer() as ct:
+    with record_warnings() as caught, CompileTimer() as ct:
         t0 = time.perf_counter()
         potential = build_potential(problem.model, data, k_model)
         proxy = fit_laplace(potential, data, k_proxy, store_datum_grads=False, progress=progress)
         jax.block_until_ready(proxy.centre)
         seconds = time.perf_counter() - t0 - ct.seconds
-    return SharedProxy(proxy, potential, data, seconds, ct.seconds)
+    return SharedProxy(proxy, potential, data, seconds, ct.seconds, tuple(caught))
 
 
 def _chain_seconds(pre_s: float, sampling_s: float, warmup: int, draws: int) -> np.ndarray:
@@ -180,16 +213,29 @@ def run_hmcecs(problem: Problem, settings: Settings, shared: SharedProxy, *, see
     kernel = HMCECS(NUTS(problem.model), num_blocks=100 if n >= 100 else 1,
                     proxy=HMCECS.taylor_proxy(ref_params))
     W, S = settings.nuts_warmup, settings.nuts_samples
-    with quiet(), CompileTimer() as ct:
+    with record_warnings() as caught, CompileTimer() as ct:
         t0 = time.perf_counter()
-        samples, steps = _collect(kernel, jax.random.PRNGKey(seed), problem.data(), W, S,
-                                  lambda s: s.hmc_state.num_steps, progress)
+        samples, (steps, div) = _collect(
+            kernel, jax.random.PRNGKey(seed), problem.data(), W, S,
+            lambda s: (s.hmc_state.num_steps, s.hmc_state.diverging), progress)
         sampling_s = time.perf_counter() - t0 - ct.seconds
-    cost = np.cumsum(steps + 1) * n / N
+    cost = np.cumsum(np.asarray(steps, float) + 1) * n / N
     passes = shared.proxy.num_data_passes + 1.0 + cost[W:]
+    note = "; ".join(x for x in ("taylor_proxy at the shared Laplace mode",
+                                 _divergence_note(div[W:])) if x)
     return RunOutput(samples, passes, _chain_seconds(shared.seconds, sampling_s, W, S),
-                     sampling_s, shared.seconds, ct.seconds, W + S,
-                     "taylor_proxy at the shared Laplace mode")
+                     sampling_s, shared.seconds, shared.compile_s + ct.seconds, W + S, note,
+                     merge_warnings(shared.warnings, tuple(caught)),
+                     run_checks(DrawsRun(samples, div[W:])))
+
+
+def merge_warnings(*groups: tuple) -> tuple:
+    """Unique ``(category, message, count)`` over several groups, counts added."""
+    counts: dict[tuple[str, str], int] = {}
+    for group in groups:
+        for c, m, k in group:
+            counts[(c, m)] = counts.get((c, m), 0) + int(k)
+    return tuple((c, m, k) for (c, m), k in counts.items())
 
 
 def run_kernel(method: Method, problem: Problem, settings: Settings, *,
@@ -197,21 +243,23 @@ def run_kernel(method: Method, problem: Problem, settings: Settings, *,
                progress: bool = False) -> RunOutput:
     """A package kernel under ``numpyro.infer.MCMC``, preprocessing timed apart.
 
-    Stochastic-gradient kernels get ``proxy=shared.proxy`` and are charged its seconds (its
-    data passes are counted by the kernel); other kernels run NUTS-length chains.
+    Stochastic-gradient kernels get ``proxy=shared.proxy`` and are charged its seconds and
+    compile seconds (its data passes are counted by the kernel); other kernels run NUTS-length
+    chains.
     """
-    pre_s = 0.0
-    if method.kind == "sg":
-        extra: dict[str, Any] = {}
-        if shared is not None:
-            extra["proxy"], pre_s = shared.proxy, shared.seconds
-        kernel = method.build(problem.model, seed=seed, progress_bar=progress, **extra)
-        W, S = settings.sg_warmup, settings.sg_samples
-    else:
-        kernel = method.build(problem.model, seed=seed, progress_bar=progress)
-        W, S = settings.nuts_warmup, settings.nuts_samples
-    mcmc = MCMC(kernel, num_warmup=W, num_samples=S, progress_bar=False)
-    with quiet():
+    pre_s, fit_compile_s, fit_warnings = 0.0, 0.0, ()
+    with record_warnings() as caught:
+        if method.kind == "sg":
+            extra: dict[str, Any] = {}
+            if shared is not None:
+                extra["proxy"], pre_s = shared.proxy, shared.seconds
+                fit_compile_s, fit_warnings = shared.compile_s, shared.warnings
+            kernel = method.build(problem.model, seed=seed, progress_bar=progress, **extra)
+            W, S = settings.sg_warmup, settings.sg_samples
+        else:
+            kernel = method.build(problem.model, seed=seed, progress_bar=progress)
+            W, S = settings.nuts_warmup, settings.nuts_samples
+        mcmc = MCMC(kernel, num_warmup=W, num_samples=S, progress_bar=False)
         with CompileTimer() as ct_pre:
             t0 = time.perf_counter()
             kernel.preprocess(problem.args(), problem.kwargs())
@@ -230,9 +278,11 @@ def run_kernel(method: Method, problem: Problem, settings: Settings, *,
         notes.append("kernel reports no data_passes")
     diverging = int(np.sum(np.asarray(extra_fields.get("diverging", 0))))
     if diverging:
-        notes.append(f"{diverging} rejected non-finite steps")
+        notes.append(f"{diverging} diverging steps")
     return RunOutput(samples, passes, _chain_seconds(pre_s, sampling_s, W, S), sampling_s,
-                     pre_s, ct_pre.seconds + ct.seconds, W + S, "; ".join(notes))
+                     pre_s, fit_compile_s + ct_pre.seconds + ct.seconds, W + S,
+                     "; ".join(notes), merge_warnings(fit_warnings, tuple(caught)),
+                     run_checks(mcmc))
 
 
 # -- the reference, cached on disk --------------------------------------------------------------
@@ -243,28 +293,36 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
 
     The cache file is keyed by the data set's name, N, d, a hash of the data, the seed and
     the chain lengths, in ``cache_dir`` (default ``default_cache_root() / "reference"``); a
-    cached reference keeps the timings of the run that made it. ``use_cache=False``
-    recomputes (and rewrites) it.
+    cached reference keeps the timings of the run that made it. The file carries the SHA-256
+    of its arrays (:func:`~numpyro_subsample.compare.store.save_arrays`): an unreadable or
+    altered file is recomputed with a :class:`~numpyro_subsample.compare.store.CacheWarning`
+    naming it. ``use_cache=False`` recomputes (and rewrites) it.
     """
-    key = (f"v2_{problem.name}_N{problem.num_data}_d{problem.dim}_{problem.fingerprint()}"
+    key = (f"v3_{problem.name}_N{problem.num_data}_d{problem.dim}_{problem.fingerprint()}"
            f"_seed{seed}_w{settings.nuts_warmup}_s{settings.nuts_samples}")
     folder = Path(cache_dir).expanduser() if cache_dir else default_cache_root() / "reference"
     path = folder / f"{key}.npz"
     if use_cache and path.is_file():
-        with np.load(path, allow_pickle=False) as z:
-            out = RunOutput(
-                {k[2:]: z[k] for k in z.files if k.startswith("s_")}, z["passes"], z["seconds"],
-                float(z["sampling_s"]), 0.0, float(z["compile_s"]), int(z["iterations"]),
-            )
-        return out, True
-    out = run_nuts(problem, settings, seed=seed, progress=progress)
+        try:
+            z = load_arrays(path)
+            samples = {k[2:]: z[k] for k in z if k.startswith("s_")}
+            out = RunOutput(samples, z["passes"], z["seconds"], float(z["sampling_s"]), 0.0,
+                            float(z["compile_s"]), int(z["iterations"]), str(z["note"]),
+                            tuple(tuple(w) for w in json.loads(str(z["warnings"]))),
+                            run_checks(DrawsRun(samples, z["diverging"])))
+            return out, True
+        except (CorruptCacheError, KeyError, ValueError) as err:
+            warn_corrupt(path, "NUTS reference cache", err)
+    out, diverging = _run_nuts(problem, settings, seed=seed, progress=progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, passes=out.passes, seconds=out.seconds, sampling_s=out.sampling_s,
-                 compile_s=out.compile_s, iterations=out.iterations,
-                 **{f"s_{k}": v for k, v in out.samples.items()})
+        save_arrays(path, {"passes": out.passes, "seconds": out.seconds,
+                           "sampling_s": out.sampling_s, "compile_s": out.compile_s,
+                           "iterations": out.iterations, "note": out.note,
+                           "warnings": json.dumps(out.warnings), "diverging": diverging,
+                           **{f"s_{k}": v for k, v in out.samples.items()}})
     except OSError as err:
-        print(f"note: could not write the reference cache {path}: {err}", file=sys.stderr)
+        warnings.warn(f"could not write the NUTS reference cache {path}: {err}", stacklevel=2)
     return out, False
 
 
@@ -272,11 +330,13 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
 def peer_runs(problem: Problem, settings: Settings, *, seed: int = 0,
               cache_dir: str | None = None, use_cache: bool = True, with_hmcecs: bool = True,
               compile_cache_dir: str | None = None, fast_compile: bool = False,
+              store: RunStore | None = None, hmcecs_method: Method | None = None,
               ) -> tuple[tuple[RunOutput, bool], RunOutput | Exception | None]:
     """The NUTS reference and (``with_hmcecs``) HMCECS, as run in the worker process.
 
     Configures JAX as the main process does (``fast_compile``, the compilation cache in
     ``compile_cache_dir``) and fits the shared proxy itself (same seed: the same mode).
+    HMCECS's run is saved in ``store`` (as ``hmcecs_method``) as soon as it finishes.
     Returns ``((reference, cached), hmcecs)``, HMCECS's exception if it failed.
     """
     if fast_compile:
@@ -291,17 +351,83 @@ def peer_runs(problem: Problem, settings: Settings, *, seed: int = 0,
             hmcecs = run_hmcecs(problem, settings, shared, seed=seed)
         except Exception as err:  # noqa: BLE001 - reported as the method's failure
             hmcecs = err
+        if isinstance(hmcecs, RunOutput) and store is not None and hmcecs_method is not None:
+            try:
+                store.save(hmcecs_method, hmcecs)
+            except OSError as err:
+                warnings.warn(f"could not save the run of hmcecs in {store.folder}: {err}",
+                              stacklevel=2)
     return ref, hmcecs
 
 
-def start_peer(problem: Problem, settings: Settings, **options: Any) -> concurrent.futures.Future:
+def _picklable(err: BaseException) -> BaseException:
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:  # noqa: BLE001 - any pickling failure: send the text instead
+        return RuntimeError(f"{type(err).__name__}: {err}")
+
+
+def _peer_main(results: multiprocessing.Queue, problem: Problem, settings: Settings,
+               options: dict) -> None:
+    """Entry point of the worker process: :func:`peer_runs`, its result put on ``results``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # on Ctrl-C the parent process stops it
+    try:
+        ref, hmcecs = peer_runs(problem, settings, **options)
+        if isinstance(hmcecs, BaseException):
+            hmcecs = _picklable(hmcecs)
+        results.put(("ok", (ref, hmcecs)))
+    except BaseException as err:  # noqa: BLE001 - reported by Peer.result in the parent
+        results.put(("error", _picklable(err)))
+
+
+class Peer:
+    """The worker process started by :func:`start_peer`.
+
+    :meth:`result` waits for ``((reference, cached), hmcecs)`` and re-raises the worker's
+    error; :meth:`terminate` stops the worker (on Ctrl-C in the parent).
+    """
+
+    def __init__(self, process, results) -> None:
+        self._process, self._results = process, results
+
+    def result(self):
+        """The worker's result (blocks; raises if the worker failed or died)."""
+        while True:
+            try:
+                status, value = self._results.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self._process.is_alive():
+                    try:
+                        status, value = self._results.get(timeout=2.0)
+                        break
+                    except queue.Empty:
+                        raise RuntimeError(
+                            "the worker process (NUTS reference / HMCECS) exited with code "
+                            f"{self._process.exitcode} without a result") from None
+        self._process.join()
+        if status == "error":
+            raise value
+        return value
+
+    def terminate(self) -> None:
+        """Stop the worker process if it is still running."""
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(10)
+
+
+def start_peer(problem: Problem, settings: Settings, **options: Any) -> Peer:
     """Start :func:`peer_runs` (``options`` are its keywords) in a spawned worker process.
 
     A cold run is mostly single-threaded compilation, so the reference and HMCECS overlap
-    with the package's kernels; both processes share the CPU, so timings are noisier.
+    with the package's kernels; both processes share the CPU, so timings are noisier. The
+    worker ignores SIGINT: the parent stops it with :meth:`Peer.terminate`.
     """
-    pool = concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context("spawn"))
-    future = pool.submit(peer_runs, problem, settings, **options)
-    pool.shutdown(wait=False)
-    return future
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    process = ctx.Process(target=_peer_main, args=(results, problem, settings, options),
+                          daemon=True)
+    process.start()
+    return Peer(process, results)

@@ -3,8 +3,9 @@
 The generators reproduce the set-ups of Putcha, Nemeth and Fearnhead (2023, Appendix C):
 bivariate Gaussian (C.1), balanced and imbalanced logistic regression (C.2), linear regression
 (C.3); :func:`make_quasi_separated` is a logistic regression with a poor Laplace
-approximation; :func:`default_problem` is the built-in problem of the ``numpyro-subsample``
-command. An intercept column of ones is prepended by default (x_i = (1, x_i1, ..., x_ip),
+approximation; :func:`make_rare_features` (rare binary features, high-leverage rows) is the
+built-in problem of the ``numpyro-subsample`` command, :func:`default_problem` its former
+Gaussian-like one. An intercept column of ones is prepended by default (x_i = (1, x_i1, ..., x_ip),
 Putcha et al. 2023, Sect. 5). Labels of binary tasks are 0/1 floats.
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "make_bivariate_gaussian",
     "make_logistic",
     "make_quasi_separated",
+    "make_rare_features",
     "make_linear",
     "default_problem",
     "PAPER_PRIOR_VARIANCE",
@@ -265,4 +267,96 @@ def default_problem(num_data: int = 200_000, num_features: int = 20, seed: int =
         f"synthetic_logistic_N{num_data}_d{num_features + 1}", "logistic",
         Z[:num_data], y[:num_data], Z[num_data:], y[num_data:], True, None, seed, False,
         {"true_beta": beta},
+    )
+
+
+def _calibrate_offset(eta: np.ndarray, minority: float, count: float) -> float:
+    """The b with Σ_i σ(∓(η_i + b)) = ``count`` (expected rows with label ``minority``)."""
+    sign = 1.0 if minority == 0.0 else -1.0
+    lo, hi = -60.0, 60.0
+    for _ in range(200):  # bisection: the expected count is monotone in b
+        mid = 0.5 * (lo + hi)
+        expected = np.sum(1.0 / (1.0 + np.exp(np.clip(sign * (eta + mid), -700, 700))))
+        if (expected > count) == (sign > 0):
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def make_rare_features(
+    num_data: int = 200_000,
+    num_features: int = 20,
+    *,
+    binary_fractions: tuple[float, ...] = (0.01, 0.02, 0.05),
+    minority_counts: tuple[float, ...] = (2.0, 4.0, 8.0),
+    num_leverage: int = 10,
+    leverage_scale: float = 10.0,
+    seed: int = 0,
+) -> Dataset:
+    """Logistic regression with rare binary features and high-leverage rows, where the
+    posterior is skewed and the Laplace approximation is off.
+
+    x_i = (1, z_i, b_i): z_i ~ N(0, I) (``num_features − len(binary_fractions)`` columns,
+    coefficients and intercept drawn N(0, 0.5²)); binary column j is 1 in a random
+    ``binary_fractions[j]`` of the rows (disjoint sets of rows). Its coefficient (positive,
+    negative, positive, ...) is set so that about ``minority_counts[j]`` of the rows having it
+    are expected to carry the minority label (0, 1, 0, ...): a nearly separating feature. With
+    k such rows the feature's likelihood is that of a log-gamma variable of shape k (a skewed
+    posterior, its mean ≈ 0.3 sd from its mode for k = 2), and with none the coefficient is
+    bounded by the prior only. ``num_leverage`` rows have their continuous features multiplied
+    by ``leverage_scale``. y_i ~ Bernoulli(σ(x_iᵀβ)); no test set. Model:
+    :func:`logistic_regression_model` (prior N(0, 10²)). ``info`` holds ``true_beta`` and the
+    realised ``minority_counts``.
+    """
+    fractions = tuple(float(f) for f in binary_fractions)
+    counts = tuple(float(c) for c in minority_counts)
+    num_binary = len(fractions)
+    if len(counts) != num_binary:
+        raise ValueError(
+            f"minority_counts has {len(counts)} entries and binary_fractions {num_binary}; "
+            "pass one minority count per binary feature."
+        )
+    if not 0 <= num_binary < num_features:
+        raise ValueError(
+            f"num_features={num_features} must exceed the {num_binary} binary features."
+        )
+    if not all(0 < f < 1 for f in fractions) or not all(c > 0 for c in counts):
+        raise ValueError(
+            f"binary_fractions must lie in (0, 1) and minority_counts be positive, got "
+            f"{fractions} and {counts}."
+        )
+    if not 0 <= num_leverage <= num_data:
+        raise ValueError(f"num_leverage must be in [0, num_data], got {num_leverage}.")
+    rng = np.random.default_rng(seed)
+    N, p = int(num_data), num_features - num_binary
+    Z = rng.normal(size=(N, p))
+    Z[rng.choice(N, num_leverage, replace=False)] *= leverage_scale
+    sizes = [max(int(round(f * N)), 1) for f in fractions]
+    if sum(sizes) > N:
+        raise ValueError(f"binary_fractions {fractions} sum to more than 1.")
+    B = np.zeros((N, num_binary))
+    order, start = rng.permutation(N), 0
+    for j, size in enumerate(sizes):  # disjoint rows: one rare feature per row at most
+        B[order[start:start + size], j] = 1.0
+        start += size
+    X = np.concatenate([np.ones((N, 1)), Z, B], axis=1)
+    beta = np.concatenate([0.5 * rng.normal(size=p + 1), np.zeros(num_binary)])
+    eta = X @ beta
+    minority, realised = [], []
+    for j, count in enumerate(counts):
+        rows = B[:, j] == 1.0
+        label = 0.0 if j % 2 == 0 else 1.0
+        beta[p + 1 + j] = _calibrate_offset(eta[rows], label, count)
+        minority.append(label)
+    logits = X @ beta
+    y = (rng.uniform(size=N) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    for j, label in enumerate(minority):
+        realised.append(int(np.sum(y[B[:, j] == 1.0] == label)))
+    return Dataset(
+        f"rare_features_logistic_N{N}_d{X.shape[1]}", "logistic", X.astype(np.float32), y,
+        None, None,
+        {"seed": seed, "true_beta": beta, "binary_fractions": fractions,
+         "minority_labels": tuple(minority), "minority_counts": tuple(realised),
+         "num_leverage": int(num_leverage), "leverage_scale": float(leverage_scale)},
     )
