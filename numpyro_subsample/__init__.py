@@ -13,9 +13,18 @@ from numpyro_subsample.estimators.selection import (
 )
 from numpyro_subsample.estimators.stratified import Strata, strata_of
 from numpyro_subsample.post.arviz import full_log_likelihood, full_observed_data, to_arviz
+from numpyro_subsample.post.checks import (
+    BiasCheck,
+    RunCheck,
+    RunDiagnosticsWarning,
+    check_run,
+    step_halving_check,
+)
 from numpyro_subsample.post.diagnostics import ksd, mcmc_ksd, pseudo_variance
+from numpyro_subsample.post.mcmc import MCMC
+from numpyro_subsample.post.predictive import predictive
 from numpyro_subsample.post.zv import ZVResult, zv_fit, zv_mean, zv_summary
-from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
 from numpyro_subsample.proxies.variational import fit_variational
 from numpyro_subsample.sgmcmc.distributed import (
@@ -54,6 +63,7 @@ __all__ = [
     "build_potential",
     # proxies
     "Proxy",
+    "ProxyFitWarning",
     "fit_laplace",
     "fit_variational",
     "proxy_from_moments",
@@ -70,8 +80,15 @@ __all__ = [
     "strata_of",
     # output and diagnostics
     "to_arviz",
+    "MCMC",
+    "check_run",
+    "step_halving_check",
+    "RunCheck",
+    "BiasCheck",
+    "RunDiagnosticsWarning",
     "full_observed_data",
     "full_log_likelihood",
+    "predictive",
     "zv_mean",
     "zv_fit",
     "zv_summary",

@@ -10,7 +10,11 @@ from typing import NamedTuple
 
 import jax
 
-__all__ = ["Proxy"]
+__all__ = ["Proxy", "ProxyFitWarning"]
+
+
+class ProxyFitWarning(UserWarning):
+    """A proxy fit that failed or is unreliable: the message names the sites and a remedy."""
 
 
 class Proxy(NamedTuple):

@@ -5,7 +5,7 @@ the mode is found by stochastic optimisation (Optax Adam on the model's own mini
 couple of epochs), then polished with damped Newton steps on the full data, each one chunked
 data pass that also yields the Hessian; Σ̂ is the inverse Hessian at the mode. The sum of the
 per-datum gradients Σ_i ∇f_i(θ̂) comes from the last Newton pass; the (N, d) table of ∇f_i(θ̂)
-is computed only on request.
+is computed only on request. A failed fit is reported by site (:mod:`.checks`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,19 @@ from numpyro_subsample.core.datapass import (
 )
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.checks import (
+    MAX_DECREMENT,
+    axis_excursions,
+    boundary_message,
+    coordinate_labels,
+    describe,
+    excursion_axes,
+    excursion_messages,
+    newton_offsets,
+    prior_grad,
+    transformed_coordinates,
+    warn_proxy,
+)
 
 __all__ = ["fit_laplace", "proxy_from_moments"]
 
@@ -89,8 +102,15 @@ def fit_laplace(
     """Laplace proxy: mode by Adam + full-data Newton, Σ̂ = (∇²f(θ̂))⁻¹ (Baker et al. 2019, Sect. 3).
 
     The data passes used are counted in ``num_data_passes`` (Adam epochs + one per Newton
-    evaluation + one for the per-datum gradients). Raises ``ValueError`` if the potential is
-    not finite at the mode, or the Hessian there is not positive definite.
+    evaluation + one for the axis excursions of :mod:`.checks` + one for the per-datum
+    gradients). Raises ``ValueError`` naming the sites if the potential is not finite at the
+    mode, or the Hessian there is not positive definite (the sites its non-positive directions
+    load on). Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and
+    a remedy) if the fit stopped short of the mode, the centre is at a support's boundary, or
+    the Gaussian is far wider than the posterior along a coordinate (:mod:`.checks`).
+    ``proxy.info`` holds ``adam_steps``, ``newton_steps``, ``potential`` f(θ̂), ``converged``
+    (Newton's criterion met), ``newton_decrement``, ``axis_excursions`` (2, K, on the
+    coordinates of :func:`~.checks.excursion_axes`) and the ``warnings`` issued.
     """
     t0 = time.perf_counter()
     N = potential.num_data
@@ -107,10 +127,12 @@ def fit_laplace(
     passes += 1
     bar = tqdm(total=max_newton_steps, desc="proxy: Newton on full data", disable=not progress)
     newton_steps = 0
+    stop = f"the Newton iterations were exhausted (max_newton_steps={max_newton_steps})"
     for _ in range(max_newton_steps):
         hn = np.asarray(h, np.float64)
         gn = np.asarray(g, np.float64)
         if not (np.isfinite(f) and np.all(np.isfinite(gn)) and np.all(np.isfinite(hn))):
+            stop = "the potential or its derivatives were not finite"
             break
         damping = 0.0
         while True:
@@ -122,6 +144,7 @@ def fit_laplace(
         step = np.linalg.solve(chol.T, np.linalg.solve(chol, gn))
         decrement = float(gn @ step)  # Newton decrement λ²: squared distance in Σ̂ units
         if decrement < 1e-8 * max(1, theta.shape[0]):
+            stop = None
             break
         # Rounding of the full-data sum f (about eps·|f|·sqrt(chunks)) hides the decrease of a
         # step close to the mode; there the Newton decrement at the candidate (from gradients,
@@ -153,24 +176,46 @@ def fit_laplace(
         newton_steps += 1
         bar.update(1)
         if not accepted:
+            stop = "the line search found no decrease"
             break
     bar.close()
 
     hn = np.asarray(h, np.float64)
-    if not np.all(np.isfinite(hn)) or not np.isfinite(f):
+    gn = np.asarray(g, np.float64)
+    labels = coordinate_labels(potential)
+    transformed = transformed_coordinates(potential, data)
+    if not (np.all(np.isfinite(hn)) and np.all(np.isfinite(gn)) and np.isfinite(f)):
+        bad = np.flatnonzero(~(np.isfinite(hn).all(1) & np.isfinite(gn)))
+        where = ", ".join(f"'{labels[k]}'" for k in bad[:5]) or "the value itself"
+        boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
         raise ValueError(
-            "The potential or its Hessian is not finite at the optimiser's mode; check the "
-            "model's support and the data, or pass a smaller proxy learning rate."
+            f"The potential or its derivatives are not finite at the optimiser's mode (along "
+            f"{where}); check the model's support and the data, or pass a smaller proxy "
+            "learning rate."
+            + (" " + boundary if boundary else "")
         )
     try:
         cov, chol = _cholesky_of_inverse(hn)
     except np.linalg.LinAlgError as err:
-        eig = np.linalg.eigvalsh(0.5 * (hn + hn.T))
+        eig, vec = np.linalg.eigh(0.5 * (hn + hn.T))
+        negative = vec[:, eig <= 0]
+        load = np.sum(negative**2, axis=1) if negative.size else vec[:, 0] ** 2
+        boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
         raise ValueError(
             f"The Hessian of the potential at the mode is not positive definite (smallest "
-            f"eigenvalue {eig.min():.3g}); the posterior may be improper or multimodal, or the "
-            "optimisation did not converge. Use stronger priors or proxy='variational'."
+            f"eigenvalue {eig.min():.3g}, {int((eig <= 0).sum())} non-positive); the directions "
+            f"of negative curvature load on {describe(labels, load, fmt='{:.2f}')}. The "
+            "posterior may be improper or multimodal along these sites (e.g. a saddle between "
+            "symmetric modes), or the optimisation did not converge. Use stronger priors on "
+            "these sites, proxy='variational', or a given proxy."
+            + (" " + boundary if boundary else "")
         ) from err
+    messages, decrement, rises = _fit_messages(
+        potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size
+    )
+    passes += 1  # the axis excursions
+    for message in messages:
+        warn_proxy(message)
 
     datum_grads = None
     if store_datum_grads or not bool(np.all(np.isfinite(np.asarray(g)))):
@@ -181,7 +226,7 @@ def fit_laplace(
         datum_grads = grads if store_datum_grads else None
     else:  # Σ_i ∇f_i(θ̂) from the last Newton pass: ∇f(θ̂) − ∇f0(θ̂), no further data pass
         sum_grads = jnp.asarray(
-            (np.asarray(g) - np.asarray(_prior_grad(potential, theta, data))).astype(theta.dtype)
+            (np.asarray(g) - np.asarray(prior_grad(potential, theta, data))).astype(theta.dtype)
         )
     dtype = theta.dtype
     return Proxy(
@@ -193,8 +238,47 @@ def fit_laplace(
         num_data_passes=float(passes),
         seconds=time.perf_counter() - t0,
         kind="laplace",
-        info={"adam_steps": num_steps, "newton_steps": newton_steps, "potential": float(f)},
+        info={
+            "adam_steps": num_steps,
+            "newton_steps": newton_steps,
+            "potential": float(f),
+            "converged": stop is None,
+            "newton_decrement": decrement,
+            "axis_excursions": rises,
+            "warnings": messages,
+        },
     )
+
+
+def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size):
+    """Warnings of a Laplace fit with a positive definite Hessian (:mod:`.checks`): not at the
+    mode, at a support's boundary, far wider than the posterior along an axis; with the Newton
+    decrement and the axis excursions (one data pass)."""
+    decrement, offsets = newton_offsets(gn, cov)
+    messages = []
+    if decrement > MAX_DECREMENT:
+        messages.append(
+            f"The Laplace fit did not reach the mode: {stop or 'it stopped'}, and the Newton "
+            f"decrement (distance to the mode of the local quadratic, in proxy sds) is still "
+            f"{decrement:.3g}; the remaining step, in sds, is largest along "
+            f"{describe(labels, -offsets)}. Pass more optimiser steps (proxy_kwargs="
+            "{'max_newton_steps': ..., 'num_epochs': ...}), a smaller 'learning_rate', or use "
+            "proxy='variational'."
+        )
+    outward = -offsets * (np.abs(offsets) > MAX_DECREMENT) if messages else None
+    boundary = boundary_message(labels, transformed, theta, "Laplace", outward)
+    messages += [boundary] if boundary else []
+    sd = np.sqrt(np.diag(cov))
+    axes = excursion_axes(sd)
+    rises = np.asarray(axis_excursions(
+        potential, theta, jnp.asarray(sd, theta.dtype), jnp.asarray(axes), data, chunk_size
+    ))
+    found = excursion_messages(
+        [labels[k] for k in axes], sd[axes], gn[axes], np.diag(hn)[axes], rises
+    )
+    if decrement > MAX_DECREMENT:  # a fall away from the centre repeats the message above
+        found = [m for m in found if "not a mode" not in m]
+    return messages + found, decrement, rises
 
 
 def _check_datum_terms(potential: Potential, values, grads) -> None:
@@ -206,11 +290,6 @@ def _check_datum_terms(potential: Potential, values, grads) -> None:
             "has a non-finite log-likelihood or gradient at the mode; check those rows of the "
             "data for NaN/inf or values outside the likelihood's support."
         )
-
-
-@partial(jax.jit, static_argnames=("potential",))
-def _prior_grad(potential: Potential, theta: jax.Array, data: ModelData) -> jax.Array:
-    return jax.grad(potential.prior)(theta, data)
 
 
 def proxy_from_moments(

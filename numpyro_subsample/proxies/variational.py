@@ -28,6 +28,9 @@ ELBO:
 3. SVI stops at such a plateau after ``num_decays`` reductions (``info["converged"] = True``),
    or at ``max_steps``. The result is the average over the last block.
 
+A fit that failed (ELBO still rising at ``max_steps``, non-finite steps, a collapsed guide
+scale, a mean at a support's boundary) is reported by site (:func:`fit_variational`).
+
 """
 
 from __future__ import annotations
@@ -56,11 +59,25 @@ from tqdm.auto import tqdm
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.checks import (
+    boundary_message,
+    coordinate_labels,
+    describe,
+    newton_offsets,
+    prior_grad,
+    scale_message,
+    stein_curvature,
+    stein_subsample,
+    transformed_coordinates,
+    warn_proxy,
+)
 from numpyro_subsample.proxies.laplace import proxy_from_moments
 
 __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
 
 MAX_FULL_RANK_DIM = 200
+MAX_NONFINITE_STEPS = 0.01  # share of SVI steps with a non-finite loss before a warning
+STEIN_DRAWS = 32  # guide draws of the scale check (its ratio has sd ≈ √(2/32) = 0.25)
 _ELBO = Trace_ELBO()
 # Adam's direction with the learning rate applied by hand, so that the rate can be lowered on
 # a plateau without recompiling (optax has no plateau schedule for a noisy subsampled ELBO).
@@ -180,6 +197,7 @@ def _fit_svi(
     lr = float(learning_rate)
     losses_all, trace = [], []
     best = float(_crn_loss(model, guide, params, eval_keys, data))
+    initial = -best
     stale, decays, steps, converged = 0, 0, 0, False
     avg = params
     bar = tqdm(total=max_steps, desc="proxy: SVI (variational)", disable=not progress)
@@ -215,6 +233,7 @@ def _fit_svi(
     return _constrain(model, guide, avg, k_init, data), {
         "losses": np.concatenate(losses_all),
         "elbo_trace": np.asarray(trace),
+        "initial_elbo": initial,
         "svi_steps": steps,
         "converged": converged,
         "final_learning_rate": lr,
@@ -350,12 +369,25 @@ def fit_variational(
     ``AutoMultivariateNormal`` (low-rank above ``max_full_rank_dim``) started at the
     potential's initial point; with ``guide_params`` (already fitted) SVI is skipped. The
     stopping rule is in the module docstring. ``num_data_passes`` counts the SVI steps and the
-    common-random-number ELBO evaluations (n/N each) and the per-datum gradients at the
-    centre (one). ``proxy.info`` holds the guide, its parameters, the per-step loss
-    (``losses``, −ELBO on the model's subsample), the per-block common-random-number ELBO
-    (``elbo_trace``), ``svi_steps``, whether the plateau rule was met (``converged``),
+    common-random-number ELBO evaluations (n/N each), the per-datum gradients at the centre
+    (one) and the Stein check's datum gradients (33 at each of m = min(N, 4096,
+    max(512, N/33)) data: one pass for N ≥ 16 896).
+    ``proxy.info`` holds the guide, its parameters, the per-step loss (``losses``, −ELBO on
+    the model's subsample), the per-block common-random-number ELBO (``elbo_trace``, after
+    ``initial_elbo``), ``svi_steps``, whether the plateau rule was met (``converged``),
     ``gaussian`` and ``sample`` (draws ``(key, S) -> (S, d)`` from q in the potential's flat
-    space).
+    space), and the checks' figures (``mean_decrement``, ``stein_ratio``) and ``warnings``.
+
+    Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and a
+    remedy) if more than 1% of the SVI steps had a non-finite loss, SVI stopped at
+    ``max_steps`` with the ELBO still rising by more than ``tol`` over the last ``patience``
+    blocks, a Gaussian guide's variances are far (a factor 10) from stationary ones along a
+    coordinate (the ratio of diag E_q[∇²f], by Stein's identity at 32 guide draws, to the
+    guide's diag Σ⁻¹: ``stein_ratio``; a collapsed or too wide guide scale), or its mean is at
+    a support's boundary (:mod:`.checks`). The Newton
+    decrement at the mean (``mean_decrement``, in guide sds) is reported, not checked: the mean
+    of a skewed posterior (a non-centred hierarchical model) is legitimately several sds
+    from its mode.
     """
     t0 = time.perf_counter()
     _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
@@ -400,5 +432,69 @@ def fit_variational(
         potential, data, mean, cov, chunk_size=chunk_size, store_datum_grads=store_datum_grads,
         kind="variational", num_data_passes=passes,
     )
-    info.update(guide=guide, guide_params=params, gaussian=gaussian, sample=sample)
-    return proxy._replace(info=info, seconds=time.perf_counter() - t0)
+    messages, figures = _fit_messages(potential, data, proxy, info, int(patience), tol, gaussian)
+    for message in messages:
+        warn_proxy(message)
+    info.update(guide=guide, guide_params=params, gaussian=gaussian, sample=sample,
+                warnings=messages, **figures)
+    passes = proxy.num_data_passes + (
+        (STEIN_DRAWS + 1) * len(stein_subsample(potential.num_data, STEIN_DRAWS))
+        / potential.num_data if gaussian else 0.0
+    )
+    return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
+
+
+def _fit_messages(potential, data, proxy, info, patience, tol, gaussian) -> tuple[list, dict]:
+    """Warnings of a variational fit (:mod:`.checks`): non-finite SVI steps, an ELBO still
+    rising at ``max_steps``, guide variances far from the posterior's (Stein's identity at
+    guide draws, Gaussian guides), a mean at a support's boundary; and the figures checked."""
+    labels = coordinate_labels(potential)
+    mean = np.asarray(proxy.centre, np.float64)
+    cov = np.asarray(proxy.cov, np.float64)
+    grad = np.asarray(proxy.sum_grads) + np.asarray(prior_grad(potential, proxy.centre, data))
+    decrement, offsets = newton_offsets(grad, cov)
+    messages = []
+    losses = info.get("losses")
+    if losses is not None and losses.size:
+        bad = int(np.sum(~np.isfinite(losses)))
+        if bad > MAX_NONFINITE_STEPS * losses.size:
+            messages.append(
+                f"{bad} of {losses.size} SVI steps had a non-finite loss (−ELBO) and were "
+                "skipped; the guide may sit where the model's density or its gradient "
+                "overflows. Pass a smaller learning_rate (proxy_kwargs={'learning_rate': ...}) "
+                "or check the model's support and priors."
+            )
+    trace = info.get("elbo_trace")
+    rising = False
+    if trace is not None and len(trace) and info.get("converged") is False:
+        tol = 0.01 * potential.dim if tol is None else float(tol)
+        previous = np.concatenate([[info["initial_elbo"]], trace])[-1 - min(patience, len(trace))]
+        rise = float(trace[-1] - previous)
+        if rise > tol:
+            rising = True
+            messages.append(
+                f"SVI stopped at max_steps={info['svi_steps']} with the ELBO still rising "
+                f"({rise:.3g} nats over the last {min(patience, len(trace))} block(s), tol "
+                f"{tol:.3g}); the guide's mean is still moving, most along "
+                f"{describe(labels, -offsets)} (remaining Newton step from the mean, in guide "
+                "sds). Pass a larger max_steps (proxy_kwargs={'max_steps': ...}) or a larger "
+                "learning_rate if the rise is steady, a smaller one if it is erratic."
+            )
+    ratio = None
+    if gaussian:
+        idx = stein_subsample(potential.num_data, STEIN_DRAWS)
+        dtype = proxy.centre.dtype
+        z = jax.random.normal(jax.random.PRNGKey(0), (STEIN_DRAWS, potential.dim), dtype)
+        curvature = np.asarray(stein_curvature(
+            potential, proxy.centre, proxy.scale_tril, z, jnp.asarray(idx), data,
+        ), np.float64)
+        inv_tril = np.linalg.inv(np.asarray(proxy.scale_tril, np.float64))
+        ratio = curvature / np.sum(inv_tril**2, axis=0)  # over diag(Σ⁻¹)
+        scale = scale_message(labels, ratio)
+        messages += [scale] if scale else []
+    outward = -offsets * (np.abs(offsets) > 1.0) if rising else None
+    boundary = boundary_message(
+        labels, transformed_coordinates(potential, data), mean, "variational", outward
+    )
+    messages += [boundary] if boundary else []
+    return messages, {"mean_decrement": decrement, "stein_ratio": ratio}
