@@ -232,8 +232,9 @@ def _problem(opt: Option, value: Any) -> type[Exception] | None:
     return ValueError
 
 
-def check_options(owner: str, /, **values: Any) -> None:
-    """Validate ``values`` against the options of ``owner`` in :data:`OPTIONS`.
+def check_options(owner: str, /, *, label: str | None = None, **values: Any) -> None:
+    """Validate ``values`` against the options of ``owner`` in :data:`OPTIONS`; messages start
+    with ``label`` (default ``owner``), e.g. the user's class name.
 
     Raises
     ------
@@ -243,10 +244,11 @@ def check_options(owner: str, /, **values: Any) -> None:
         A value out of range or not among the choices, or an unknown option name.
     """
     spec = OPTIONS[owner]
+    who = label or owner
     unknown = sorted(set(values) - set(spec))
     if unknown:
         raise ValueError(
-            f"{owner}: unknown option(s) {unknown}; valid options: {sorted(spec)}."
+            f"{who}: unknown option(s) {unknown}; valid options: {sorted(spec)}."
         )
     for name, value in values.items():
         opt = spec[name]
@@ -256,7 +258,7 @@ def check_options(owner: str, /, **values: Any) -> None:
         seen = repr(value) if exc is ValueError else f"{value!r} (type {type(value).__name__})"
         remedy = opt.remedy or f"Pass {requirement(opt)}."
         raise exc(
-            f"{owner}: {name} must be {requirement(opt)}, got {seen}. ({name}: {opt.meaning}.) "
+            f"{who}: {name} must be {requirement(opt)}, got {seen}. ({name}: {opt.meaning}.) "
             f"{remedy}"
         )
 

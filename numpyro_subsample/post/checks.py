@@ -136,6 +136,24 @@ def _failures(mcmc) -> list[str]:
     return lines
 
 
+def _mixing_remedy(mcmc) -> str:
+    """What to try when a run has not mixed, for the kernel at hand."""
+    kernel = mcmc.sampler
+    tips = ["run more steps"]
+    if type(kernel).__name__ == "SGLD":
+        tips.append("use SGHMC")
+    try:
+        kind = getattr(kernel.proxy, "kind", None)
+    except Exception:  # noqa: BLE001  (kernels without a fitted proxy)
+        kind = None
+    if kind == "laplace":
+        tips.append("try proxy='variational' (a joint-mode Laplace fit is a poor centre for "
+                    "hierarchical models)")
+    elif kind is not None:
+        tips.append("check the proxy (kernel.proxy)")
+    return ", or ".join(tips)
+
+
 def _step_size(mcmc) -> float | None:
     try:
         return float(mcmc.sampler.step_size)
@@ -202,7 +220,7 @@ def check_run(
         messages.append(
             f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
             f"< {min_ess:g} at {', '.join(names[k] for k in order)}{step}: the chain has not "
-            "mixed; run more steps, or use SGHMC, or check the proxy (kernel.proxy)"
+            f"mixed; {_mixing_remedy(mcmc)}"
         )
     if max_r > max_rhat:
         order = np.argsort(-np.nan_to_num(rhat))[:3]

@@ -82,7 +82,10 @@ class SGMCMCKernel(SubsampleKernel):
     proxy
         ``"laplace"`` (mode and inverse Hessian), ``"variational"`` (an autoguide fitted by
         SVI, :func:`~numpyro_subsample.proxies.variational.fit_variational`; ``guide=`` in
-        ``proxy_kwargs``) or a :class:`~numpyro_subsample.proxies.base.Proxy`.
+        ``proxy_kwargs``; up to its ``max_full_rank_dim`` centred at the guide's mean with
+        ``covariance="expected_hessian"``, the inverse full-data Hessian averaged over the
+        guide, which does not collapse where a variational fit may) or a
+        :class:`~numpyro_subsample.proxies.base.Proxy`.
     preconditioning
         Sample in coordinates whitened by the proxy covariance.
     max_variance_inflation
@@ -147,7 +150,8 @@ class SGMCMCKernel(SubsampleKernel):
         **estimator_options: Any,
     ) -> None:
         check_options(
-            "SGMCMCKernel", step_size=step_size, preconditioning=preconditioning,
+            "SGMCMCKernel", label=type(self).__name__, step_size=step_size,
+            preconditioning=preconditioning,
             max_variance_inflation=max_variance_inflation, replace=replace,
             proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
             store_datum_grads=store_datum_grads, noise_correction=noise_correction,
@@ -256,11 +260,14 @@ class SGMCMCKernel(SubsampleKernel):
         elif not self._needs_proxy():
             return None
         elif proxy == "variational":
-            from numpyro_subsample.proxies.variational import fit_variational
+            from numpyro_subsample.proxies.variational import MAX_FULL_RANK_DIM, fit_variational
 
+            kwargs = dict(self.proxy_kwargs)
+            if potential.dim <= kwargs.get("max_full_rank_dim", MAX_FULL_RANK_DIM):
+                kwargs.setdefault("covariance", "expected_hessian")
             proxy = fit_variational(
                 potential, data, key, chunk_size=self.chunk_size, store_datum_grads=store,
-                progress=self.progress_bar, **self.proxy_kwargs,
+                progress=self.progress_bar, **kwargs,
             )
         else:
             proxy = fit_laplace(
@@ -390,7 +397,7 @@ class SGHMC(SGMCMCKernel):
 
     def __init__(self, model: Callable, *, friction: float | None = None, **kwargs: Any) -> None:
         friction = self._default_friction if friction is None else friction
-        check_options("SGHMC", friction=friction)
+        check_options("SGHMC", label=type(self).__name__, friction=friction)
         self.friction = float(friction)
         super().__init__(model, **kwargs)
 
