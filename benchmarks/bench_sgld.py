@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     cache_dir = Path(__file__).resolve().parent / "results" / "reference_cache"
     rows = []
     for N in sizes:
-        prob = make_problem("default", num_data=N, subsample_size=n, seed=args.seed)
+        prob = make_problem("synthetic", num_data=N, subsample_size=n, seed=args.seed)
         log(f"N={N}: NUTS reference ({nuts.nuts_warmup}+{nuts.nuts_samples})")
         # full-data NUTS, cached on disk (shared with bench_ecs.py: same problem and settings)
         ref_out, cached = reference_run(prob, nuts, seed=args.seed, cache_dir=cache_dir,
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     per_step = {}
     for N in step_sizes:
         log(f"per-step time at N={N}")
-        out = run_kernel(sgld_cv, make_problem("default", num_data=N, subsample_size=n), nuts,
+        out = run_kernel(sgld_cv, make_problem("synthetic", num_data=N, subsample_size=n), nuts,
                          seed=args.seed)
         per_step[N] = out.sampling_s / out.iterations
     a, b = step_sizes

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     res = {}
     for N in sizes:
-        problem = make_problem("default", num_data=N, subsample_size=n)
+        problem = make_problem("synthetic", num_data=N, subsample_size=n)
         X, y = problem.X, problem.y
         for variant in ("recompute", "table"):
             res[N, variant], centre = kernel_per_step(X, y, variant == "table", args.steps,

@@ -21,10 +21,12 @@ from numpyro_subsample.datasets.generators import (
     make_linear,
     make_logistic,
     make_quasi_separated,
+    make_rare_features,
     split_train_test,
 )
 from numpyro_subsample.datasets.loaders import (
     DATASET_NAMES,
+    DroppedRowsWarning,
     load_casp,
     load_dataset,
     load_libsvm,
@@ -33,6 +35,8 @@ from numpyro_subsample.datasets.loaders import (
 )
 
 __all__ = [
+    "DroppedRowsWarning",
+    "make_rare_features",
     "Dataset",
     "logistic_regression_model",
     "linear_regression_model",
