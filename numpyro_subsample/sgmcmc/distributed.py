@@ -156,7 +156,7 @@ class DistributedSGLD(SGLD):
         ``"uniform"`` or ``"cv"`` (default), applied within each shard.
     **kwargs
         As :class:`~numpyro_subsample.sgmcmc.kernel.SGMCMCKernel` (``step_size`` is the time
-        step h). With ``step_size=None`` the SGLD rule is applied to the measured noise
+        step h; no ``noise_correction``). With ``step_size=None`` the SGLD rule is applied to the measured noise
         v_within + τ̄·v_between: the shard part of the noise persists over a trajectory.
     """
 
@@ -185,6 +185,12 @@ class DistributedSGLD(SGLD):
                 "DistributedSGLD keeps ∇f_i(θ̂) on the device of each shard; do not pass "
                 "store_datum_grads."
             )
+        if kwargs.get("noise_correction"):
+            raise ValueError(
+                "noise_correction=True is not supported by DistributedSGLD (its shard noise is "
+                "measured by Monte Carlo, not as a covariance); leave it out."
+            )
+        kwargs["noise_correction"] = False
         super().__init__(model, estimator=estimator, **kwargs)
         if mesh is not None:
             if len(mesh.axis_names) != 1:
