@@ -1,7 +1,9 @@
 """Run every benchmark script and collect their tables into ``benchmarks/RESULTS.md``.
 
 Scripts: every ``benchmarks/bench_*.py`` (bench_sgld, bench_preferential, bench_stratified,
-bench_ecs, bench_distributed, ...) and ``zv_benchmark.py``.
+bench_ecs, bench_distributed, bench_realdata, bench_hierarchical, ...) and ``zv_benchmark.py``.
+bench_realdata and bench_hierarchical read the NUTS references cached by
+``python benchmarks/_refs.py --compute all`` (computed on the spot, slowly, if missing).
 
     python benchmarks/run_all.py            # full benchmarks (long; run on an idle machine)
     python benchmarks/run_all.py --quick    # each script's small version

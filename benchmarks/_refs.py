@@ -1,0 +1,503 @@
+"""Data, models and cached full-data NUTS references of ``bench_realdata.py`` and
+``bench_hierarchical.py`` (issue 15).
+
+Model of the logistic benchmarks (real data and the synthetic rare-feature set): feature
+columns standardised on the training rows (:func:`standardise`: continuous columns z-scored,
+binary columns centred on their 0/1 scale, constant columns dropped), then
+
+    α ~ N(0, 2.5²),  β_j ~ N(0, 1),  y_i ~ Bernoulli(logit⁻¹(α + z_iᵀβ)),
+
+the same model for NUTS (``subsample_size = N``) and the subsampling kernels.
+
+Hierarchical model (``bench_hierarchical.py``), G groups g(i), p covariates:
+
+    μ ~ N(0, 2.5²),  τ ~ HalfNormal(1),  β ~ N(0, I_p),  a_g ~ N(μ, τ²),
+    y_i ~ Bernoulli(logit⁻¹(a_{g(i)} + x_iᵀβ)),
+
+centred, or non-centred with ``numpyro.handlers.reparam(model, config={"a":
+LocScaleReparam(0)})`` (same posterior of μ, τ, β, a).
+
+References: NumPyro NUTS on the full data (1 chain), cached in
+``benchmarks/results/reference_cache/`` under a key made of the data fingerprint, the model
+name and the NUTS settings; a JSON sidecar holds the SHA-256 of the ``.npz`` and the run's
+timings, and a file whose checksum does not match is recomputed. Compute them (slow; run with
+``nice -n 19``)::
+
+    python benchmarks/_refs.py --plan                  # cost per draw of a short run on each
+    python benchmarks/_refs.py --compute all           # the references, in the issue's order
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC, NUTS
+from numpyro.infer.reparam import LocScaleReparam
+
+from numpyro_subsample.compare import CompileTimer
+
+HERE = Path(__file__).resolve().parent
+DATA_DIR = HERE.parent.parent / "shared" / "data"
+CACHE_DIR = HERE / "results" / "reference_cache"
+INTERCEPT_SD = 2.5
+REAL_DATASETS = ("covtype_subset20k", "a9a", "ijcnn1", "w8a")
+SYNTHETIC = "synthetic_rare"
+ALL_LOGISTIC = (SYNTHETIC, *REAL_DATASETS)
+HIER_NAME = "hier_logistic"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- data ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LogisticData:
+    """Standardised features ``Z`` (N, p) float32, 0/1 labels ``y`` (N,), and facts about them."""
+
+    name: str
+    Z: np.ndarray
+    y: np.ndarray
+    info: dict
+
+    @property
+    def num_data(self) -> int:
+        return int(self.Z.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Number of parameters (intercept + coefficients)."""
+        return int(self.Z.shape[1]) + 1
+
+
+def standardise(X: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Columns centred; non-binary columns scaled to sd 1, binary (two-valued) columns left on
+    their 0/1 scale (Gelman, Jakulin, Pittau and Su 2008); zero-variance columns dropped."""
+    X = np.asarray(X, np.float64)
+    sd = X.std(0)
+    keep = sd > 0
+    X = X[:, keep]
+    binary = np.array([np.unique(X[:, j]).size == 2 for j in range(X.shape[1])], bool)
+    scale = np.where(binary, np.ptp(X, 0), sd[keep])
+    Z = (X - X.mean(0)) / scale
+    nonzero = (X != np.median(X, 0)).sum(0)
+    return Z.astype(np.float32), {
+        "dropped_constant_columns": int((~keep).sum()),
+        "binary_columns": int(binary.sum()),
+        "max_abs_x": float(np.abs(Z).max()),
+        "min_rows_off_median_per_column": int(nonzero.min()),
+    }
+
+
+def make_rare_feature_logistic_local(num_data: int = 50_000, seed: int = 15) -> tuple:
+    """Synthetic logistic regression with rare binary features, used only where the package
+    has no ``datasets.generators.make_rare_features``.
+
+    Six N(0, 1) features and four binary features set in 5 %, 2 %, 0.5 % and 0.1 % of the
+    rows; true intercept −1, Gaussian coefficients N(0, 0.5²) (fixed seed), rare-feature
+    coefficients (1.5, −1.0, 2.0, 1.0). Returns raw ``(X, y)``.
+    """
+    rng = np.random.default_rng(seed)
+    G = rng.normal(size=(num_data, 6))
+    freqs = np.array([0.05, 0.02, 0.005, 0.001])
+    B = (rng.uniform(size=(num_data, 4)) < freqs).astype(np.float64)
+    X = np.concatenate([G, B], 1)
+    beta = np.concatenate([0.5 * rng.normal(size=6), [1.5, -1.0, 2.0, 1.0]])
+    p = 1.0 / (1.0 + np.exp(-(-1.0 + X @ beta)))
+    y = (rng.uniform(size=num_data) < p).astype(np.float32)
+    return X, y
+
+
+def load_logistic(name: str, data_dir: str | Path | None = None) -> LogisticData:
+    """A data set of the logistic benchmark: the training rows of the shared ``.npz``
+    (``np.load``) or the synthetic rare-feature set, standardised."""
+    if name == SYNTHETIC:
+        try:
+            from numpyro_subsample.datasets.generators import make_rare_features
+        except ImportError:
+            X, y = make_rare_feature_logistic_local()
+            source = "make_rare_feature_logistic_local(num_data=50_000, seed=15) (benchmarks)"
+        else:
+            ds = make_rare_features(num_data=200_000, num_features=20, seed=0)
+            X, y = ds.X_train, ds.y_train
+            source = ("numpyro_subsample.datasets.generators.make_rare_features(num_data="
+                      "200_000, num_features=20, seed=0), other arguments at their defaults")
+    elif name in REAL_DATASETS:
+        path = Path(data_dir or DATA_DIR) / name / f"{name}.npz"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"data set {name!r}: {path} not found; pass --data-dir (the folder holding "
+                f"{name}/{name}.npz)."
+            )
+        with np.load(path) as z:
+            xk, yk = ("X_train", "y_train") if "X_train" in z.files else ("X", "y")
+            X, y = np.asarray(z[xk]), np.asarray(z[yk], np.float32)
+        source = f"{path} ({xk}, {yk})"
+    else:
+        raise ValueError(
+            f"unknown data set {name!r}; choose from {', '.join(ALL_LOGISTIC)}."
+        )
+    Z, info = standardise(X)
+    info.update(source=source, positives=float(y.mean()), raw_columns=int(X.shape[1]))
+    return LogisticData(name, Z, y, info)
+
+
+def logistic_model(Z, y=None, subsample_size: int = 1000) -> None:
+    """α ~ N(0, 2.5²), β ~ N(0, I), y_i ~ Bernoulli(logit⁻¹(α + z_iᵀβ)); standardised Z."""
+    alpha = numpyro.sample("alpha", dist.Normal(0.0, INTERCEPT_SD))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([Z.shape[1]]).to_event(1))
+    with numpyro.plate("data", Z.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=alpha + Z[idx] @ beta),
+                       obs=None if y is None else y[idx])
+
+
+# -- hierarchical -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HierData:
+    """Covariates ``X`` (N, p), group index ``g`` (N,) int32, labels ``y`` and the truth."""
+
+    X: np.ndarray
+    g: np.ndarray
+    y: np.ndarray
+    num_groups: int
+    info: dict
+
+    @property
+    def num_data(self) -> int:
+        return int(self.X.shape[0])
+
+
+def make_hierarchical(num_data: int = 20_000, num_groups: int = 100, num_covariates: int = 3,
+                      tau: float = 0.7, seed: int = 15) -> HierData:
+    """Synthetic grouped logistic data: group sizes from a log-normal spread (a few groups
+    of ~10 rows, a few of ~600), a_g ~ N(−0.5, τ²), β ~ N(0, 0.5²), x ~ N(0, I)."""
+    rng = np.random.default_rng(seed)
+    w = rng.lognormal(0.0, 1.0, size=num_groups)
+    sizes = np.maximum(5, np.floor(w / w.sum() * num_data)).astype(int)
+    sizes[np.argmax(sizes)] += num_data - sizes.sum()
+    g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
+    X = rng.normal(size=(num_data, num_covariates)).astype(np.float32)
+    mu, a = -0.5, -0.5 + tau * rng.normal(size=num_groups)
+    beta = 0.5 * rng.normal(size=num_covariates)
+    p = 1.0 / (1.0 + np.exp(-(a[g] + X @ beta)))
+    y = (rng.uniform(size=num_data) < p).astype(np.float32)
+    info = {"true_mu": mu, "true_tau": tau, "true_beta": beta.tolist(),
+            "group_sizes_min_median_max": [int(sizes.min()), int(np.median(sizes)),
+                                           int(sizes.max())],
+            "positives": float(y.mean()),
+            "source": f"make_hierarchical(num_data={num_data}, num_groups={num_groups}, "
+                      f"num_covariates={num_covariates}, tau={tau}, seed={seed})"}
+    return HierData(X, g, y, num_groups, info)
+
+
+def hier_model(X, g, y=None, subsample_size: int = 1000, num_groups: int = 100) -> None:
+    """Centred hierarchical logistic regression (module docstring)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, INTERCEPT_SD))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(mu, tau))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=a[g[idx]] + X[idx] @ beta),
+                       obs=None if y is None else y[idx])
+
+
+#: the non-centred model: the standard NumPyro idiom
+hier_model_noncentred = numpyro.handlers.reparam(hier_model, config={"a": LocScaleReparam(0)})
+HIER_SITES = ("a", "beta", "mu", "tau")
+
+
+# -- NUTS references ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RefSettings:
+    """NUTS settings of a reference (part of its cache key)."""
+
+    num_warmup: int = 1000
+    num_samples: int = 10_000
+    dense_mass: bool = False
+    target_accept_prob: float = 0.8
+    max_tree_depth: int = 10
+    seed: int = 0
+    #: fixed dense mass matrix = the Laplace covariance (``fit_laplace``), start at its mode,
+    #: only the step size adapted (NumPyro's windowed dense adaptation in d = 300 spends
+    #: hours of warm-up on rank-deficient early estimates)
+    laplace_mass: bool = False
+
+    def tag(self) -> str:
+        mass = "laplace" if self.laplace_mass else "dense" if self.dense_mass else "diag"
+        return (f"w{self.num_warmup}_s{self.num_samples}_{mass}"
+                f"_a{self.target_accept_prob}_t{self.max_tree_depth}_seed{self.seed}")
+
+    def mass(self) -> str:
+        if self.laplace_mass:
+            return "fixed dense mass = Laplace covariance, start at the Laplace mode"
+        return "dense mass (adapted)" if self.dense_mass else "diagonal mass (adapted)"
+
+
+@dataclass
+class Reference:
+    """Draws (site → (S, ...)) and the cost of the NUTS run that made them."""
+
+    samples: dict
+    meta: dict
+    cached: bool = False
+
+    def per_draw_s(self) -> float:
+        return self.meta["sampling_s"] / self.meta["settings"]["num_samples"]
+
+    def nuts_wall_s(self, num_draws: int) -> float:
+        """Wall time of this NUTS for ``num_draws`` draws after its warm-up, compilation
+        included, from this run's measured setup (Laplace fit of ``laplace_mass``), compile,
+        warm-up and per-draw seconds."""
+        m = self.meta
+        return (m.get("setup_s", 0.0) + m["compile_s"] + m["warmup_s"]
+                + num_draws * self.per_draw_s())
+
+    def resolvable_sd(self) -> tuple[float, float]:
+        """Monte Carlo sd of the reference's own mean (in sd units) and log-sd, at its
+        smallest ESS: 1/sqrt(ESS) and about 1/sqrt(2 ESS)."""
+        ess = max(float(self.meta.get("min_ess", np.nan)), 1.0)
+        return 1.0 / np.sqrt(ess), 1.0 / np.sqrt(2.0 * ess)
+
+
+def fingerprint(*arrays) -> str:
+    """SHA-1 of the arrays' shapes, dtypes and bytes (first 12 hex digits)."""
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:12]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_paths(name: str, model_name: str, fp: str, settings: RefSettings,
+                cache_dir: Path | None = None) -> tuple[Path, Path]:
+    folder = Path(cache_dir or CACHE_DIR)
+    stem = f"{name}_{model_name}_{fp}_{settings.tag()}"
+    return folder / f"{stem}.npz", folder / f"{stem}.json"
+
+
+def load_reference(name: str, model_name: str, fp: str, settings: RefSettings,
+                   cache_dir: Path | None = None) -> Reference | None:
+    """The cached reference, or ``None`` if absent or its checksum does not match."""
+    npz, meta_path = cache_paths(name, model_name, fp, settings, cache_dir)
+    if not (npz.is_file() and meta_path.is_file()):
+        return None
+    meta = json.loads(meta_path.read_text())
+    if meta.get("sha256") != _sha256(npz):
+        log(f"note: reference {npz.name}: checksum mismatch, recomputing")
+        return None
+    with np.load(npz, allow_pickle=False) as z:
+        samples = {k: z[k] for k in z.files}
+    return Reference(samples, meta, cached=True)
+
+
+def run_nuts_reference(model: Callable, args: tuple, kwargs: dict, settings: RefSettings,
+                       progress: bool = False) -> Reference:
+    """NumPyro NUTS on the full data (``kwargs`` must set ``subsample_size = N``), 1 chain;
+    compile, warm-up and sampling seconds measured apart."""
+    from numpyro_subsample.compare import min_ess
+
+    options: dict = {}
+    t_all, cpu0 = time.perf_counter(), time.process_time()
+    if settings.laplace_mass:
+        options = _laplace_mass(model, args, kwargs, settings.seed)
+    setup_s = time.perf_counter() - t_all
+    kernel = NUTS(model, dense_mass=settings.dense_mass or settings.laplace_mass,
+                  target_accept_prob=settings.target_accept_prob,
+                  max_tree_depth=settings.max_tree_depth, **options)
+    mcmc = MCMC(kernel, num_warmup=settings.num_warmup, num_samples=settings.num_samples,
+                progress_bar=progress)
+    key = jax.random.PRNGKey(settings.seed)
+    with CompileTimer() as ct_w:
+        t0 = time.perf_counter()
+        mcmc.warmup(key, *args, extra_fields=("num_steps",), collect_warmup=True, **kwargs)
+        warm_steps = np.asarray(mcmc.get_extra_fields()["num_steps"])
+        warmup_s = time.perf_counter() - t0 - ct_w.seconds
+    cpu1 = time.process_time()
+    with CompileTimer() as ct_s:
+        t1 = time.perf_counter()
+        mcmc.run(mcmc.post_warmup_state.rng_key, *args, extra_fields=("num_steps", "diverging"),
+                 **kwargs)
+        samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
+        sampling_s = time.perf_counter() - t1 - ct_s.seconds
+    wall, cpu2 = time.perf_counter() - t_all, time.process_time()
+    ef = mcmc.get_extra_fields()
+    steps = np.asarray(ef["num_steps"])
+    flat = np.concatenate([v.reshape(v.shape[0], -1) for _, v in sorted(samples.items())], 1)
+    meta = {
+        "settings": dataclasses.asdict(settings),
+        "mass": settings.mass(),
+        "setup_s": setup_s,  # the Laplace fit of ``laplace_mass``, compilation included
+        "compile_s": ct_w.seconds + ct_s.seconds,
+        "warmup_s": warmup_s,
+        "sampling_s": sampling_s,
+        "wall_s": wall,
+        "cpu_s_warmup_incl_compile": cpu1 - cpu0,
+        "cpu_s_sampling_incl_compile": cpu2 - cpu1,
+        "warmup_leapfrog_steps": int(warm_steps.sum()),
+        "sampling_leapfrog_steps": int(steps.sum()),
+        "mean_steps_per_draw": float(steps.mean()),
+        "divergences": int(np.asarray(ef["diverging"]).sum()),
+        "min_ess": min_ess(flat),
+        "dim": int(flat.shape[1]),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    return Reference(samples, meta)
+
+
+def _laplace_mass(model: Callable, args: tuple, kwargs: dict, seed: int) -> dict:
+    """NUTS options: start at the Laplace mode, fixed inverse mass matrix = the Laplace
+    covariance (flat unconstrained coordinates, sites in sorted order as NumPyro ravels them)."""
+    from numpyro.infer import init_to_value
+
+    from numpyro_subsample import ModelData, build_potential, fit_laplace
+
+    n = min(1000, int(kwargs["subsample_size"]) // 10)  # the package needs a subsample
+    data = ModelData.from_args(args, {**kwargs, "subsample_size": n})
+    k_model, k_fit = jax.random.split(jax.random.PRNGKey(seed))
+    potential = build_potential(model, data, k_model)
+    proxy = fit_laplace(potential, data, k_fit, store_datum_grads=False)
+    if list(potential.latent_sites) != sorted(potential.latent_sites):
+        raise ValueError("laplace_mass: latent sites not in sorted order")
+    values = {k: v for k, v in potential.constrain(potential.unravel(proxy.centre),
+                                                   data).items()
+              if k in potential.latent_sites}
+    return {"init_strategy": init_to_value(values=values),
+            "inverse_mass_matrix": jnp.asarray(proxy.cov), "adapt_mass_matrix": False}
+
+
+def get_reference(name: str, model_name: str, model: Callable, args: tuple, kwargs: dict,
+                  settings: RefSettings, *, compute: bool = True, extra_meta: dict | None = None,
+                  cache_dir: Path | None = None) -> Reference | None:
+    """The cached reference, or (``compute``) a new NUTS run written to the cache."""
+    fp = fingerprint(*[a for a in args if hasattr(a, "shape")])
+    ref = load_reference(name, model_name, fp, settings, cache_dir)
+    if ref is not None or not compute:
+        return ref
+    log(f"reference {name}/{model_name}: NUTS {settings.num_warmup}+{settings.num_samples} "
+        f"({settings.mass()}) ...")
+    ref = run_nuts_reference(model, args, kwargs, settings)
+    ref.meta.update(extra_meta or {}, name=name, model=model_name, fingerprint=fp)
+    npz, meta_path = cache_paths(name, model_name, fp, settings, cache_dir)
+    npz.parent.mkdir(parents=True, exist_ok=True)
+    tmp = npz.with_suffix(".tmp.npz")
+    np.savez(tmp, **ref.samples)
+    tmp.replace(npz)
+    ref.meta["sha256"] = _sha256(npz)
+    meta_path.write_text(json.dumps(ref.meta, indent=1))
+    log(f"reference {name}/{model_name}: {ref.meta['wall_s']:.0f} s wall, "
+        f"{ref.meta['mean_steps_per_draw']:.1f} leapfrog steps per draw, min ESS "
+        f"{ref.meta['min_ess']:.0f}, {ref.meta['divergences']} divergences -> {npz.name}")
+    return ref
+
+
+# -- which reference each data set uses ---------------------------------------------------------
+#: post-warm-up draws and mass matrix of each reference (from ``--plan`` on this machine; a data
+#: set whose 10^4 draws would take more than ~45 min on one core gets fewer, stated in the
+#: benchmark's output)
+REFERENCE_PLAN: dict[str, RefSettings] = {
+    SYNTHETIC: RefSettings(),
+    "covtype_subset20k": RefSettings(dense_mass=True),
+    HIER_NAME: RefSettings(),
+    "ijcnn1": RefSettings(dense_mass=True),
+    "a9a": RefSettings(dense_mass=True),
+    "w8a": RefSettings(),
+}
+
+
+def logistic_reference(data: LogisticData, *, compute: bool = True,
+                       settings: RefSettings | None = None) -> Reference | None:
+    s = settings or REFERENCE_PLAN[data.name]
+    return get_reference(data.name, "logistic_std", logistic_model,
+                         (jnp.asarray(data.Z), jnp.asarray(data.y)),
+                         {"subsample_size": data.num_data}, s, compute=compute,
+                         extra_meta={"data_info": data.info})
+
+
+def hier_reference(data: HierData, *, compute: bool = True,
+                   settings: RefSettings | None = None) -> Reference | None:
+    s = settings or REFERENCE_PLAN[HIER_NAME]
+    return get_reference(HIER_NAME, "centred", hier_model,
+                         (jnp.asarray(data.X), jnp.asarray(data.g), jnp.asarray(data.y)),
+                         {"subsample_size": data.num_data, "num_groups": data.num_groups}, s,
+                         compute=compute, extra_meta={"data_info": data.info})
+
+
+ORDER = (SYNTHETIC, "covtype_subset20k", HIER_NAME, "ijcnn1", "a9a", "w8a")
+
+
+def _plan(names, warmup: int, draws: int, dense: str) -> None:
+    """Cost per draw of a short NUTS run on each data set (not cached)."""
+    s = RefSettings(num_warmup=warmup, num_samples=draws, dense_mass=dense == "dense",
+                    laplace_mass=dense == "laplace")
+    for name in names:
+        if name == HIER_NAME:
+            h = make_hierarchical()
+            ref = run_nuts_reference(hier_model, (jnp.asarray(h.X), jnp.asarray(h.g),
+                                                  jnp.asarray(h.y)),
+                                     {"subsample_size": h.num_data, "num_groups": h.num_groups}, s)
+        else:
+            d = load_logistic(name)
+            ref = run_nuts_reference(logistic_model, (jnp.asarray(d.Z), jnp.asarray(d.y)),
+                                     {"subsample_size": d.num_data}, s)
+        m = ref.meta
+        per = m["sampling_s"] / draws
+        est = m["compile_s"] + 1000 * m["warmup_s"] / warmup + 10_000 * per
+        print(f"{name}: {s.tag()}: compile "
+              f"{m['compile_s']:.1f} s, warm-up {m['warmup_s']:.1f} s, {per * 1e3:.1f} ms/draw "
+              f"(CPU {m['cpu_s_sampling_incl_compile'] / draws * 1e3:.1f} ms/draw incl. compile), "
+              f"{m['mean_steps_per_draw']:.1f} steps/draw, min ESS {m['min_ess']:.0f}; "
+              f"1000+10^4 would take ~{est / 60:.1f} min", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="NUTS references of the issue-15 benchmarks")
+    p.add_argument("--plan", action="store_true", help="time a short run on each data set")
+    p.add_argument("--compute", default=None, help="comma list of data sets, or 'all'")
+    p.add_argument("--names", default=",".join(ORDER), help="data sets of --plan")
+    p.add_argument("--plan-warmup", type=int, default=300)
+    p.add_argument("--plan-draws", type=int, default=200)
+    p.add_argument("--mass", choices=("diag", "dense", "laplace"), default="diag",
+                   help="mass matrix of --plan")
+    args = p.parse_args(argv)
+    if args.plan:
+        _plan([n.strip() for n in args.names.split(",")], args.plan_warmup, args.plan_draws,
+              args.mass)
+    if args.compute:
+        names = ORDER if args.compute == "all" else [n.strip() for n in args.compute.split(",")]
+        for name in names:
+            t0 = time.perf_counter()
+            if name == HIER_NAME:
+                ref = hier_reference(make_hierarchical())
+            else:
+                ref = logistic_reference(load_logistic(name))
+            print(f"{name}: {'cached' if ref.cached else 'computed'} "
+                  f"({time.perf_counter() - t0:.0f} s); settings {REFERENCE_PLAN[name].tag()}; "
+                  f"min ESS {ref.meta['min_ess']:.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

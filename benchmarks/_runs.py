@@ -1,0 +1,195 @@
+"""Timed runs of ``bench_realdata.py`` and ``bench_hierarchical.py`` (issue 15): a package
+kernel under ``numpyro.infer.MCMC`` or independent draws from a proxy alone, with wall time
+including compilation, data passes, the warnings raised and the run checks; and the rows'
+accuracy against a NUTS reference, with the metrics of :mod:`numpyro_subsample.compare`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import arviz as az
+import jax
+import numpy as np
+from numpyro.infer import MCMC
+
+from numpyro_subsample import ModelData, build_potential, fit_laplace, fit_variational
+from numpyro_subsample.compare import CompileTimer, flatten_draws, min_ess, standardised_errors
+from numpyro_subsample.compare.checks import check_code, record_warnings, run_checks, shorten
+from numpyro_subsample.compare.proxy_runs import proxy_draws
+
+
+@dataclass
+class Run:
+    """One row: draws grouped by chain (site → (C, S, ...)) and what the run cost."""
+
+    method: str
+    samples: dict = field(default_factory=dict)
+    wall_s: float = math.nan  # everything, compilation included
+    compile_s: float = math.nan
+    prep_s: float = math.nan  # preprocessing (proxy fit, estimator, step size), compile incl.
+    data_passes: float = math.nan
+    step_size: float = math.nan
+    warnings: list = field(default_factory=list)
+    checks: str = ""
+    divergences: int = 0
+    error: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _warning_texts(recorded) -> list[str]:
+    """``Category: message`` (whitespace collapsed) of each distinct warning, with a count."""
+    return [f"{c}: {' '.join(str(m).split())}" + (f" (x{k})" if k > 1 else "")
+            for c, m, k in recorded]
+
+
+def run_kernel(method: str, build: Callable, args: tuple, kwargs: dict, *, num_warmup: int,
+               num_samples: int, num_chains: int = 1, seed: int = 0) -> Run:
+    """Build the kernel, preprocess and run ``MCMC`` (vectorized chains), all timed together
+    from construction to draws in NumPy, compilation included; the warnings raised are
+    recorded, then ``check_run`` is called (not timed).
+
+    Data passes: the kernel's ``data_passes`` field; for a kernel without it that reports
+    ``num_steps`` (EnergyConservingHMC), approximately the preprocessing's passes + (leapfrog
+    steps + 1 Gibbs update) × m/N per iteration, the warm-up counted at the post-warm-up mean.
+    """
+    run = Run(method)
+    with record_warnings() as recorded:
+        try:
+            with CompileTimer() as ct:
+                t0 = time.perf_counter()
+                kernel = build()
+                kernel.preprocess(args, kwargs)
+                run.prep_s = time.perf_counter() - t0
+                mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
+                            num_chains=num_chains, chain_method="vectorized",
+                            progress_bar=False)
+                fields = () if "data_passes" in kernel.default_fields else ("num_steps",)
+                mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=fields, **kwargs)
+                run.samples = {k: np.asarray(v)
+                               for k, v in mcmc.get_samples(group_by_chain=True).items()}
+                run.wall_s = time.perf_counter() - t0
+            run.compile_s = ct.seconds
+        except Exception as err:  # noqa: BLE001 - one method failing must not stop the others
+            run.error = f"{type(err).__name__}: {shorten(str(err), 300)}"
+            run.extra["traceback"] = traceback.format_exc()
+    run.warnings = _warning_texts(recorded)
+    if run.error:
+        return run
+    ef = mcmc.get_extra_fields(group_by_chain=True)
+    if "data_passes" in ef:
+        run.data_passes = float(np.max(np.asarray(ef["data_passes"])[..., -1]))
+    elif "num_steps" in ef:
+        pre = kernel.preprocessed
+        m, N = getattr(pre, "subsample_size", None), pre.potential.num_data
+        if m is not None and hasattr(pre, "data_passes"):
+            per_chain = (np.asarray(ef["num_steps"], float) + 1.0).sum(-1) * m / N
+            run.data_passes = float(pre.data_passes) + float(
+                per_chain.max() * (num_warmup + num_samples) / num_samples)
+            run.extra["data_passes_note"] = "approximate (warm-up at the post-warm-up mean)"
+    if "diverging" in ef:
+        run.divergences = int(np.sum(np.asarray(ef["diverging"])))
+    try:
+        run.step_size = float(kernel.step_size)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        pass
+    checks = run_checks(mcmc)
+    run.checks = check_code(checks)
+    run.extra["checks"] = checks
+    return run
+
+
+def run_proxy(method: str, kind: str, model: Callable, args: tuple, kwargs: dict, *,
+              num_draws: int, seed: int = 0) -> Run:
+    """Independent draws from the proxy alone (no MCMC): N(θ̂, Σ̂) of ``kind`` ``"laplace"``
+    (:func:`~numpyro_subsample.fit_laplace`) or ``"variational"``
+    (:func:`~numpyro_subsample.fit_variational`, its defaults), constrained like the model's
+    draws (``compare.proxy_runs.proxy_draws``); timed from the model trace to the draws,
+    compilation included."""
+    run = Run(method)
+    k_model, k_fit, k_draw = jax.random.split(jax.random.PRNGKey(seed), 3)
+    with record_warnings() as recorded:
+        try:
+            with CompileTimer() as ct:
+                t0 = time.perf_counter()
+                data = ModelData.from_args(args, kwargs)
+                potential = build_potential(model, data, k_model)
+                fit = fit_laplace if kind == "laplace" else fit_variational
+                proxy = fit(potential, data, k_fit, store_datum_grads=False)
+                jax.block_until_ready(proxy.scale_tril)
+                run.prep_s = time.perf_counter() - t0
+                draws = proxy_draws(potential, data, proxy.centre, proxy.scale_tril, k_draw,
+                                    num_draws)
+                run.samples = {k: np.asarray(v)[None] for k, v in draws.items()}
+                run.wall_s = time.perf_counter() - t0
+            run.compile_s = ct.seconds
+            run.data_passes = float(proxy.num_data_passes)
+        except Exception as err:  # noqa: BLE001
+            run.error = f"{type(err).__name__}: {shorten(str(err), 300)}"
+            run.extra["traceback"] = traceback.format_exc()
+    run.warnings = _warning_texts(recorded)
+    run.checks = "n/a"
+    return run
+
+
+# -- accuracy -----------------------------------------------------------------------------------
+def split_rhat(chains: np.ndarray) -> float:
+    """Largest rank-normalised split R-hat (ArviZ) over the columns of (C, S, D) draws."""
+    r = az.rhat(az.convert_to_dataset({"x": chains}))["x"].values
+    return float(np.nanmax(r)) if np.isfinite(r).any() else math.nan
+
+
+def multi_chain_min_ess(chains: np.ndarray) -> float:
+    """Smallest bulk ESS (ArviZ) over the columns of (C, S, D) draws, chains pooled by ArviZ."""
+    e = az.ess(az.convert_to_dataset({"x": chains}), method="bulk")["x"].values
+    return float(np.nanmin(e)) if np.isfinite(e).any() else math.nan
+
+
+def accuracy(run: Run, ref_flat: np.ndarray, sites) -> dict:
+    """Worst-coordinate errors (posterior-sd units) of the pooled draws against the reference,
+    min ESS, and (with several chains) split R-hat."""
+    if run.error or not run.samples:
+        return {}
+    chains = np.stack([flatten_draws({k: run.samples[k][c] for k in sites}, sites)
+                       for c in range(next(iter(run.samples.values())).shape[0])])
+    pooled = chains.reshape(-1, chains.shape[-1])
+    if not np.all(np.isfinite(pooled)):
+        return {"mean_err": math.inf, "sd_log_ratio": math.inf, "min_ess": math.nan,
+                "nonfinite_draws": int((~np.isfinite(pooled)).any(1).sum())}
+    mean_err, sd_err = standardised_errors(pooled, ref_flat)
+    out = {"mean_err": mean_err, "sd_log_ratio": sd_err}
+    if chains.shape[0] > 1:
+        out["min_ess"] = multi_chain_min_ess(chains)
+        out["rhat"] = split_rhat(chains)
+    else:
+        out["min_ess"] = min_ess(chains[0])
+    return out
+
+
+def fmt(x, spec: str = ".3f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, spec)
+
+
+def warnings_cell(run: Run, limit: int = 160) -> str:
+    """The warnings of a row for a markdown cell."""
+    if run.error:
+        return f"**failed**: {run.error}"[:limit]
+    if not run.warnings:
+        return "none"
+    text = "; ".join(run.warnings).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def json_default(x):
+    """JSON for NumPy scalars and arrays (and ``str`` of anything else)."""
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
