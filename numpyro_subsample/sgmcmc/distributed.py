@@ -156,8 +156,9 @@ class DistributedSGLD(SGLD):
         ``"uniform"`` or ``"cv"`` (default), applied within each shard.
     **kwargs
         As :class:`~numpyro_subsample.sgmcmc.kernel.SGMCMCKernel` (``step_size`` is the time
-        step h; no ``noise_correction``). With ``step_size=None`` the SGLD rule is applied to the measured noise
-        v_within + τ̄·v_between: the shard part of the noise persists over a trajectory.
+        step h; no ``noise_correction``). With ``step_size=None`` the SGLD rule is applied to
+        the measured noise v_within + τ̄·v_between: the shard part of the noise persists over a
+        trajectory.
     """
 
     def __init__(
