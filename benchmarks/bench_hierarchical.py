@@ -8,14 +8,17 @@ rows), 3 covariates, τ = 0.7. Model (``_refs.hier_model``): μ ~ N(0, 2.5²), �
 (a, β, μ, τ) with the same reference: NUTS on the centred model (the same posterior).
 
 Rows, for each parameterisation: SGLD, SGHMC, SGNHT with ``estimator="cv"`` and
-EnergyConservingHMC (package defaults), 4 chains (vectorized), and the Laplace and
-variational proxies alone (independent draws). Columns: worst-coordinate |mean error| and
+EnergyConservingHMC (package defaults: Laplace proxy), SGLD and SGHMC with
+``proxy="variational"`` (``-vi``), 4 chains (vectorized), and the Laplace and variational
+proxies alone (independent draws). Columns: worst-coordinate |mean error| and
 |log sd ratio| in reference posterior-sd units (chains pooled), the largest split R-hat and
 the smallest bulk ESS (ArviZ), wall time including compilation and preprocessing, data
 passes, ``check_run``'s verdict and the warnings raised.
 
     python benchmarks/bench_hierarchical.py            # 4 chains x (1000 + 10,000) SG steps
     python benchmarks/bench_hierarchical.py --quick    # 4 chains x (300 + 2000)
+
+EnergyConservingHMC (NUTS inside) runs 4 chains x (500 + 500) iterations (--quick 200 + 200).
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from numpyro_subsample.compare import flatten_draws  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 KERNELS = {"sgld-cv": (SGLD, {"estimator": "cv"}), "sghmc-cv": (SGHMC, {"estimator": "cv"}),
            "sgnht-cv": (SGNHT, {"estimator": "cv"}),
-           "energyconservinghmc": (EnergyConservingHMC, {})}
+           "energyconservinghmc": (EnergyConservingHMC, {}),
+           "sgld-cv-vi": (SGLD, {"estimator": "cv", "proxy": "variational"}),
+           "sghmc-cv-vi": (SGHMC, {"estimator": "cv", "proxy": "variational"})}
 PROXIES = {"laplace-proxy": ("laplace", "Laplace proxy (no MCMC)"),
            "variational-proxy": ("variational", "variational proxy (no MCMC)")}
 MODELS = {"centred": _refs.hier_model, "non-centred": _refs.hier_model_noncentred}
@@ -59,7 +64,9 @@ def main(argv=None) -> int:
     p.add_argument("--num-samples", type=int, default=None,
                    help="SG draws per chain after warm-up (default 10,000; --quick 2000)")
     p.add_argument("--ecs-samples", type=int, default=None,
-                   help="EnergyConservingHMC draws per chain (default 1000; --quick 300)")
+                   help="EnergyConservingHMC draws per chain (default 500; --quick 200)")
+    p.add_argument("--ecs-warmup", type=int, default=None,
+                   help="EnergyConservingHMC warm-up per chain (default 500; --quick 200)")
     p.add_argument("--num-warmup", type=int, default=None, help="default 1000; --quick 300")
     p.add_argument("--num-chains", type=int, default=4)
     p.add_argument("--subsample-size", type=int, default=200)
@@ -74,7 +81,8 @@ def main(argv=None) -> int:
     if bad or any(m not in MODELS for m in models):
         p.error(f"unknown methods {bad} or models {models}")
     S = args.num_samples or (2000 if args.quick else 10_000)
-    S_ecs = args.ecs_samples or (300 if args.quick else 1000)
+    S_ecs = args.ecs_samples or (200 if args.quick else 500)
+    W_ecs = args.ecs_warmup or (200 if args.quick else 500)
     W = args.num_warmup if args.num_warmup is not None else (300 if args.quick else 1000)
     C, n = args.num_chains, args.subsample_size
 
@@ -104,12 +112,13 @@ def main(argv=None) -> int:
                 draws = C * S
             else:
                 cls, opts = KERNELS[m]
-                samples = S_ecs if cls is EnergyConservingHMC else S
+                ecs = cls is EnergyConservingHMC
+                samples, warmup = (S_ecs, W_ecs) if ecs else (S, W)
 
                 def build(cls=cls, opts=opts, model=model):
                     return cls(model, seed=args.seed, progress_bar=False, **opts)
 
-                run = run_kernel(m, build, model_args, kwargs, num_warmup=W,
+                run = run_kernel(m, build, model_args, kwargs, num_warmup=warmup,
                                  num_samples=samples, num_chains=C, seed=args.seed)
                 draws = C * samples
             acc = accuracy(run, ref_flat, sites)
@@ -142,7 +151,7 @@ def main(argv=None) -> int:
         f"timings indicative). N = {data.num_data}, {data.num_groups} groups (sizes "
         f"{data.info['group_sizes_min_median_max']} min/median/max), 3 covariates, true τ = "
         f"{data.info['true_tau']}; n = {n}; {C} chains x ({W} + {S}) SG steps, EnergyConservingHMC "
-        f"{C} x ({W} + {S_ecs}). Errors on (a, β, μ, τ), chains pooled, in reference posterior "
+        f"{C} x ({W_ecs} + {S_ecs}). Errors on (a, β, μ, τ), chains pooled, in reference posterior "
         "sd. Reference: NUTS on the centred model, "
         f"{s['num_warmup']} + {s['num_samples']} draws, "
         f"{ref.meta.get('mass', 'dense mass' if s['dense_mass'] else 'diagonal mass')}, "
