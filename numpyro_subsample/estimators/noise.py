@@ -52,6 +52,8 @@ __all__ = [
     "exact_whitened_covs",
     "monte_carlo_whitened_covs",
     "whitened_noise",
+    "extend_noise",
+    "direction_errors",
     "measure_whitened_noise",
     "warn_if_noise_limited",
 ]
@@ -222,6 +224,58 @@ def whitened_noise(
     return WhitenedNoise(
         float(np.linalg.eigvalsh(cov).max()), cov, covs, np.asarray(thetas), float(passes), exact
     )
+
+
+def extend_noise(
+    estimator: GradientEstimator,
+    measured: WhitenedNoise,
+    scale_tril: jax.Array,
+    rng_key: jax.Array,
+    data: ModelData,
+    *,
+    point_tril: jax.Array | None = None,
+    num_points: int = 9,
+    chunk_size: int = DEFAULT_CHUNK,
+    num_draws: int = 16,
+) -> WhitenedNoise:
+    """``measured`` with ``num_points`` more proxy draws (the same law as
+    :func:`whitened_noise`, whose centre ``measured.points[0]`` it keeps); the mean covariance
+    and its largest eigenvalue are recomputed over all draws. With the default ``num_points``
+    the compiled pass of :func:`whitened_noise` is reused."""
+    centre = jnp.asarray(measured.points[0])
+    tril_p = scale_tril if point_tril is None else point_tril
+    z = jax.random.normal(rng_key, (int(num_points), centre.shape[0]), centre.dtype)
+    thetas = centre + z @ tril_p.T
+    if measured.exact:
+        covs = exact_whitened_covs(estimator, thetas, scale_tril, data, chunk_size)
+        passes = num_points * (1.0 + float(estimator.moments.passes_per_point))
+    else:
+        key = jax.random.fold_in(rng_key, 1)
+        covs = monte_carlo_whitened_covs(estimator, thetas, scale_tril, key, data, num_draws)
+        passes = num_points * int(num_draws) * estimator.subsample_size / estimator.num_data
+    covs = np.concatenate([measured.covs, covs])
+    cov = covs[1:].mean(0)
+    return WhitenedNoise(
+        float(np.linalg.eigvalsh(cov).max()), cov, covs,
+        np.concatenate([measured.points, np.asarray(thetas)]),
+        measured.data_passes + float(passes), measured.exact,
+    )
+
+
+def direction_errors(measured: WhitenedNoise) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues λ_k of the mean covariance over the proxy draws and the standard error of
+    each: the spread over the draws of e_kᵀ V(θ) e_k (e_k the eigenvectors), / sqrt(draws).
+
+    The noise correction injects 2ch − h²λ̂_k along e_k, so an error λ̂_k − λ_k changes the
+    stationary variance there by the fraction h(λ_k − λ̂_k)/(2c) (whitened curvature 1).
+    Returns zeros for the standard errors with fewer than two draws.
+    """
+    draws = measured.covs[1:] if measured.covs.shape[0] > 1 else measured.covs
+    lam, q = np.linalg.eigh(measured.cov)
+    along = np.einsum("pij,ik,jk->pk", draws, q, q)
+    if along.shape[0] < 2:
+        return lam, np.zeros_like(lam)
+    return lam, along.std(0, ddof=1) / np.sqrt(along.shape[0])
 
 
 def measure_whitened_noise(

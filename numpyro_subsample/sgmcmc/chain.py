@@ -107,6 +107,8 @@ class Preprocessed(NamedTuple):
     data_passes: float
     params: SamplerParams
     noise_cov: Any = None  # the estimator's whitened noise covariance (NumPy), if measured
+    noise_draws: int = 0  # proxy draws that noise_cov averages
+    noise_errors: Any = None  # standard errors of its eigenvalues (NumPy, ascending order)
 
 
 class Whitening(NamedTuple):

@@ -23,7 +23,12 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
-from numpyro_subsample.estimators.noise import warn_if_noise_limited, whitened_noise
+from numpyro_subsample.estimators.noise import (
+    direction_errors,
+    extend_noise,
+    warn_if_noise_limited,
+    whitened_noise,
+)
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
     check_estimator_request,
@@ -57,7 +62,12 @@ __all__ = [
     "SGLD",
     "SGHMC",
     "SGNHT",
+    "MAX_NOISE_EXTENSIONS",
 ]
+
+#: At most this many extra batches of 9 proxy draws (one data pass each) refine the noise
+#: covariance of a noise-corrected dynamic (:meth:`SGMCMCKernel._refine_noise`): 8 + 54 draws.
+MAX_NOISE_EXTENSIONS = 6
 
 
 class SGMCMCKernel(SubsampleKernel):
@@ -294,6 +304,32 @@ class SGMCMCKernel(SubsampleKernel):
     def _chosen_step_size(self, noise: float) -> float:
         return self._default_step_size(noise) if self._step_size is None else self._step_size
 
+    def _correction_step_cap(self, measured) -> float:
+        """The largest h at which the noise correction's own error, h·se(λ̂)/(2c) in the
+        stationary variance along each eigen-direction of the measured noise (se: its standard
+        error over the proxy draws, :func:`~numpyro_subsample.estimators.noise.direction_errors`),
+        stays within ``max_variance_inflation``."""
+        _, se = direction_errors(measured)
+        worst = float(se.max()) if se.size else 0.0
+        if not worst > 0:
+            return float("inf")
+        return 2.0 * self._diffusion * self.max_variance_inflation / worst
+
+    def _refine_noise(self, estimator, wh: Whitening, key, data: ModelData, measured):
+        """More proxy draws for the noise covariance (batches of 9, at most
+        :data:`MAX_NOISE_EXTENSIONS` batches) while its standard error limits the step below
+        the one the rule would choose (:meth:`_correction_step_cap`): the correction removes up
+        to half of the injected variance, so a mean over few draws of a heavy-tailed V(θ) would
+        bias the posterior variance by up to half its relative error."""
+        for i in range(MAX_NOISE_EXTENSIONS):
+            if self._chosen_step_size(measured.largest) <= self._correction_step_cap(measured):
+                break
+            measured = extend_noise(
+                estimator, measured, wh.scale_tril, jax.random.fold_in(key, i + 1), data,
+                point_tril=wh.init_tril, chunk_size=self.chunk_size,
+            )
+        return measured
+
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         t0 = time.perf_counter()
         _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
@@ -308,8 +344,12 @@ class SGMCMCKernel(SubsampleKernel):
             estimator, wh.centre, wh.scale_tril, k_noise, data, point_tril=wh.init_tril,
             chunk_size=self.chunk_size,
         )
+        if self.noise_correction:
+            measured = self._refine_noise(estimator, wh, k_noise, data, measured)
         noise = measured.largest
         step_size = self._chosen_step_size(noise)
+        if self.noise_correction and self._step_size is None:
+            step_size = min(step_size, self._correction_step_cap(measured))
         if self._step_size is None:
             warn_if_noise_limited(estimator, noise, step_size)
         passes = wh.data_passes + estimator.data_passes + measured.data_passes
@@ -322,6 +362,7 @@ class SGMCMCKernel(SubsampleKernel):
         return Preprocessed(
             potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
             time.perf_counter() - t0, passes, params, noise_cov=measured.cov,
+            noise_draws=int(measured.covs.shape[0] - 1), noise_errors=direction_errors(measured)[1],
         )
 
     # -- the functional core --------------------------------------------------------------------
