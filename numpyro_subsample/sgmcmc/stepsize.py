@@ -16,7 +16,8 @@ the default of the kernels) the injected noise is reduced by the estimator's own
 the inflation factor: h = 2δ/(μ(1 + δ)) for SGLD, and likewise v = 0 in the SGHMC and SGNHT
 rules. The correction needs 2ch ≥ h²v (c the diffusion coefficient); the rules cap h at c/v,
 so that at least half of the injected variance stays Gaussian in every direction (the
-gradient noise is not Gaussian: rare heavy rows make it skewed).
+gradient noise is not Gaussian: rare heavy rows make it skewed). The kernels further cap h
+where the measured V is uncertain (``SGMCMCKernel._correction_step_cap``).
 """
 
 from __future__ import annotations
