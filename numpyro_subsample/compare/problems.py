@@ -31,7 +31,7 @@ from numpyro_subsample import datasets
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.datasets.generators import make_rare_features
 from numpyro_subsample.ecs.kernel import EnergyConservingHMC
-from numpyro_subsample.estimators.registry import ESTIMATORS
+from numpyro_subsample.estimators.registry import ESTIMATORS, STATEFUL
 from numpyro_subsample.sgmcmc.distributed import DISTRIBUTED_ESTIMATORS, DistributedSGLD
 from numpyro_subsample.sgmcmc.kernel import SGHMC, SGLD, SGNHT
 
@@ -236,8 +236,10 @@ OTHER_KERNELS: dict[str, Callable] = {"energyconservinghmc": EnergyConservingHMC
 def available_methods() -> dict[str, Method]:
     """The registry ``{name: Method}`` of every method of this installation.
 
-    NUTS, HMCECS, both proxies, SGLD with every estimator, the other stochastic-gradient
-    kernels with ``"cv"`` and the other kernels are in the default set.
+    NUTS, HMCECS, both proxies, SGLD with every estimator except the stateful ``"saga"`` and
+    ``"svrg"`` (``sgld-saga``, ``sgld-svrg``, ``sghmc-saga``, ... are listed, not run by
+    default), the other stochastic-gradient kernels with ``"cv"`` and the other kernels are in
+    the default set.
     """
     methods = {
         "nuts": Method("nuts", "nuts"), "hmcecs": Method("hmcecs", "hmcecs"),
@@ -252,7 +254,8 @@ def available_methods() -> dict[str, Method]:
             if supported is None or est in supported:
                 name = f"{kname}-{est}"
                 methods[name] = Method(name, "sg", cls, {"estimator": est},
-                                       default=kname == "sgld" or est == "cv")
+                                       default=(kname == "sgld" and est not in STATEFUL)
+                                       or est == "cv")
     for kname, cls in OTHER_KERNELS.items():
         methods[kname] = Method(kname, "kernel", cls)
     return methods

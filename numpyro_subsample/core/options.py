@@ -300,7 +300,9 @@ _SGMCMC: dict[str, Option] = {
     "proxy_kwargs": _PROXY_KWARGS,
     "chunk_size": _CHUNK,
     "store_datum_grads": _flag("whether the N×d table of ∇f_i(θ̂) is kept"),
-    "noise_correction": _flag("whether the injected noise is reduced by the estimator's own"),
+    "noise_correction": Option(
+        "bool", "whether the injected noise is reduced by the estimator's own", none=True,
+        remedy="Pass True, False or None (on, except for estimator='saga' and 'svrg')."),
     "init_strategy": Option("str", "where each chain starts", choices=("proxy", "centre"),
                             remedy="Pass 'proxy' (a draw from N(θ̂, Σ̂), the default) or "
                             "'centre' (θ̂)."),
@@ -450,6 +452,12 @@ _ADAPTIVE: dict[str, Option] = {
                                      open_low=True, remedy="Pass e.g. 0.05 (the default)."),
 }
 
+_SVRG: dict[str, Option] = {
+    "update_every": _positive_int("m, the steps between refreshes of the SVRG anchor (one data "
+                                  "pass each)", "Pass a positive integer, or None (N/n, one "
+                                  "epoch).", none=True),
+}
+
 #: ``{owner: {option name: Option}}``: every option the package validates.
 OPTIONS: dict[str, dict[str, Option]] = {
     "SGMCMCKernel": _SGMCMC,
@@ -463,5 +471,7 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "estimator='cv-preferential'": _PREFERENTIAL,
     "estimator='stratified'": _STRATIFIED,
     "estimator='cv-stratified'": _STRATIFIED,
+    "estimator='saga'": {},
+    "estimator='svrg'": _SVRG,
     "adaptive=True": _ADAPTIVE,
 }

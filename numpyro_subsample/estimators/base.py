@@ -23,6 +23,11 @@ An estimator is *data*: a pure function ``estimate(params, key, θ, data) -> (g,
 over static configuration only (the potential, sizes), and the arrays ``params`` it reads.
 Because the arrays travel as arguments, a compiled sampling loop is reused on new data of the
 same shapes with new proxy centres, weights or strata, and compiles nothing.
+
+An estimator may also carry a per-chain *state* that its estimates update (the control variate
+then moves with the chain: SAGA's table of past gradients, SVRG's anchor, Dubey et al. 2016;
+:mod:`numpyro_subsample.estimators.variance_reduced`): ``init_state`` and ``update`` of
+:class:`GradientEstimator`, a closed NamedTuple state that the chain threads through its steps.
 """
 
 from __future__ import annotations
@@ -84,6 +89,15 @@ class GradientEstimator(NamedTuple):
     ``subsample_size``: the largest n it uses. ``data_passes``: full data passes spent building
     it. ``info``: read-only facts about the configuration (weights, strata, V0, ...).
     ``moments``: what its exact noise needs (:class:`EstimatorMoments`), or None if unknown.
+
+    A stateful estimator (None for a stateless one) also gives
+    ``init_state(params, data) -> (state, passes)``: the state of a new chain and the data
+    passes it costs; ``update(params, state, key, θ, data) -> (g, n, state, passes)``: the
+    estimate at θ from ``state``, the data used, the next state and the full data passes spent
+    beyond the n data; ``state_axes``: the vmap axes of the state over vectorized chains (a
+    pytree prefix of it: 0 for per-chain leaves, None for leaves common to all chains, such as
+    a refresh clock, so that a vectorized step branches on them instead of evaluating both
+    branches). ``estimate`` is then the estimate from the initial state, which it leaves as is.
     """
 
     estimate: Callable[[Any, jax.Array, jax.Array, ModelData], tuple[jax.Array, jax.Array]]
@@ -94,6 +108,9 @@ class GradientEstimator(NamedTuple):
     data_passes: float = 0.0
     info: dict | None = None
     moments: EstimatorMoments | None = None
+    init_state: Callable[[Any, ModelData], tuple[Any, jax.Array]] | None = None
+    update: Callable[..., tuple[jax.Array, jax.Array, Any, jax.Array]] | None = None
+    state_axes: Any = 0
 
     def __call__(self, key: jax.Array, theta: jax.Array, data: ModelData):
         """``estimate`` with the estimator's own params."""

@@ -7,6 +7,9 @@ configuration and are not options. :func:`configure_estimator` looks the name up
 options against the builder's signature (before any data pass), and with ``adaptive=True``
 wraps a ``"cv"`` or ``"cv-preferential"`` estimator in the adaptive subsample size
 (:mod:`numpyro_subsample.estimators.adaptive`).
+
+``"saga"`` and ``"svrg"`` (Dubey et al. 2016, :mod:`numpyro_subsample.estimators.variance_reduced`)
+carry a per-chain state (:data:`STATEFUL`).
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from numpyro_subsample.estimators.base import (
 from numpyro_subsample.estimators.preferential import build_cv_preferential, build_preferential
 from numpyro_subsample.estimators.selection import uniform_design
 from numpyro_subsample.estimators.stratified import build_cv_stratified, build_stratified
+from numpyro_subsample.estimators.variance_reduced import build_saga, build_svrg, check_saga_memory
 
 __all__ = [
     "ESTIMATORS",
     "NEEDS_PROXY",
+    "STATEFUL",
     "check_estimator_request",
     "configure_estimator",
     "estimator_options",
@@ -75,10 +80,16 @@ ESTIMATORS: dict[str, Callable[..., GradientEstimator]] = {
     "cv-preferential": build_cv_preferential,
     "stratified": partial(build_stratified, control_variate=False),
     "cv-stratified": build_cv_stratified,
+    "saga": build_saga,
+    "svrg": build_svrg,
 }
 #: names whose builder reads the proxy by default (centre, covariance or ∇f_i(θ̂)); a kernel
 #: fits one for them even without preconditioning. Builders check their own needs.
-NEEDS_PROXY: set[str] = {"cv", "preferential", "cv-preferential", "stratified", "cv-stratified"}
+NEEDS_PROXY: set[str] = {"cv", "preferential", "cv-preferential", "stratified", "cv-stratified",
+                         "saga", "svrg"}
+#: names whose estimator carries a per-chain state (``GradientEstimator.update``): its noise
+#: changes with the state, so the kernels' noise correction (a fixed covariance) is off for them.
+STATEFUL: set[str] = {"saga", "svrg"}
 
 
 def register_estimator(name: str, builder: Callable[..., GradientEstimator], *,
@@ -134,15 +145,17 @@ def _check_options(name: str, options: dict, adaptive: bool) -> dict:
 
 
 def check_estimator_request(
-    name: str, options: dict, *, replace: bool = True, potential: Potential | None = None
+    name: str, options: dict, *, replace: bool = True, potential: Potential | None = None,
+    num_chains: int = 1,
 ) -> None:
     """Cheap checks of a named configuration and its options, before any data pass.
 
     ``options`` are those a kernel passes to :func:`configure_estimator` (the builder's,
     ``subsample_size``, ``adaptive`` and the adaptive options). Without ``potential``: names,
     types and ranges, and the combinations that need no data; with it, also the checks that
-    need N and the subsample size n (``num_strata`` ≤ n, arrays of N rows, ``n_max`` ≤ N), so
-    that a kernel reports them before fitting its proxy.
+    need N and the subsample size n (``num_strata`` ≤ n, arrays of N rows, ``n_max`` ≤ N, the
+    memory of ``num_chains`` SAGA tables), so that a kernel reports them before fitting its
+    proxy.
     """
     if name not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}.")
@@ -170,6 +183,8 @@ def check_estimator_request(
             f"subsample_size={n} exceeds the size N={N} of plate '{potential.plate.name}'; "
             f"pass an integer between 1 and {N}."
         )
+    if name == "saga":
+        check_saga_memory(N, potential.dim, potential.init_theta.dtype, num_chains)
     if adaptive:
         adaptive_options(name, potential, n, builder_opts,
                          **{k: v for k, v in rest.items() if k not in builder_opts})

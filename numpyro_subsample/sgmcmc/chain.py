@@ -74,7 +74,11 @@ class SGMCMCState(NamedTuple):
     coordinate that failed (−1 while the chain is healthy); ``data_passes``: cumulative data
     evaluations / N, including preprocessing; ``params``: the preprocessing's arrays (shared
     by vectorized chains);
-    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``).
+    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``);
+    ``est_state``: the estimator's own state (None for a stateless estimator; SAGA's table,
+    SVRG's anchor: :mod:`numpyro_subsample.estimators.variance_reduced`), updated by every
+    gradient estimate of the steps, also after a failure (the chain is frozen then and its
+    state no longer used).
     """
 
     i: jax.Array
@@ -91,6 +95,7 @@ class SGMCMCState(NamedTuple):
     rng_key: jax.Array
     params: SamplerParams
     zv_stats: ZVStats | None = None
+    est_state: Any = None
 
 
 class Preprocessed(NamedTuple):
@@ -134,11 +139,20 @@ class _Config(NamedTuple):
     zv_degree: int  # 0: no ZV streaming
     zv_fn: Callable | None
     num_warmup: int
+    # a stateful estimator's init_state and update (GradientEstimator), or None
+    init_state: Callable | None = None
+    update: Callable | None = None
 
 
 @lru_cache(maxsize=64)
 def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
-    """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)`` of a config."""
+    """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)`` of a config.
+
+    A stateful estimator's state is made by ``init_one``, whose initial gradient is the
+    estimate from that state (``estimate``, which leaves it as is), and advanced by every
+    ``step`` (``update``); the data passes it spends beyond the subsample are added to
+    ``data_passes``.
+    """
     pot, estimate, dynamics = cfg.potential, cfg.estimate, cfg.dynamics
     inv_n = 1.0 / pot.num_data
     zv_flat = None
@@ -156,7 +170,13 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
             k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size, p.noise_scale
         )
         theta = p.centre + p.scale_tril @ w
-        g, n = estimate(p.estimator, k_est, theta, data)
+        est_state, extra_passes = state.est_state, 0.0
+        if cfg.update is None:
+            g, n = estimate(p.estimator, k_est, theta, data)
+        else:
+            g, n, est_state, extra_passes = cfg.update(
+                p.estimator, state.est_state, k_est, theta, data
+            )
         # distance from the proxy centre in proxy standard deviations (w itself when whitened)
         z_sd = w if cfg.precondition_draw else jax.scipy.linalg.solve_triangular(
             p.init_tril, w, lower=True
@@ -173,7 +193,8 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
         new = SGMCMCState(
             state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~ok,
-            fail_step, fail_coord, state.data_passes + n * inv_n, key, p, state.zv_stats,
+            fail_step, fail_coord, state.data_passes + n * inv_n + extra_passes, key, p,
+            state.zv_stats, est_state,
         )
         if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
             theta_z = ravel_pytree(new.z)[0]
@@ -197,6 +218,9 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         else:
             w = jnp.zeros((d,), centre.dtype)
         theta = centre + tril @ w
+        est_state, extra_passes = None, 0.0
+        if cfg.init_state is not None:
+            est_state, extra_passes = cfg.init_state(params.estimator, data)
         g, n = estimate(params.estimator, k_est, theta, data)
         mom, xi = dynamics.init_momentum(k_mom, w)
         stats = None
@@ -206,8 +230,9 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         return SGMCMCState(
             jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
             jnp.asarray(n, jnp.int32), jnp.zeros((), bool), jnp.full((), -1, jnp.int32),
-            jnp.full((), -1, jnp.int32), (params.data_passes + n * inv_n).astype(centre.dtype),
-            key, params, stats,
+            jnp.full((), -1, jnp.int32),
+            (params.data_passes + n * inv_n + extra_passes).astype(centre.dtype),
+            key, params, stats, est_state,
         )
 
     return init_one, step

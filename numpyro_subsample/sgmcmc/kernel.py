@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
 from numpyro_subsample.core.data import ModelData
@@ -31,6 +32,7 @@ from numpyro_subsample.estimators.noise import (
 )
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
+    STATEFUL,
     check_estimator_request,
     configure_estimator,
 )
@@ -82,7 +84,10 @@ class SGMCMCKernel(SubsampleKernel):
         The gradient estimator: a name of
         :data:`~numpyro_subsample.estimators.registry.ESTIMATORS` (``"uniform"``, Welling and
         Teh 2011; ``"cv"``, Baker et al. 2019; ``"preferential"``, ``"cv-preferential"``,
-        Putcha et al. 2023; ``"stratified"``, ``"cv-stratified"``, Fu and Zhang 2023).
+        Putcha et al. 2023; ``"stratified"``, ``"cv-stratified"``, Fu and Zhang 2023;
+        ``"saga"``, ``"svrg"``, Dubey et al. 2016, whose control variate moves with each chain:
+        :mod:`~numpyro_subsample.estimators.variance_reduced`; SAGA keeps an N×d table per
+        vectorized chain, SVRG's option ``update_every`` is the steps between its data passes).
     step_size
         The time step h of the diffusion in whitened coordinates, for every dynamic:
         SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
@@ -106,8 +111,9 @@ class SGMCMCKernel(SubsampleKernel):
         c the diffusion coefficient: the total noise per step is then the diffusion's, as in
         stochastic-gradient Fisher scoring (Ahn, Korattikara and Welling 2012) and SGHMC's
         B̂ correction (Chen, Fox and Guestrin 2014, Eq. 9), so the default step is larger for
-        the same variance inflation (:mod:`numpyro_subsample.sgmcmc.stepsize`). Default on;
-        needs preconditioning (V is measured in whitened coordinates).
+        the same variance inflation (:mod:`numpyro_subsample.sgmcmc.stepsize`). Default
+        (None) on, except for ``"saga"`` and ``"svrg"``, whose noise changes with their state
+        (True raises for them); needs preconditioning (V is measured in whitened coordinates).
     replace
         Draw subsample indices with replacement (default) or without.
     proxy_kwargs
@@ -150,7 +156,7 @@ class SGMCMCKernel(SubsampleKernel):
         proxy_kwargs: dict | None = None,
         chunk_size: int = 2048,
         store_datum_grads: bool = False,
-        noise_correction: bool = True,
+        noise_correction: bool | None = None,
         init_strategy: str = "proxy",
         seed: int = 0,
         progress_bar: bool | None = None,
@@ -175,6 +181,14 @@ class SGMCMCKernel(SubsampleKernel):
                 "whitened coordinates); pass a step_size."
             )
         check_estimator_request(estimator, estimator_options, replace=replace)
+        if noise_correction and estimator in STATEFUL:
+            raise ValueError(
+                f"noise_correction=True is not supported by estimator={estimator!r} (its gradient "
+                "noise changes with the chain's state, the correction assumes a fixed noise "
+                "covariance); leave it out."
+            )
+        if noise_correction is None:
+            noise_correction = estimator not in STATEFUL
         super().__init__(model, seed=seed)
         self.estimator_name = estimator
         self.estimator_options = estimator_options
@@ -368,11 +382,12 @@ class SGMCMCKernel(SubsampleKernel):
     # -- the functional core --------------------------------------------------------------------
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
         init_strategy = self.init_strategy if self._needs_proxy() else "centre"
+        est = pre.estimator
         return _Config(
-            pre.potential, pre.estimator.estimate, self._dynamics(),
+            pre.potential, est.estimate, self._dynamics(),
             "threefry2x32" if traced else STEP_RNG, init_strategy, self.preconditioning,
             self.zv_degree if self.zv_stream else 0, self.zv_fn,
-            int(num_warmup) if self.zv_stream else 0,
+            int(num_warmup) if self.zv_stream else 0, est.init_state, est.update,
         )
 
     def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
@@ -380,9 +395,20 @@ class SGMCMCKernel(SubsampleKernel):
         return init_one, step, pre.params
 
     def _state_axes(self) -> SGMCMCState:
-        return SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+        axes = SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+        if self._pre is not None and self._pre.estimator.update is not None:
+            axes = axes._replace(est_state=self._pre.estimator.state_axes)
+        return axes
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        vectorized = not (isinstance(rng_key, jax.core.Tracer) or is_prng_key(rng_key))
+        if self.estimator_name == "saga" and vectorized:
+            # one table per chain, checked before anything is built (the preprocessing checks
+            # one, for sequential and parallel chains)
+            data = ModelData.from_args(model_args, model_kwargs)
+            check_estimator_request(self.estimator_name, self.estimator_options,
+                                    replace=self.replace, potential=self.potential_for(data),
+                                    num_chains=int(rng_key.shape[0]))
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
         if isinstance(state.grad, jax.core.Tracer):
             return state
