@@ -11,6 +11,10 @@ model's ``(args, kwargs)`` into array leaves (traced by ``jax.jit``) and everyth
 unchanged, with the plate's indices set to ``idx`` (a small handler) and the latent values
 substituted by NumPyro's own ``_unconstrain_reparam``. A compiled program therefore never grows
 with N and is reused for new data of the same shapes.
+
+Discrete per-datum sites inside the plate marked for enumeration are summed out of f_i by
+parallel enumeration (each site's support along its own batch dimension left of the plates, as
+in Obermeyer et al. 2019), so that f_i = −log Σ_z p(z_i, x_i | θ).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from jax.scipy.special import logsumexp
 from numpyro import handlers
 from numpyro.distributions import biject_to
+from numpyro.distributions.distribution import ExpandedDistribution
 from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 from numpyro.primitives import Messenger
@@ -77,10 +83,17 @@ class Potential:
     constrain: Callable[[dict, ModelData], dict]
     model: Callable
     data_leaves: tuple[int, ...]  # positions in ModelData.arrays of arrays with N rows
+    # (name, batch dim) of the discrete sites of the plate summed out of f_i, in model order
+    enumerated_dims: tuple[tuple[str, int], ...] = ()
 
     @property
     def dim(self) -> int:
         return int(self.init_theta.shape[0])
+
+    @property
+    def enumerated_sites(self) -> tuple[str, ...]:
+        """The discrete sites inside the plate summed out of each f_i (not part of θ)."""
+        return tuple(name for name, _ in self.enumerated_dims)
 
     @property
     def num_data(self) -> int:
@@ -111,9 +124,24 @@ class Potential:
         """
         args, kwargs = data.args_kwargs()
         fn = set_plate_indices(self.model, name=self.plate.name, indices=idx)
+        if self.enumerated_dims:
+            fn = _enumerate_sites(fn, dims=dict(self.enumerated_dims))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return constrain_fn(fn, args, kwargs, z, return_deterministic=True)
+
+    def log_likelihood_at(self, latent: dict, idx: jax.Array, data: ModelData) -> dict:
+        """log p(x_i | θ) for the rows ``idx``, ``(len(idx),)`` per observed site of the plate.
+
+        ``latent``: constrained values of the latent sites (one draw). Without enumerated
+        sites, each site's own log-likelihood. With enumerated sites z the sites of a datum
+        are dependent given θ: site k holds log p(x_ik | x_i1..x_i(k−1), θ) (chain rule in the
+        model's order, each term marginal over z), so their sum is log p(x_i | θ) =
+        log Σ_z p(z, x_i | θ). Unscaled (no subsample or user scale).
+        """
+        return _observed_log_likelihood(
+            self.model, self.plate, dict(self.enumerated_dims), latent, idx, data
+        )
 
 
 class set_plate_indices(Messenger):
@@ -163,6 +191,116 @@ class full_plate(Messenger):
 @lru_cache(maxsize=64)
 def _full_plate_model(model: Callable, name: str) -> full_plate:
     return full_plate(model, name=name)
+
+
+class _enumerate_sites(Messenger):
+    """Give each site of ``dims`` ({name: batch dim}) its whole support as value, along its
+    own batch dimension (left of every plate and batch dimension of the model), as parallel
+    enumeration does; the model's downstream code broadcasts over it."""
+
+    def __init__(self, fn=None, dims=None):
+        self.dims = dims or {}
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "sample" and msg["name"] in self.dims and not msg["is_observed"]:
+            msg["value"] = _enumerated_values(msg["fn"], self.dims[msg["name"]])
+
+
+def _enumerated_values(fn, dim: int) -> jax.Array:
+    """The support of ``fn`` as an array of shape (K, 1, ..., 1) + event_shape, with K at batch
+    dimension ``dim`` (< 0)."""
+    base = fn
+    while isinstance(base, ExpandedDistribution):  # its enumerate_support drops event dims
+        base = base.base_dist
+    values = jnp.asarray(base.enumerate_support(expand=False))
+    return values.reshape((values.shape[0],) + (1,) * (-dim - 1) + tuple(fn.event_shape))
+
+
+def _enum_per_datum(
+    lp: jax.Array, plate: DataPlate, m: int, name: str, num_enum: int, rank: int
+) -> jax.Array:
+    """Reduce a log-prob array with enumeration dims to shape (K_E, ..., K_1, m): the plate
+    along ``plate.dim`` kept, the enumeration dims (the leftmost ``num_enum`` of ``rank``
+    batch dims) kept, every other dim summed."""
+    if jnp.ndim(lp) > rank:
+        raise _SiteError(
+            f"Site '{name}' inside the subsample plate '{plate.name}' has log-prob shape "
+            f"{tuple(jnp.shape(lp))} with more than {rank} batch dimensions when the "
+            "enumerated sites are summed out: the model must broadcast the enumerated values "
+            "(placed left of every plate) rather than reshape them."
+        )
+    lp = jnp.reshape(lp, (1,) * (rank - jnp.ndim(lp)) + tuple(jnp.shape(lp)))
+    axis = rank + plate.dim
+    if lp.shape[axis] != m:
+        per_datum(lp, plate, m, name)  # raises the error for sites that do not follow the plate
+    other = tuple(a for a in range(num_enum, rank) if a != axis)
+    return jnp.sum(lp, axis=other)
+
+
+def _enumerated_joint(
+    tr: dict, plate: DataPlate, m: int, dims: dict, dtype, scaled: bool
+) -> tuple[jax.Array, jax.Array, dict]:
+    """From a trace with the sites of ``dims`` enumerated: (−log prior outside the plate,
+    log p(z_i | θ) (K_E, ..., K_1, m), {observed site: log p(x_i | z_i, θ)}) for the m rows.
+
+    With ``scaled``, the sites' scales relative to the plate's N/m multiply their terms (the
+    prior term is always scaled)."""
+    num_enum, rank = len(dims), max(-d for d in dims.values())
+    f0 = jnp.zeros((), dtype)
+    log_z = jnp.zeros((m,), dtype)
+    observed = {}
+    for name, site in tr.items():
+        if site["type"] != "sample":
+            continue
+        lp = _site_log_prob(site)
+        scale = site["scale"]
+        if not in_plate(site, plate.name):
+            total = jnp.sum(lp)
+            f0 = f0 - (total if scale is None else scale * total)
+            continue
+        if name not in dims:
+            _check_plate_log_prob(name, site, lp, plate)
+        per = _enum_per_datum(lp, plate, m, name, num_enum, rank)
+        if scaled and scale is not None:
+            per = per * (scale * m / plate.size)
+        if name in dims:
+            log_z = log_z + per
+        else:
+            observed[name] = per
+    return f0, log_z, observed
+
+
+def _observed_log_likelihood(
+    model: Callable, plate: DataPlate, dims: dict, latent: dict, idx: jax.Array,
+    data: ModelData,
+) -> dict:
+    """:meth:`Potential.log_likelihood_at`."""
+    m = int(idx.shape[0])
+    args, kwargs = data.args_kwargs()
+    fn = set_plate_indices(model, name=plate.name, indices=idx)
+    if dims:
+        fn = _enumerate_sites(fn, dims=dims)
+    fn = handlers.substitute(handlers.seed(fn, jnp.asarray(np.zeros(2, np.uint32))), data=latent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = handlers.trace(fn).get_trace(*args, **kwargs)
+    if not dims:
+        return {
+            name: per_datum(_site_log_prob(site), plate, m, name)
+            for name, site in tr.items()
+            if site["type"] == "sample" and site["is_observed"] and in_plate(site, plate.name)
+        }
+    _, acc, observed = _enumerated_joint(tr, plate, m, dims, jnp.result_type(float), False)
+    axes = tuple(range(len(dims)))
+    prev = logsumexp(acc, axis=axes)  # log Σ_z p(z | θ) = 0 up to rounding
+    out = {}
+    for name, lp in observed.items():
+        acc = acc + lp
+        cur = logsumexp(acc, axis=axes)
+        out[name] = cur - prev
+        prev = cur
+    return out
 
 
 class _check_plate_sizes(Messenger):
@@ -355,8 +493,62 @@ def _check_observed_shape(name: str, site: dict, plate: DataPlate) -> None:
         )
 
 
-def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    latent, plate_det, observed_in_plate = [], [], []
+def _check_plate_log_prob(name: str, site: dict, lp: jax.Array, plate: DataPlate) -> None:
+    """The log-prob of an observed site of the plate has its distribution's batch shape."""
+    if jnp.shape(lp) != tuple(site["fn"].batch_shape):
+        _check_observed_shape(name, site, plate)
+        raise _SiteError(
+            f"Observed site '{name}' inside the subsample plate '{plate.name}' has "
+            f"log-prob shape {tuple(jnp.shape(lp))}, not its distribution's batch "
+            f"shape {tuple(site['fn'].batch_shape)}: the log-likelihood would not "
+            "have one term per datum. Give the observations the distribution's "
+            "shape."
+        )
+
+
+def _check_enumerable(name: str, site: dict, plate: DataPlate) -> None:
+    """A discrete latent site inside the plate can be summed out of f_i: marked for parallel
+    enumeration, with a finite support, and one value per datum (in no other plate)."""
+    mark = site["infer"].get("enumerate")
+    if mark != "parallel":
+        got = "" if mark is None else f" (infer={{'enumerate': {mark!r}}})"
+        raise ValueError(
+            f"Latent site '{name}' is discrete and lies inside the subsample plate "
+            f"'{plate.name}' but is not marked for parallel enumeration{got}. Mark it, so that "
+            "it is summed out of each datum's term: numpyro.sample("
+            f"'{name}', ..., infer={{'enumerate': 'parallel'}}), or wrap the model with "
+            "numpyro.contrib.funsor.config_enumerate (needs the funsor package) or with "
+            "numpyro.handlers.infer_config."
+        )
+    if not site["fn"].has_enumerate_support:
+        fn = site["fn"]
+        while isinstance(fn, ExpandedDistribution):
+            fn = fn.base_dist
+        raise ValueError(
+            f"Latent site '{name}' inside the subsample plate '{plate.name}' is marked for "
+            f"enumeration, but its distribution {type(fn).__name__} has no finite "
+            "support to enumerate. Marginalise it out by hand, or truncate its support "
+            "(e.g. a Categorical)."
+        )
+    others = [f.name for f in site["cond_indep_stack"] if f.name != plate.name]
+    batch = tuple(site["fn"].batch_shape)
+    axis = len(batch) + plate.dim
+    if others or any(k != 1 for j, k in enumerate(batch) if j != axis):
+        where = f"also in the plate(s) {others}" if others else f"batch shape {batch}"
+        raise ValueError(
+            f"Latent site '{name}' is marked for enumeration inside the subsample plate "
+            f"'{plate.name}' but has {where}: only one discrete value per datum can be "
+            "enumerated (a site in the subsample plate and no other plate, with no batch "
+            "dimension beyond the plate's). Split it into one site per value, or marginalise "
+            "it by hand."
+        )
+
+
+def _validate_sites(
+    tr: dict, plate: DataPlate
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(latent sites, deterministic sites of the plate, enumerated sites of the plate)."""
+    latent, plate_det, observed_in_plate, enumerated = [], [], [], []
     for name, site in tr.items():
         if site["type"] == "deterministic" and in_plate(site, plate.name):
             plate_det.append(name)
@@ -368,16 +560,23 @@ def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[
                 observed_in_plate.append(name)
             continue
         if site["fn"].support.is_discrete:
+            if in_plate(site, plate.name):
+                _check_enumerable(name, site, plate)
+                enumerated.append(name)
+                continue
             raise ValueError(
-                f"Latent site '{name}' is discrete; stochastic-gradient MCMC needs continuous "
-                "latent variables. Marginalise it out (e.g. with a mixture distribution) or "
-                "observe it."
+                f"Latent site '{name}' is discrete and lies outside the subsample plate "
+                f"'{plate.name}'; stochastic-gradient MCMC needs continuous global latent "
+                "variables (only discrete sites inside the plate can be enumerated, one value "
+                "per datum). Marginalise it out by hand (e.g. with dist.MixtureSameFamily or "
+                "a logsumexp over its values in a numpyro.factor) or observe it."
             )
         if in_plate(site, plate.name):
             raise ValueError(
                 f"Latent site '{name}' lies inside the subsample plate '{plate.name}'. Local "
-                "(per-datum) latent variables are not supported: marginalise them, or move "
-                "the site out of the plate."
+                "(per-datum) continuous latent variables are not supported: marginalise them, "
+                "or move the site out of the plate. (Discrete per-datum sites marked "
+                "infer={'enumerate': 'parallel'} are summed out.)"
             )
         latent.append(name)
     if not observed_in_plate:
@@ -387,7 +586,7 @@ def _validate_sites(tr: dict, plate: DataPlate) -> tuple[tuple[str, ...], tuple[
         )
     if not latent:
         raise ValueError("The model has no latent sample site to infer.")
-    return tuple(latent), tuple(plate_det)
+    return tuple(latent), tuple(plate_det), tuple(enumerated)
 
 
 def _check_indexed_lengths(indexed: set, data: ModelData, plate: DataPlate) -> None:
@@ -406,19 +605,99 @@ def _check_indexed_lengths(indexed: set, data: ModelData, plate: DataPlate) -> N
             )
 
 
+def _enumeration_dims(tr: dict, enumerated: tuple[str, ...]) -> dict:
+    """{site: batch dim}: the j-th enumerated site at dim −(B + j), B the largest number of
+    batch dims (plates included) of any site of the model, so that enumeration dims never
+    meet the model's own."""
+    base = 0
+    for site in tr.values():
+        for frame in site.get("cond_indep_stack", []):
+            base = max(base, -frame.dim)
+        if site["type"] == "sample":
+            base = max(base, len(site["fn"].batch_shape))
+    return {name: -(base + j) for j, name in enumerate(enumerated, 1)}
+
+
+def _check_enumeration_scope(
+    model, data: ModelData, plate: DataPlate, tr: dict, dims: dict, medians: dict
+) -> None:
+    """Only sample sites of the plate may depend on the enumerated sites: a site outside the
+    plate or a deterministic site whose shape changes when they are enumerated (compared with
+    the prototype trace, same indices) is refused."""
+    shapes: dict = {}
+
+    def run(data):
+        args, kwargs = data.args_kwargs()
+        fn = set_plate_indices(model, name=plate.name, indices=jnp.arange(plate.subsample_size))
+        fn = _enumerate_sites(fn, dims=dims)
+        fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, medians))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            etr = handlers.trace(handlers.seed(fn, jnp.asarray(np.zeros(2, np.uint32)))
+                                 ).get_trace(*args, **kwargs)
+        for name, site in etr.items():
+            if site["type"] == "sample":
+                shapes[name] = tuple(site["fn"].batch_shape)
+            elif site["type"] == "deterministic":
+                shapes[name] = tuple(jnp.shape(site["value"]))
+        return jnp.zeros(())
+
+    jax.eval_shape(run, data)
+    enumerated = ", ".join(f"'{n}'" for n in dims)
+    for name, site in tr.items():
+        if name not in shapes or name in dims:
+            continue
+        if site["type"] == "deterministic":
+            before, what = tuple(jnp.shape(site["value"])), f"Deterministic site '{name}'"
+        elif site["type"] == "sample" and not in_plate(site, plate.name):
+            before = tuple(site["fn"].batch_shape)
+            what = f"Sample site '{name}' outside the subsample plate"
+        else:
+            continue
+        if shapes[name] != before:
+            raise ValueError(
+                f"{what} depends on the enumerated site(s) {enumerated} (shape "
+                f"{shapes[name]} when they are summed out, instead of {before}). Only the "
+                f"sample sites inside the subsample plate '{plate.name}' may depend on "
+                "enumerated sites: remove the site, or compute it from the draws after "
+                "sampling."
+            )
+
+
 def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Potential:
     """Inspect and validate ``model`` on ``data`` and return its :class:`Potential`.
 
+    Discrete latent sites inside the plate marked for parallel enumeration
+    (``infer={"enumerate": "parallel"}``, as ``numpyro.contrib.funsor.config_enumerate`` or
+    ``numpyro.handlers.infer_config`` set) are summed out of each datum's term, exactly and
+    jointly: with z_i = (z_i1, ..., z_iJ) the enumerated sites of datum i,
+
+        f_i(θ) = −log Σ_{z_i} p(z_i | θ) p(x_i | z_i, θ),
+
+    the sum over the Π_j K_j joint values (cost Π_j K_j per datum). Each site's support is put
+    along its own batch dimension left of every plate and batch dimension of the model, as in
+    parallel enumeration (Obermeyer et al. 2019), so the model must broadcast its values (e.g.
+    ``loc[z]``, not ``z.reshape(-1)``). An enumerated site may depend on earlier ones (e.g.
+    ``Categorical(probs[z1])``). Enumerated sites are not part of θ, of ``latent_sites`` nor of
+    the draws (:attr:`Potential.enumerated_sites` lists them); a user scale on a site of the
+    plate multiplies its log-prob inside the sum.
+
     Raises ``ValueError`` naming the site, argument or setting for: no subsample plate, several
     subsample plates, a plate of size 0, a subsample size outside [1, N] (``TypeError`` if not
-    an integer), discrete latent sites, latent sites inside the plate, observed sites that do
-    not follow the plate or whose value would broadcast the likelihood, data arrays indexed by
-    the plate without N rows, non-finite data.
+    an integer), discrete latent sites outside the plate (marked for enumeration or not),
+    discrete sites inside the plate not marked for parallel enumeration or without a finite
+    support or with more than one value per datum, continuous latent sites inside the plate,
+    deterministic sites or sites outside the plate that depend on enumerated sites, observed
+    sites that do not follow the plate or whose value would broadcast the likelihood, data
+    arrays indexed by the plate without N rows, non-finite data.
     """
     check_data_finite(data)
     tr, medians = _prototype_trace(model, data, rng_key)
     plate = _find_data_plate(tr)
-    latent, plate_det = _validate_sites(tr, plate)
+    latent, plate_det, enumerated = _validate_sites(tr, plate)
+    dims = _enumeration_dims(tr, enumerated)
+    if dims:
+        _check_enumeration_scope(model, data, plate, tr, dims, medians)
     init_theta, unravel = ravel_pytree({name: medians[name] for name in latent})
     seed_key = jnp.asarray(np.zeros(2, np.uint32))  # PRNGKey(0), without an eager program
 
@@ -427,10 +706,16 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
         params = unravel(theta)
         args, kwargs = data.args_kwargs()
         fn = set_plate_indices(model, name=plate.name, indices=idx)
+        if dims:
+            fn = _enumerate_sites(fn, dims=dims)
         fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, params))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mtr = handlers.trace(handlers.seed(fn, seed_key)).get_trace(*args, **kwargs)
+        if dims:
+            f0, log_z, observed = _enumerated_joint(mtr, plate, m, dims, theta.dtype, True)
+            joint = log_z + sum(observed.values())
+            return f0, -logsumexp(joint, axis=tuple(range(len(dims))))
         f0 = jnp.zeros((), theta.dtype)
         fi = jnp.zeros((m,), theta.dtype)
         for name, site in mtr.items():
@@ -439,15 +724,7 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
             lp = _site_log_prob(site)
             scale = site["scale"]
             if in_plate(site, plate.name):
-                if jnp.shape(lp) != tuple(site["fn"].batch_shape):
-                    _check_observed_shape(name, site, plate)
-                    raise _SiteError(
-                        f"Observed site '{name}' inside the subsample plate '{plate.name}' has "
-                        f"log-prob shape {tuple(jnp.shape(lp))}, not its distribution's batch "
-                        f"shape {tuple(site['fn'].batch_shape)}: the log-likelihood would not "
-                        "have one term per datum. Give the observations the distribution's "
-                        "shape."
-                    )
+                _check_plate_log_prob(name, site, lp, plate)
                 per = per_datum(lp, plate, m, name)
                 if scale is not None:
                     per = per * (scale * m / plate.size)
@@ -479,6 +756,8 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     def constrain(z: dict, data: ModelData) -> dict:
         args, kwargs = data.args_kwargs()
         one = set_plate_indices(model, name=plate.name, indices=jnp.arange(1))
+        if dims:  # the enumerated values are not sampled (and not returned)
+            one = _enumerate_sites(one, dims=dims)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = constrain_fn(one, args, kwargs, z, return_deterministic=True)
@@ -497,4 +776,5 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
         constrain=constrain,
         model=model,
         data_leaves=data_leaves,
+        enumerated_dims=tuple(dims.items()),
     )
