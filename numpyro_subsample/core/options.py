@@ -281,6 +281,14 @@ _PROGRESS = Option("bool", "whether the preprocessing shows progress bars", none
 _PROXY = Option("str", "the posterior proxy N(θ̂, Σ̂)", choices=("laplace", "variational"),
                 must="'laplace', 'variational' or a Proxy",
                 remedy="Pass proxy='laplace' (the default), 'variational' or a fitted Proxy.")
+_SG_PROXY = Option(
+    "str", "the posterior proxy N(θ̂, Σ̂); 'laplace' is dense up to MAX_DENSE_DIM = 2000 "
+    "parameters (numpyro_subsample.sgmcmc.kernel) and the structured 'low-rank' above; "
+    "'diagonal' and 'low-rank' (rank in proxy_kwargs={'rank': k}, default 20) form no d × d "
+    "array", choices=("laplace", "variational", "diagonal", "low-rank"),
+    must="'laplace', 'variational', 'diagonal', 'low-rank', a Proxy or a StructuredProxy",
+    remedy="Pass proxy='laplace' (the default), 'variational', 'diagonal', 'low-rank' or a "
+    "fitted Proxy / StructuredProxy.")
 _PROXY_KWARGS = Option("mapping", "the keyword arguments of the proxy fit", none=True,
                        remedy="Pass a dict such as {'num_steps': 500}, or None.")
 
@@ -290,7 +298,7 @@ _SGMCMC: dict[str, Option] = {
         "the measured gradient noise)", low=0, open_low=True, none=True,
         must="a positive number",
         remedy="Pass a positive number, or None for the default rule."),
-    "proxy": _PROXY,
+    "proxy": _SG_PROXY,
     "preconditioning": _flag("whether the chain moves in coordinates whitened by the proxy"),
     "max_variance_inflation": Option(
         "real", "δ, the tolerated relative inflation of the posterior variance by the default "
@@ -302,7 +310,8 @@ _SGMCMC: dict[str, Option] = {
     "store_datum_grads": _flag("whether the N×d table of ∇f_i(θ̂) is kept"),
     "noise_correction": Option(
         "bool", "whether the injected noise is reduced by the estimator's own", none=True,
-        remedy="Pass True, False or None (on, except for estimator='saga' and 'svrg')."),
+        remedy="Pass True, False or None (on, except for estimator='saga' and 'svrg' and with "
+        "a structured proxy)."),
     "init_strategy": Option("str", "where each chain starts", choices=("proxy", "centre"),
                             remedy="Pass 'proxy' (a draw from N(θ̂, Σ̂), the default) or "
                             "'centre' (θ̂)."),

@@ -52,6 +52,7 @@ from numpyro_subsample.estimators.lipschitz import lipschitz_constants
 from numpyro_subsample.estimators.noise import whitened_noise
 from numpyro_subsample.estimators.preferential import alias_design
 from numpyro_subsample.estimators.selection import uniform_design
+from numpyro_subsample.proxies.structured import proxy_scale, whiten_matvec, whiten_rmatvec
 
 __all__ = [
     "ADAPTIVE_NAMES",
@@ -233,13 +234,13 @@ def _pilot_sq_distances(estimate, params, centre, tril, w0, keys, data, step_siz
 
     def chain(w, key):
         k0, ks = jax.random.split(key)
-        g0, _ = estimate(params, k0, centre + tril @ w, data)
+        g0, _ = estimate(params, k0, centre + whiten_matvec(tril, w), data)
 
         def step(carry, k):
             w, grad = carry
             k_dyn, k_est = jax.random.split(k)
-            w = _LANGEVIN(k_dyn, w, tril.T @ grad, step_size)
-            theta = centre + tril @ w
+            w = _LANGEVIN(k_dyn, w, whiten_rmatvec(tril, grad), step_size)
+            theta = centre + whiten_matvec(tril, w)
             g, _ = estimate(params, k_est, theta, data)
             return (w, -g), jnp.sum((theta - centre) ** 2)
 
@@ -270,7 +271,7 @@ def pilot_v0(
     there: V0 = r² S / n_max. Costs the noise's passes plus
     num_chains · (num_steps + 1) · n_max / N data passes.
     """
-    centre, tril = proxy.centre, proxy.scale_tril
+    centre, tril = proxy.centre, proxy_scale(proxy)
     k_noise, k_init, k_run = jax.random.split(rng_key, 3)
     noise = whitened_noise(fixed, centre, tril, k_noise, data, chunk_size=chunk_size)
     h = pilot_step_size(noise.largest, max_variance_inflation)
@@ -356,8 +357,8 @@ def adaptive_size(
         passes += pinfo["pilot_data_passes"]
     elif options.v0 == "proxy":
         w = jax.random.normal(k_pilot, (4096, proxy.centre.shape[0]), proxy.centre.dtype)
-        r2 = float(np.quantile(np.sum(np.asarray(w @ proxy.scale_tril.T) ** 2, -1),
-                               options.pilot_quantile))
+        offsets = whiten_matvec(proxy_scale(proxy), w)
+        r2 = float(np.quantile(np.sum(np.asarray(offsets) ** 2, -1), options.pilot_quantile))
         v0 = r2 * S / n_max
         info["proxy_r2"] = r2
     else:

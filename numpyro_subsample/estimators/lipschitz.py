@@ -20,6 +20,12 @@ from numpyro import handlers
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data
 from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.proxies.structured import (
+    cov_norm_bound,
+    is_structured,
+    proxy_scale,
+    whiten_matvec,
+)
 
 __all__ = ["lipschitz_constants", "glm_family"]
 
@@ -32,7 +38,10 @@ def _unwrap(fn):
 
 def _observed_plate_site(potential: Potential, theta, idx, data: ModelData):
     """The single observed site of the plate, traced through ``potential.terms`` (its handlers
-    do not stop messages, so an outer ``trace`` sees the model's sites)."""
+    do not stop messages, so an outer ``trace`` sees the model's sites). None when the model
+    has enumerated sites (its likelihood is then a mixture, not a GLM)."""
+    if potential.enumerated_sites:
+        return None
     with handlers.trace() as tr:
         potential.terms(theta, idx, data)
     sites = [
@@ -132,7 +141,7 @@ def _glm_lipschitz(potential, data, proxy, family, radius, chunk_size) -> np.nda
     centre = proxy.centre
     d = centre.shape[0]
     # linearity of η (and constancy of σ) in θ, checked on the first data at two points
-    shift = proxy.scale_tril @ jnp.linspace(-1.0, 1.0, d).astype(centre.dtype)
+    shift = whiten_matvec(proxy_scale(proxy), jnp.linspace(-1.0, 1.0, d).astype(centre.dtype))
     j0, j1, dprec = _glm_jacobians(
         potential, family, centre, shift, data, min(64, potential.num_data)
     )
@@ -175,22 +184,34 @@ def lipschitz_constants(
     Bernoulli-logit or Poisson (log-link) likelihood linear in θ (one data pass); otherwise
     the autodiff estimate. ``"autodiff"``: max_θ ||∇²f_i(θ)||₂ over θ̂ and ``num_points``
     draws from N(θ̂, spread² Σ̂) (``seed``), an estimate, not a bound. ``radius`` (Poisson): R
-    of the ball around θ̂ on which the bound holds; default 5 sqrt(λ_max(Σ̂)).
+    of the ball around θ̂ on which the bound holds; default 5 sqrt(λ_max(Σ̂)) (with a
+    structured proxy, an upper bound of λ_max(Σ̂),
+    :func:`~numpyro_subsample.proxies.structured.cov_norm_bound`). The autodiff estimate forms
+    per-datum d × d Hessians and is refused with a structured proxy (``ValueError``).
     """
     if method not in ("auto", "autodiff"):
         raise ValueError(f"lipschitz must be 'auto', 'autodiff' or an array, got {method!r}.")
     if method == "auto":
         family = glm_family(potential, proxy.centre, data)
         if family is not None:
-            if radius is None:
+            if radius is None and is_structured(proxy):
+                radius = 5.0 * float(np.sqrt(cov_norm_bound(proxy.cov_op)))
+            elif radius is None:
                 radius = 5.0 * float(np.sqrt(np.linalg.eigvalsh(np.asarray(proxy.cov)).max()))
             L = _glm_lipschitz(potential, data, proxy, family, float(radius), chunk_size)
             if L is not None:
                 return L, f"closed-form:{family}"
+    if is_structured(proxy):
+        raise ValueError(
+            "The Lipschitz constants of this model need the autodiff estimate (per-datum d × d "
+            f"Hessians; lipschitz={method!r}), which is not supported with a structured proxy "
+            "yet; pass lipschitz=<N constants> or a dense proxy (proxy='laplace' below "
+            "MAX_DENSE_DIM)."
+        )
     centre = proxy.centre
     d = centre.shape[0]
     ws = spread * jax.random.normal(jax.random.PRNGKey(seed), (num_points, d), centre.dtype)
-    thetas = jnp.concatenate([centre[None], centre + ws @ proxy.scale_tril.T])
+    thetas = jnp.concatenate([centre[None], centre + whiten_matvec(proxy.scale_tril, ws)])
     chunk = max(1, min(int(chunk_size), (2**22) // max(1, d * d * thetas.shape[0])))
     L = _hessian_norm_max(potential, thetas, data, chunk)
     return np.asarray(L, np.float64), "autodiff-estimate"

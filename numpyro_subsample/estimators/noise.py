@@ -28,6 +28,17 @@ uses at each point (Putcha et al. 2023, Eq. 19): its actual noise there.
 
 An estimator without second moments (``GradientEstimator.moments is None``, e.g. a user
 registration) falls back to a Monte Carlo estimate from ``num_draws`` subsamples per point.
+
+Structured whitening (L a :class:`~numpyro_subsample.proxies.structured.StructuredCovariance`,
+for large d): no d × d matrix is formed. The largest eigenvalue v of the mean covariance
+V̄ = mean_p V_p over the proxy draws comes from Lanczos
+(:func:`~numpyro_subsample.proxies.structured.lanczos_eigh`, :data:`NOISE_LANCZOS_ITERATIONS`
+iterations), each product V̄ x = mean_p [Σ_i a_i u_i (u_iᵀ x) − Σ_g c_g U_g (U_gᵀ x)] one chunked
+pass over the data at every draw (u_i = Lᵀ r_i recomputed, O(chunk · d + G · d) memory). The
+Ritz value is a lower bound of v that is close to it when the top of the spectrum is separated
+(Golub and Van Loan 2013, Sect. 10.1); ``cov``, ``covs`` (and the noise correction that needs
+them) are not available. The Monte Carlo fallback then takes v from the Gram matrix of the
+centred whitened draws (size P·num_draws, not d).
 """
 
 from __future__ import annotations
@@ -43,12 +54,21 @@ import numpy as np
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimator
+from numpyro_subsample.proxies.structured import (
+    Scale,
+    is_structured,
+    lanczos_eigh,
+    whiten_matvec,
+    whiten_rmatvec,
+)
 
 __all__ = [
     "MIN_USEFUL_STEP",
+    "NOISE_LANCZOS_ITERATIONS",
     "NoiseLimitedStepWarning",
     "WhitenedNoise",
     "noise_points",
+    "NoiseOperator",
     "exact_whitened_covs",
     "monte_carlo_whitened_covs",
     "whitened_noise",
@@ -63,6 +83,10 @@ __all__ = [
 #: so h < 1e-4 costs over 2·10⁴ steps per independent draw, over 10⁶ for 50 of them.
 MIN_USEFUL_STEP = 1e-4
 
+#: Lanczos iterations (data passes per proxy draw) for the largest eigenvalue of the noise
+#: covariance under a structured whitening (module docstring); capped at d.
+NOISE_LANCZOS_ITERATIONS = 20
+
 
 class NoiseLimitedStepWarning(UserWarning):
     """The estimator's gradient noise forces a step size too small for the chain to mix."""
@@ -75,23 +99,26 @@ class WhitenedNoise(NamedTuple):
     ``cov``: the (d, d) covariance averaged over the proxy draws (module docstring);
     ``covs``: (P, d, d) at every
     point; ``points``: the (P, d) θ's; ``data_passes``: data passes spent; ``exact``: False
-    for the Monte Carlo fallback.
+    for the Monte Carlo fallback. Under a structured whitening ``cov`` and ``covs`` are None
+    and ``ritz_values`` holds the Ritz values of the mean covariance, largest first (for the
+    Monte Carlo fallback, its nonzero eigenvalues).
     """
 
     largest: float
-    cov: np.ndarray
-    covs: np.ndarray
+    cov: np.ndarray | None
+    covs: np.ndarray | None
     points: np.ndarray
     data_passes: float
     exact: bool
+    ritz_values: np.ndarray | None = None
 
 
 def noise_points(
-    centre: jax.Array, point_tril: jax.Array, rng_key: jax.Array, num_points: int = 4
+    centre: jax.Array, point_tril: Scale, rng_key: jax.Array, num_points: int = 4
 ) -> jax.Array:
     """The centre and ``num_points − 1`` draws from N(centre, L Lᵀ), L = ``point_tril``."""
     z = jax.random.normal(rng_key, (int(num_points) - 1, centre.shape[0]), centre.dtype)
-    return jnp.concatenate([centre[None], centre + z @ point_tril.T])
+    return jnp.concatenate([centre[None], centre + whiten_matvec(point_tril, z)])
 
 
 @partial(jax.jit, static_argnames=("moments", "chunk_size"))
@@ -187,28 +214,143 @@ def monte_carlo_whitened_covs(
     return np.asarray(covs, np.float64)
 
 
+# -- structured whitening: matrix-free ------------------------------------------------------
+def _datum_grads(potential, theta, idx, data):
+    one = lambda i: jax.grad(lambda t: potential.data_terms(t, i[None], data)[0])(theta)  # noqa: E731
+    return jax.vmap(one)(idx)
+
+
+@partial(jax.jit, static_argnames=("moments",))
+def _designs_at(moments: EstimatorMoments, params, thetas, data):
+    """The design's second moments at every point, stacked ((P,) leading axis)."""
+    return jax.lax.map(lambda t: moments.design(params, t, data), thetas)
+
+
+class NoiseOperator(NamedTuple):
+    """x ↦ V̄ x = mean over the points of Cov[Lᵀ g(θ_p)] x, one data pass per point (module
+    docstring), as a hashable matvec for
+    :func:`~numpyro_subsample.proxies.structured.lanczos_eigh`; ``operand = (params, thetas,
+    designs, scale, data)`` with ``designs`` the stacked :class:`DesignMoments` at the
+    points."""
+
+    moments: EstimatorMoments
+    chunk_size: int = DEFAULT_CHUNK
+
+    def __call__(self, operand, x: jax.Array) -> jax.Array:
+        params, thetas, designs, scale, data = operand
+        potential = self.moments.potential
+        cv = self.moments.control_variate(params)
+
+        def at_point(args):
+            theta, m = args
+            c = jnp.atleast_1d(m.group_weight).astype(theta.dtype)
+            num_groups = c.shape[0]
+
+            def chunk_fn(idx, mask):
+                r = _datum_grads(potential, theta, idx, data)
+                if cv is not None:
+                    r = r - (cv.datum_grads[idx] if cv.datum_grads is not None
+                             else _datum_grads(potential, cv.centre, idx, data))
+                u = jnp.where(mask[:, None], whiten_rmatvec(scale, r), 0.0)
+                a = m.datum_weight if jnp.ndim(m.datum_weight) == 0 else m.datum_weight[idx]
+                au = jnp.reshape(a, (-1,)).astype(u.dtype) * (u @ x)
+                if m.labels is None:
+                    sums = u.sum(0)[None]
+                else:
+                    sums = jax.ops.segment_sum(u, m.labels[idx], num_groups)
+                return au @ u, sums
+
+            init = (jnp.zeros_like(x), jnp.zeros((num_groups, x.shape[0]), x.dtype))
+            first, sums = scan_chunks(chunk_fn, potential.num_data, self.chunk_size, init)
+            return first - (c * (sums @ x)) @ sums
+
+        return jnp.mean(jax.lax.map(at_point, (thetas, designs)), axis=0)
+
+
+def _structured_exact(estimator, thetas, scale, key, data, chunk_size, num_iter):
+    """Ritz values of V̄ over ``thetas`` (module docstring) and the data passes."""
+    moments = estimator.moments
+    designs = _designs_at(moments, estimator.params, thetas, data)
+    d = thetas.shape[1]
+    m = min(int(num_iter), d)
+    res = lanczos_eigh(
+        NoiseOperator(moments, int(chunk_size)),
+        (estimator.params, thetas, designs, scale, data), key, d, 1, m, thetas.dtype,
+    )
+    P = thetas.shape[0]
+    passes = P * (m + float(moments.passes_per_point))
+    return np.asarray(res.ritz_values, np.float64), passes
+
+
+@partial(jax.jit, static_argnames=("estimate", "num_draws"))
+def _monte_carlo_gram(estimate, params, thetas, scale, key, data, num_draws):
+    """Eigenvalues (largest first) of the mean sample covariance of Lᵀ g over the points, from
+    the Gram matrix of the centred draws (P·num_draws square, never d × d)."""
+    num_points, d = thetas.shape
+    keys = jax.random.split(key, num_points * num_draws)
+    reps = jnp.repeat(thetas, num_draws, axis=0)
+    gs = jax.lax.map(lambda a: estimate(params, a[0], a[1], data)[0], (keys, reps))
+    gs = whiten_rmatvec(scale, gs).reshape(num_points, num_draws, d)
+    gs = gs - gs.mean(1, keepdims=True)
+    rows = gs.reshape(-1, d) / jnp.sqrt((num_draws - 1) * num_points).astype(gs.dtype)
+    return jnp.linalg.eigvalsh(rows @ rows.T)[::-1]
+
+
+def _structured_noise(estimator, centre, scale, rng_key, data, point_tril, num_points,
+                      chunk_size, num_draws, num_iter) -> WhitenedNoise:
+    P = int(num_points)
+    thetas = noise_points(centre, point_tril, rng_key, P)
+    draws = thetas[1:] if P > 1 else thetas  # the mean is over the proxy draws (as dense)
+    if estimator.moments is not None:
+        ritz, passes = _structured_exact(
+            estimator, draws, scale, jax.random.fold_in(rng_key, 2), data, chunk_size,
+            NOISE_LANCZOS_ITERATIONS if num_iter is None else num_iter,
+        )
+        exact = True
+    else:
+        ritz = np.asarray(_monte_carlo_gram(
+            estimator.estimate, estimator.params, draws, scale, jax.random.fold_in(rng_key, 1),
+            data, int(num_draws),
+        ), np.float64)
+        passes = draws.shape[0] * int(num_draws) * estimator.subsample_size / estimator.num_data
+        exact = False
+    return WhitenedNoise(float(max(ritz[0], 0.0)), None, None, np.asarray(thetas),
+                         float(passes), exact, ritz)
+
+
 def whitened_noise(
     estimator: GradientEstimator,
     centre: jax.Array,
-    scale_tril: jax.Array,
+    scale_tril: Scale,
     rng_key: jax.Array,
     data: ModelData,
     *,
-    point_tril: jax.Array | None = None,
+    point_tril: Scale | None = None,
     num_points: int = 9,
     chunk_size: int = DEFAULT_CHUNK,
     num_draws: int = 16,
+    lanczos_iterations: int | None = None,
 ) -> WhitenedNoise:
     """The noise of ``estimator`` in coordinates θ = centre + L w (L = ``scale_tril``) at the
     centre and ``num_points − 1`` draws θ ~ N(centre, Lp Lpᵀ), Lp = ``point_tril`` (default
     L; pass the proxy's factor when the chain is not whitened).
 
     Exact (module docstring) when the estimator states its second moments, else a Monte
-    Carlo estimate from ``num_draws`` subsamples per point.
+    Carlo estimate from ``num_draws`` subsamples per point. With a structured L (and Lp) the
+    figure is matrix-free (module docstring; ``lanczos_iterations``, default
+    :data:`NOISE_LANCZOS_ITERATIONS`, data passes per draw) and the centre is not evaluated.
     """
     if int(num_points) < 1:
         raise ValueError(f"num_points must be a positive integer, got {num_points!r}.")
     tril_p = scale_tril if point_tril is None else point_tril
+    if is_structured(scale_tril) or is_structured(tril_p):
+        if not (is_structured(scale_tril) and is_structured(tril_p)):
+            raise ValueError(
+                "scale_tril and point_tril must be of one kind (both dense factors or both "
+                "StructuredCovariance)."
+            )
+        return _structured_noise(estimator, centre, scale_tril, rng_key, data, tril_p,
+                                 num_points, chunk_size, num_draws, lanczos_iterations)
     thetas = noise_points(centre, tril_p, rng_key, int(num_points))
     P = int(num_points)
     if estimator.moments is not None:
@@ -241,7 +383,13 @@ def extend_noise(
     """``measured`` with ``num_points`` more proxy draws (the same law as
     :func:`whitened_noise`, whose centre ``measured.points[0]`` it keeps); the mean covariance
     and its largest eigenvalue are recomputed over all draws. With the default ``num_points``
-    the compiled pass of :func:`whitened_noise` is reused."""
+    the compiled pass of :func:`whitened_noise` is reused. Dense whitening only (a structured
+    measurement keeps no covariances to extend)."""
+    if measured.covs is None:
+        raise ValueError(
+            "extend_noise needs the per-point covariances of a dense measurement; a structured "
+            "(matrix-free) measurement has none."
+        )
     centre = jnp.asarray(measured.points[0])
     tril_p = scale_tril if point_tril is None else point_tril
     z = jax.random.normal(rng_key, (int(num_points), centre.shape[0]), centre.dtype)
@@ -268,8 +416,11 @@ def direction_errors(measured: WhitenedNoise) -> tuple[np.ndarray, np.ndarray]:
 
     The noise correction injects 2ch − h²λ̂_k along e_k, so an error λ̂_k − λ_k changes the
     stationary variance there by the fraction h(λ_k − λ̂_k)/(2c) (whitened curvature 1).
-    Returns zeros for the standard errors with fewer than two draws.
+    Returns zeros for the standard errors with fewer than two draws, and the Ritz values
+    with no standard errors (None) for a structured measurement.
     """
+    if measured.cov is None:
+        return np.sort(np.asarray(measured.ritz_values, np.float64)), None
     draws = measured.covs[1:] if measured.covs.shape[0] > 1 else measured.covs
     lam, q = np.linalg.eigh(measured.cov)
     along = np.einsum("pij,ik,jk->pk", draws, q, q)
@@ -299,7 +450,13 @@ def warn_if_noise_limited(
     if not step_size < MIN_USEFUL_STEP:
         return
     name = estimator.name
-    if "cv" in name.split("-"):
+    if estimator.update is not None or name in ("saga", "svrg"):
+        remedy = (
+            "It already uses control variates, and its step is chosen from the noise of the "
+            "fixed control variate at the proxy centre (where its state starts): use a larger "
+            "subsample_size, or a proxy closer to the posterior."
+        )
+    elif "cv" in name.split("-"):
         remedy = (
             "Use a larger subsample_size, or a proxy closer to the posterior (the control "
             "variate's residuals grow with the distance to its centre)."

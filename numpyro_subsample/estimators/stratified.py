@@ -24,6 +24,10 @@ What is clustered (option ``features``):
   ``num_probes`` (default 2) points u_m ~ N(0, I), concatenated (one data pass per probe).
 - a user array of shape (N, p), e.g. the covariates x_i as in the paper.
 
+With a structured proxy (:class:`~numpyro_subsample.proxies.structured.StructuredProxy`) L is
+applied matrix-free, O(d·k) per datum; the default features are then N × d (``"stratified"``)
+or N × num_probes·d (``"cv-stratified"``) numbers, and k-means costs O(N · d) per iteration.
+
 k-means is scikit-learn's ``KMeans`` (k-means++ seeding, one initialisation) stopped after
 ``kmeans_iters`` Lloyd iterations (early termination, Fu and Zhang 2023, Sect. 4.1): it runs
 once per data set and compiles nothing.
@@ -52,6 +56,7 @@ from numpyro_subsample.estimators.base import (
 )
 from numpyro_subsample.estimators.floyd import DRAW_METHODS, draw_positions, resolve_method
 from numpyro_subsample.estimators.selection import DesignMoments, SamplingDesign
+from numpyro_subsample.proxies.structured import proxy_scale, whiten_matvec, whiten_rmatvec
 
 __all__ = [
     "Strata",
@@ -284,20 +289,20 @@ def stratified_features(
             f"estimator={name!r} clusters the per-datum gradients at a proxy centre by default: "
             "use a proxy (e.g. proxy='laplace'), or pass features=<(N, p) array>."
         )
-    tril = proxy.scale_tril
+    tril = proxy_scale(proxy)
     passes = 0.0
     centre_grads = proxy.datum_grads
     if centre_grads is None:
         centre_grads = datum_values_and_grads(potential, proxy.centre, data, chunk_size)[1]
         passes += 1.0
     if name == "stratified":
-        return np.asarray(centre_grads @ tril, np.float32), passes
+        return np.asarray(whiten_rmatvec(tril, centre_grads), np.float32), passes
     probes = jax.random.normal(jax.random.PRNGKey(seed), (num_probes, proxy.centre.shape[0]))
     feats = []
     for u in probes:
-        theta = proxy.centre + tril @ u.astype(tril.dtype)
+        theta = proxy.centre + whiten_matvec(tril, u.astype(proxy.centre.dtype))
         grads = datum_values_and_grads(potential, theta, data, chunk_size)[1]
-        feats.append(np.asarray((grads - centre_grads) @ tril, np.float32))
+        feats.append(np.asarray(whiten_rmatvec(tril, grads - centre_grads), np.float32))
     return np.concatenate(feats, axis=1), passes + num_probes
 
 

@@ -149,6 +149,9 @@ def _mixing_remedy(mcmc) -> str:
     if kind == "laplace":
         tips.append("try proxy='variational' (a joint-mode Laplace fit is a poor centre for "
                     "hierarchical models)")
+    elif kind == "structured":
+        tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
+                    "structured proxy that misses correlated directions whitens them poorly")
     elif kind is not None:
         tips.append("check the proxy (kernel.proxy)")
     return ", or ".join(tips)

@@ -1,10 +1,15 @@
 """The functional core of the stochastic-gradient kernels: states and pure programs.
 
-The chain moves in coordinates whitened by the proxy, θ = θ̂ + L w with Σ̂ = L Lᵀ. The arrays
-of the preprocessing (θ̂, L, the step size h, the estimator's arrays) travel in the state's
-``params`` field, so the compiled loop is reused for new data of the same shapes; the static
-configuration (:class:`_Config`) selects one cached pair of pure programs, ``init_one`` and
-``step``.
+The chain moves in coordinates whitened by the proxy, θ = θ̂ + L w with Σ̂ = L Lᵀ. L is a
+:data:`~numpyro_subsample.proxies.structured.Scale`: the dense lower-triangular Cholesky factor
+of a :class:`~numpyro_subsample.proxies.base.Proxy`, or a
+:class:`~numpyro_subsample.proxies.structured.StructuredCovariance` whose L w, Lᵀ g and L⁻¹ x
+cost O(d·k) and form no d × d array; the step reads it only through
+:func:`~numpyro_subsample.proxies.structured.whiten_matvec`, ``whiten_rmatvec`` and
+``whiten_solve``, which dispatch on its type when the program is traced. The arrays of the
+preprocessing (θ̂, L, the step size h, the estimator's arrays) travel in the state's ``params``
+field, so the compiled loop is reused for new data of the same shapes; the static configuration
+(:class:`_Config`) selects one cached pair of pure programs, ``init_one`` and ``step``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ from numpyro_subsample.estimators.zv import (
     zv_covariates,
 )
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.structured import (
+    Scale,
+    StructuredProxy,
+    whiten_matvec,
+    whiten_rmatvec,
+    whiten_solve,
+)
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 
 __all__ = [
@@ -49,15 +61,17 @@ MAX_PROXY_SD = 1e3
 
 
 class SamplerParams(NamedTuple):
-    """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w,
-    the step size h, the estimator's arrays and, for a noise-corrected dynamic, the matrix S
-    of the injected noise S ξ (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`)."""
+    """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w
+    (``scale_tril``: a :data:`~numpyro_subsample.proxies.structured.Scale`, dense triangular or
+    structured), the step size h, the estimator's arrays and, for a noise-corrected dynamic,
+    the matrix S of the injected noise S ξ
+    (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`)."""
 
     centre: jax.Array
-    scale_tril: jax.Array
+    scale_tril: Scale
     step_size: jax.Array
     estimator: Any
-    init_tril: jax.Array  # Cholesky factor of the proxy covariance, for initial draws
+    init_tril: Scale  # square root of the proxy covariance, for initial draws
     data_passes: jax.Array  # data passes spent on the preprocessing
     noise_scale: jax.Array | None = None
 
@@ -102,28 +116,30 @@ class Preprocessed(NamedTuple):
     """Everything computed once per data set before sampling."""
 
     potential: Potential
-    proxy: Proxy | None
+    proxy: Proxy | StructuredProxy | None
     estimator: GradientEstimator
     step_size: float
     noise: float
     centre: jax.Array
-    scale_tril: jax.Array
+    scale_tril: Scale
     seconds: float
     data_passes: float
     params: SamplerParams
     noise_cov: Any = None  # the estimator's whitened noise covariance (NumPy), if measured
-    noise_draws: int = 0  # proxy draws that noise_cov averages
+    noise_draws: int = 0  # proxy draws that noise (and noise_cov) average
     noise_errors: Any = None  # standard errors of its eigenvalues (NumPy, ascending order)
+    noise_corrected: bool = False  # the dynamics inject N(0, 2ch I − h²V)
 
 
 class Whitening(NamedTuple):
-    """The proxy and the whitening θ = θ̂ + L w (``init_tril``: the proxy's Cholesky factor,
-    for initial draws); ``data_passes`` spent on the proxy."""
+    """The proxy and the whitening θ = θ̂ + L w (``init_tril``: the proxy's square root, for
+    initial draws; both :data:`~numpyro_subsample.proxies.structured.Scale`, of one kind);
+    ``data_passes`` spent on the proxy."""
 
-    proxy: Proxy | None
+    proxy: Proxy | StructuredProxy | None
     centre: jax.Array
-    scale_tril: jax.Array
-    init_tril: jax.Array
+    scale_tril: Scale
+    init_tril: Scale
     data_passes: float
 
 
@@ -165,11 +181,11 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
     def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
-        grad_w = p.scale_tril.T @ state.grad
+        grad_w = whiten_rmatvec(p.scale_tril, state.grad)
         w, mom, xi = dynamics.step(
             k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size, p.noise_scale
         )
-        theta = p.centre + p.scale_tril @ w
+        theta = p.centre + whiten_matvec(p.scale_tril, w)
         est_state, extra_passes = state.est_state, 0.0
         if cfg.update is None:
             g, n = estimate(p.estimator, k_est, theta, data)
@@ -178,9 +194,7 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
                 p.estimator, state.est_state, k_est, theta, data
             )
         # distance from the proxy centre in proxy standard deviations (w itself when whitened)
-        z_sd = w if cfg.precondition_draw else jax.scipy.linalg.solve_triangular(
-            p.init_tril, w, lower=True
-        )
+        z_sd = w if cfg.precondition_draw else whiten_solve(p.init_tril, w)
         bad = ~jnp.isfinite(theta) | ~jnp.isfinite(g) | (jnp.abs(z_sd) >= MAX_PROXY_SD)
         healthy = state.fail_step < 0
         ok = healthy & ~jnp.any(bad)
@@ -211,13 +225,13 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         d = centre.shape[0]
         if init_params is not None:
             theta = ravel_pytree(init_params)[0].astype(centre.dtype)
-            w = jax.scipy.linalg.solve_triangular(tril, theta - centre, lower=True)
+            w = whiten_solve(tril, theta - centre)
         elif cfg.init_strategy == "proxy":  # θ ~ N(θ̂, Σ̂) of the proxy
             xi = jax.random.normal(k_pos, (d,), centre.dtype)
-            w = xi if cfg.precondition_draw else params.init_tril @ xi
+            w = xi if cfg.precondition_draw else whiten_matvec(params.init_tril, xi)
         else:
             w = jnp.zeros((d,), centre.dtype)
-        theta = centre + tril @ w
+        theta = centre + whiten_matvec(tril, w)
         est_state, extra_passes = None, 0.0
         if cfg.init_state is not None:
             est_state, extra_passes = cfg.init_state(params.estimator, data)

@@ -18,6 +18,12 @@ rules. The correction needs 2ch ≥ h²v (c the diffusion coefficient); the rule
 so that at least half of the injected variance stays Gaussian in every direction (the
 gradient noise is not Gaussian: rare heavy rows make it skewed). The kernels further cap h
 where the measured V is uncertain (``SGMCMCKernel._correction_step_cap``).
+
+With a structured proxy (:mod:`numpyro_subsample.proxies.structured`) the kernels use the
+uncorrected rules (the correction needs the d × d matrix V) with μ the largest whitened
+curvature the proxy reports (``SGMCMCKernel._whitened_curvature``: for a low-rank fit its
+first discarded Ritz value over its complement curvature, at least 1), so that the stiffest
+direction, not a unit one, meets the bound.
 """
 
 from __future__ import annotations
