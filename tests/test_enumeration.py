@@ -331,10 +331,6 @@ def test_log_likelihood_at_is_the_marginal():
     np.testing.assert_allclose(-fi, joint, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "post/arviz.py's _log_likelihood_rows traces the seeded model (z drawn from its prior) and "
-    "reads the observed site's log-prob given that z; it should call "
-    "Potential.log_likelihood_at(sample, idx, data) instead."))
 def test_to_arviz_log_likelihood_is_the_marginal(mix, sgld_run):
     thin = 500
     idata = ns_to_arviz(sgld_run, log_likelihood=True, log_likelihood_thin=thin, check=False)

@@ -65,6 +65,8 @@ def _log_likelihood_rows(potential: Potential, latent: dict, data: ModelData, ch
     args, kwargs = data.args_kwargs()
 
     def one(sample, idx):
+        if potential.enumerated_sites:  # marginal over the enumerated sites
+            return potential.log_likelihood_at(sample, idx, data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = handlers.substitute(handlers.seed(model_at(potential, idx), 0), data=sample)
