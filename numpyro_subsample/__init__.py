@@ -26,6 +26,11 @@ from numpyro_subsample.post.predictive import predictive
 from numpyro_subsample.post.zv import ZVResult, zv_fit, zv_mean, zv_summary
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
+from numpyro_subsample.proxies.structured import (
+    StructuredCovariance,
+    StructuredProxy,
+    fit_structured,
+)
 from numpyro_subsample.proxies.variational import fit_variational
 from numpyro_subsample.sgmcmc.distributed import (
     DistributedSGLD,
@@ -67,6 +72,9 @@ __all__ = [
     "fit_laplace",
     "fit_variational",
     "proxy_from_moments",
+    "fit_structured",
+    "StructuredProxy",
+    "StructuredCovariance",
     # estimators
     "ESTIMATORS",
     "configure_estimator",
