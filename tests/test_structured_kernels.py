@@ -293,6 +293,7 @@ def test_default_proxy_is_dense_below_and_low_rank_above_max_dense_dim(linreg, m
     pre = kernel.preprocess((X, y), {})
     assert isinstance(pre.proxy, StructuredProxy)
     assert pre.proxy.info["structure"] == "low-rank" and pre.proxy.info["rank"] == D - 1
+    assert pre.proxy.info["curvature"] == "fisher"  # the exact Hessian diagonal costs d HVPs
     assert kernel.noise_correction is False and pre.noise_cov is None
     assert pre.params.noise_scale is None
     # DistributedSGLD keeps the dense proxy (it has its own preprocessing)

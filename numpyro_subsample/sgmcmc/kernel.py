@@ -90,7 +90,10 @@ MAX_NOISE_EXTENSIONS = 6
 
 #: ``proxy="laplace"`` (the default) fits the dense Laplace proxy up to this many parameters
 #: d, and the structured ``"low-rank"`` proxy above (its d × d Hessian, Cholesky factor and
-#: noise covariance would take d² numbers each: 16 MB at d = 2000 in float32).
+#: noise covariance would take d² numbers each: 16 MB at d = 2000 in float32). Above it a
+#: structured fit uses the empirical Fisher curvature (one data pass for its diagonal, one per
+#: Fisher-vector product) unless ``proxy_kwargs`` set ``curvature`` or ``diagonal``: the exact
+#: Hessian diagonal costs d Hessian-vector products per datum.
 MAX_DENSE_DIM = 2000
 
 #: The rank k of ``proxy="low-rank"`` unless ``proxy_kwargs={"rank": k}`` (capped at d − 1).
@@ -390,6 +393,9 @@ class SGMCMCKernel(SubsampleKernel):
             )
         if structure == "low-rank":
             kwargs.setdefault("rank", min(DEFAULT_RANK, d - 1))
+        if d > MAX_DENSE_DIM and "diagonal" not in kwargs:
+            # the exact Hessian diagonal costs d Hessian-vector products per datum
+            kwargs.setdefault("curvature", "fisher")
         return fit_structured(
             potential, data, key, structure=structure, chunk_size=self.chunk_size,
             store_datum_grads=self.store_datum_grads, progress=self.progress_bar, **kwargs,
