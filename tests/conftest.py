@@ -1,3 +1,4 @@
+import hashlib
 import os
 import sys
 import tempfile
@@ -9,9 +10,15 @@ os.environ.setdefault("CI", "1")  # no progress bars in tests
 
 # Many tests compile the same programs (NumPyro's MCMC recompiles its loop on every run):
 # a persistent compilation cache turns the repeats into cache hits.
-_cache = os.environ.get(
-    "NUMPYRO_SUBSAMPLE_TEST_CACHE",
-    os.path.join(tempfile.gettempdir(), "numpyro_subsample_jax_cache"),
+# Keyed by XLA_FLAGS: an executable compiled under other flags (e.g. another host device
+# count) must never be read back (XLA's deserialisation can crash on it).
+_flags = hashlib.sha1(os.environ.get("XLA_FLAGS", "").encode()).hexdigest()[:8]
+_cache = os.path.join(
+    os.environ.get(
+        "NUMPYRO_SUBSAMPLE_TEST_CACHE",
+        os.path.join(tempfile.gettempdir(), "numpyro_subsample_jax_cache"),
+    ),
+    f"xla-flags-{_flags}",
 )
 jax.config.update("jax_compilation_cache_dir", _cache)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)

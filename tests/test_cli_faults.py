@@ -9,10 +9,10 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -23,9 +23,7 @@ from numpyro_subsample.compare.store import CorruptCacheError, load_arrays, save
 TINY = ["--quick", "--num-data", "1000", "--subsample-size", "20", "--num-samples", "300",
         "--nuts-samples", "100", "--no-ksd", "--no-progress", "--jobs", "1"]
 METHODS = ["--methods", "laplace-proxy,sgld-cv,sgld-uniform"]
-TEST_JAX_CACHE = os.environ.get(
-    "NUMPYRO_SUBSAMPLE_TEST_CACHE",
-    os.path.join(tempfile.gettempdir(), "numpyro_subsample_jax_cache"))
+TEST_JAX_CACHE = jax.config.jax_compilation_cache_dir  # the session's (conftest.py)
 
 
 def _rows(out: Path) -> dict:

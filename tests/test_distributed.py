@@ -157,12 +157,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _device_cache(cache_dir: str | None) -> str:
+    """A cache directory of its own for the 4-device subprocess: an executable compiled with
+    another device count, read back by a 1-device process, can crash XLA's deserialisation."""
+    return f"{cache_dir}-devices4" if cache_dir else ""
+
+
 @pytest.fixture(scope="module")
 def result():  # the tests reading it are marked slow: the subprocess takes minutes cold
     here = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, here, jax.config.jax_compilation_cache_dir or ""],
+        [sys.executable, "-c", SCRIPT, here, _device_cache(jax.config.jax_compilation_cache_dir)],
         capture_output=True, text=True, env=env,
         timeout=900,
     )
