@@ -11,7 +11,7 @@ os.environ.setdefault("CI", "1")  # no progress bars in tests
 # Many tests compile the same programs (NumPyro's MCMC recompiles its loop on every run):
 # a persistent compilation cache turns the repeats into cache hits.
 # Keyed by XLA_FLAGS: an executable compiled under other flags (e.g. another host device
-# count) must never be read back (XLA's deserialisation can crash on it).
+# count) must never be read back (XLA's deserialisation can crash on it); and by worker.
 _flags = hashlib.sha1(os.environ.get("XLA_FLAGS", "").encode()).hexdigest()[:8]
 _cache = os.path.join(
     os.environ.get(
@@ -19,6 +19,10 @@ _cache = os.path.join(
         os.path.join(tempfile.gettempdir(), "numpyro_subsample_jax_cache"),
     ),
     f"xla-flags-{_flags}",
+    # one directory per xdist worker: JAX writes cache entries unlocked and not atomically
+    # (without a size limit), and a worker reading an entry while another writes it crashed
+    # XLA's deserialisation (segfault)
+    os.environ.get("PYTEST_XDIST_WORKER", "main"),
 )
 jax.config.update("jax_compilation_cache_dir", _cache)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
