@@ -4,6 +4,7 @@ import sys
 import tempfile
 
 import jax
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("CI", "1")  # no progress bars in tests
@@ -27,3 +28,13 @@ _cache = os.path.join(
 jax.config.update("jax_compilation_cache_dir", _cache)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's in-memory compiled programs after each test module (the persistent cache
+    above keeps them on disk): every CPU executable holds memory mappings, and one worker
+    running hundreds of tests reached the kernel's vm.max_map_count (65530) and crashed with
+    a segfault inside XLA."""
+    yield
+    jax.clear_caches()
