@@ -493,13 +493,13 @@ class SGMCMCKernel(SubsampleKernel):
                 "out, or pass a fitted dense Proxy."
             )
 
-    def _correction_step_cap(self, measured) -> float:
+    def _correction_step_cap(self, errors) -> float:
         """The largest h at which the noise correction's own error, h·se(λ̂)/(2c) in the
-        stationary variance along each eigen-direction of the measured noise (se: its standard
-        error over the proxy draws, :func:`~numpyro_subsample.estimators.noise.direction_errors`),
-        stays within ``max_variance_inflation``."""
-        _, se = direction_errors(measured)
-        worst = float(se.max()) if se.size else 0.0
+        stationary variance along each eigen-direction of the measured noise (``errors``: the
+        standard errors se over the proxy draws,
+        :func:`~numpyro_subsample.estimators.noise.direction_errors`), stays within
+        ``max_variance_inflation``."""
+        worst = float(errors.max()) if errors.size else 0.0
         if not worst > 0:
             return float("inf")
         return 2.0 * self._diffusion * self.max_variance_inflation / worst
@@ -511,9 +511,8 @@ class SGMCMCKernel(SubsampleKernel):
         to half of the injected variance, so a mean over few draws of a heavy-tailed V(θ) would
         bias the posterior variance by up to half its relative error."""
         for i in range(MAX_NOISE_EXTENSIONS):
-            if self._chosen_step_size(measured.largest, True) <= self._correction_step_cap(
-                measured
-            ):
+            cap = self._correction_step_cap(direction_errors(measured)[1])
+            if self._chosen_step_size(measured.largest, True) <= cap:
                 break
             measured = extend_noise(
                 estimator, measured, wh.scale_tril, jax.random.fold_in(key, i + 1), data,
@@ -543,8 +542,9 @@ class SGMCMCKernel(SubsampleKernel):
         noise = measured.largest
         curvature = self._whitened_curvature(wh.proxy) if structured else 1.0
         step_size = self._chosen_step_size(noise, corrected, curvature)
+        errors = direction_errors(measured)[1]  # one eigendecomposition of the final V̂
         if corrected and self._step_size is None:
-            step_size = min(step_size, self._correction_step_cap(measured))
+            step_size = min(step_size, self._correction_step_cap(errors))
         if self._step_size is None:
             warn_if_noise_limited(estimator, noise, step_size)
         passes = wh.data_passes + estimator.data_passes + measured.data_passes
@@ -558,7 +558,7 @@ class SGMCMCKernel(SubsampleKernel):
             potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
             time.perf_counter() - t0, passes, params, noise_cov=measured.cov,
             noise_draws=int(measured.points.shape[0] - 1),
-            noise_errors=direction_errors(measured)[1], noise_corrected=corrected,
+            noise_errors=errors, noise_corrected=corrected,
         )
 
     # -- the functional core --------------------------------------------------------------------
