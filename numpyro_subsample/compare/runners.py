@@ -1,36 +1,38 @@
 """Runs of the comparison: the NUTS reference, NumPyro's HMCECS, the package's kernels.
 
-Every runner returns a :class:`RunOutput`: the draws, the cumulative data passes and seconds
-at each draw, and the preprocessing, sampling and compilation seconds measured apart
-(:class:`~numpyro_subsample.compare.timing.CompileTimer`). The Laplace proxy is fitted once
-per problem (:func:`fit_shared_proxy`) and given to every method that uses one, each of them
-being charged its seconds and data passes. Each run records the warnings it raised and its run
-checks (:mod:`~numpyro_subsample.compare.checks`). :func:`start_peer` runs the reference and
-HMCECS in a worker process while the calling process runs the package's kernels.
+The single runs and their :class:`RunOutput` are in :mod:`~numpyro_subsample.compare.chains`
+(re-exported here). This module caches the NUTS reference on disk (:func:`reference_run`), and
+:func:`start_peer` runs the reference and HMCECS in a worker process while the calling process
+runs the package's kernels.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 import pickle
 import queue
 import signal
-import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import numpy as np
-from numpyro.infer import HMCECS, MCMC, NUTS
-from numpyro.util import fori_collect
 
-from numpyro_subsample.compare.checks import DrawsRun, record_warnings, run_checks
+from numpyro_subsample.compare.chains import (
+    RunOutput,
+    Settings,
+    SharedProxy,
+    _run_nuts,
+    fit_shared_proxy,
+    merge_warnings,
+    run_hmcecs,
+    run_kernel,
+    run_nuts,
+    settings_for,
+)
+from numpyro_subsample.compare.checks import DrawsRun, run_checks
 from numpyro_subsample.compare.problems import Method, Problem
 from numpyro_subsample.compare.store import (
     CorruptCacheError,
@@ -39,14 +41,7 @@ from numpyro_subsample.compare.store import (
     save_arrays,
     warn_corrupt,
 )
-from numpyro_subsample.compare.timing import (
-    CompileTimer,
-    default_cache_root,
-    setup_compile_cache,
-)
-from numpyro_subsample.core.potential import ModelData, Potential, build_potential
-from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.compare.timing import default_cache_root, setup_compile_cache
 
 __all__ = [
     "Peer",
@@ -63,226 +58,6 @@ __all__ = [
     "settings_for",
     "start_peer",
 ]
-
-
-@dataclass
-class Settings:
-    """Chain lengths (warm-up, draws) and the KSD's thinning of one comparison."""
-
-    sg_warmup: int
-    sg_samples: int
-    nuts_warmup: int
-    nuts_samples: int
-    ksd_draws: int
-    checkpoints: int = 12
-    ksd_points: int = 5
-
-
-def settings_for(quick: bool = False, *, num_samples: int | None = None,
-                 nuts_samples: int | None = None, ksd: bool = True) -> Settings:
-    """Defaults: 1000 + 20,000 stochastic-gradient steps, 500 + 1000 NUTS/HMCECS steps and
-    500 KSD draws; ``quick``: 300 + 3000, 200 + 300 and 150."""
-    s = (Settings(300, 3000, 200, 300, 150, ksd_points=3) if quick
-         else Settings(1000, 20_000, 500, 1000, 500))
-    if num_samples:
-        s.sg_samples = int(num_samples)
-    if nuts_samples:
-        s.nuts_samples = int(nuts_samples)
-    if not ksd:
-        s.ksd_draws = 0
-    return s
-
-
-class RunOutput(NamedTuple):
-    """Draws and costs of one run (seconds exclude JAX compilation), the warnings it raised
-    (unique ``(category, message, count)``) and its run checks (``RunCheck`` as a dict)."""
-
-    samples: dict  # site -> (S, ...) draws
-    passes: np.ndarray  # (S,) cumulative data passes at each draw, preprocessing included
-    seconds: np.ndarray  # (S,) cumulative seconds at each draw, preprocessing included
-    sampling_s: float
-    preprocessing_s: float
-    compile_s: float
-    iterations: int  # warm-up + draws
-    note: str = ""
-    warnings: tuple = ()
-    checks: dict | None = None
-
-
-def _collect(kernel, key: jax.Array, data: ModelData, warmup: int, samples: int,
-             field: Callable, progress: bool) -> tuple[dict, Any]:
-    """Run a NumPyro kernel for warm-up + draws in one compiled loop
-    (:func:`numpyro.util.fori_collect`) that carries the data in its state, so they are an
-    argument of the compiled program, not a constant. Returns the constrained draws after
-    the warm-up and ``field(state)`` (a tuple of arrays) at every iteration, warm-up
-    included."""
-    args, kwargs = data.args_kwargs()
-    state = kernel.init(key, warmup, None, args, kwargs)
-
-    def body(val):
-        chain, d = val
-        a, k = d.args_kwargs()
-        return kernel.sample(chain, a, k), d
-
-    zs, values = fori_collect(0, warmup + samples, body, (state, data),
-                              transform=lambda val: (val[0].z, field(val[0])), progbar=progress)
-    draws = jax.vmap(kernel.postprocess_fn(args, kwargs))(jax.tree.map(lambda x: x[warmup:], zs))
-    return {k: np.asarray(v) for k, v in draws.items()}, jax.tree.map(np.asarray, values)
-
-
-def run_nuts(problem: Problem, settings: Settings, *, seed: int = 0,
-             progress: bool = False) -> RunOutput:
-    """NumPyro NUTS on the full data, warm-up and draws in one compiled loop.
-
-    ``NUTS.init``/``NUTS.sample`` under :func:`numpyro.util.fori_collect` with the warm-up
-    collected (what ``MCMC.warmup(collect_warmup=True)`` + ``MCMC.run`` do, compiled once
-    instead of twice), so that its leapfrog steps count as data passes: one per step.
-    """
-    return _run_nuts(problem, settings, seed=seed, progress=progress)[0]
-
-
-def _run_nuts(problem: Problem, settings: Settings, *, seed: int,
-              progress: bool) -> tuple[RunOutput, np.ndarray]:
-    """:func:`run_nuts` and the divergence flags of its draws."""
-    W, S = settings.nuts_warmup, settings.nuts_samples
-    with record_warnings() as caught, CompileTimer() as ct:
-        t0 = time.perf_counter()
-        samples, (steps, div) = _collect(
-            NUTS(problem.model), jax.random.PRNGKey(seed), problem.data(full=True), W, S,
-            lambda s: (s.num_steps, s.diverging), progress)
-        total = time.perf_counter() - t0 - ct.seconds
-    cum = np.cumsum(np.asarray(steps, float))
-    passes = cum[W:]
-    out = RunOutput(samples, passes, total * passes / cum[-1], total, 0.0, ct.seconds, W + S,
-                    _divergence_note(div[W:]), tuple(caught),
-                    run_checks(DrawsRun(samples, div[W:])))
-    return out, np.asarray(div[W:], bool)
-
-
-def _divergence_note(diverging: np.ndarray) -> str:
-    n = int(np.sum(diverging))
-    return f"{n} divergent transitions" if n else ""
-
-
-class SharedProxy(NamedTuple):
-    """The Laplace proxy fitted once per problem for every method that uses one.
-
-    The same proxy each stochastic-gradient kernel would fit itself (the seed split and
-    settings of ``SGMCMCKernel``'s preprocessing); fitting it once saves the repeated fit and
-    its compilation. Each method is still charged ``seconds`` and the proxy's data passes.
-    """
-
-    proxy: Proxy
-    potential: Potential
-    data: ModelData
-    seconds: float  # wall time without compilation
-    compile_s: float
-    warnings: tuple = ()  # raised by the fit, unique (category, message, count)
-
-
-def fit_shared_proxy(problem: Problem, *, seed: int = 0, progress: bool = False) -> SharedProxy:
-    """Fit the kernels' default Laplace proxy (no N×d table of ∇f_i(θ̂)) on the problem."""
-    k_model, k_proxy, _ = jax.random.split(jax.random.PRNGKey(seed), 3)
-    data = problem.data()
-    with record_warnings() as caught, CompileTimer() as ct:
-        t0 = time.perf_counter()
-        potential = build_potential(problem.model, data, k_model)
-        proxy = fit_laplace(potential, data, k_proxy, store_datum_grads=False, progress=progress)
-        jax.block_until_ready(proxy.centre)
-        seconds = time.perf_counter() - t0 - ct.seconds
-    return SharedProxy(proxy, potential, data, seconds, ct.seconds, tuple(caught))
-
-
-def _chain_seconds(pre_s: float, sampling_s: float, warmup: int, draws: int) -> np.ndarray:
-    """Cumulative seconds at each draw, sampling time spread evenly over the iterations."""
-    return pre_s + sampling_s * (warmup + np.arange(1, draws + 1)) / (warmup + draws)
-
-
-def run_hmcecs(problem: Problem, settings: Settings, shared: SharedProxy, *, seed: int = 0,
-               progress: bool = False) -> RunOutput:
-    """NumPyro HMCECS (NUTS inner kernel) with ``taylor_proxy`` at the shared proxy's mode.
-
-    Charged the proxy fit (seconds and data passes) + one full pass (the Taylor proxy's
-    per-datum terms in HMCECS's init); each iteration, warm-up included, costs n/N per
-    leapfrog step and per Gibbs proposal.
-    """
-    N, n = problem.num_data, problem.subsample_size
-    z_hat = shared.potential.unravel(shared.proxy.centre)
-    ref_params = {k: v for k, v in shared.potential.constrain(z_hat, shared.data).items()
-                  if k in z_hat}
-    kernel = HMCECS(NUTS(problem.model), num_blocks=100 if n >= 100 else 1,
-                    proxy=HMCECS.taylor_proxy(ref_params))
-    W, S = settings.nuts_warmup, settings.nuts_samples
-    with record_warnings() as caught, CompileTimer() as ct:
-        t0 = time.perf_counter()
-        samples, (steps, div) = _collect(
-            kernel, jax.random.PRNGKey(seed), problem.data(), W, S,
-            lambda s: (s.hmc_state.num_steps, s.hmc_state.diverging), progress)
-        sampling_s = time.perf_counter() - t0 - ct.seconds
-    cost = np.cumsum(np.asarray(steps, float) + 1) * n / N
-    passes = shared.proxy.num_data_passes + 1.0 + cost[W:]
-    note = "; ".join(x for x in ("taylor_proxy at the shared Laplace mode",
-                                 _divergence_note(div[W:])) if x)
-    return RunOutput(samples, passes, _chain_seconds(shared.seconds, sampling_s, W, S),
-                     sampling_s, shared.seconds, shared.compile_s + ct.seconds, W + S, note,
-                     merge_warnings(shared.warnings, tuple(caught)),
-                     run_checks(DrawsRun(samples, div[W:])))
-
-
-def merge_warnings(*groups: tuple) -> tuple:
-    """Unique ``(category, message, count)`` over several groups, counts added."""
-    counts: dict[tuple[str, str], int] = {}
-    for group in groups:
-        for c, m, k in group:
-            counts[(c, m)] = counts.get((c, m), 0) + int(k)
-    return tuple((c, m, k) for (c, m), k in counts.items())
-
-
-def run_kernel(method: Method, problem: Problem, settings: Settings, *,
-               shared: SharedProxy | None = None, seed: int = 0,
-               progress: bool = False) -> RunOutput:
-    """A package kernel under ``numpyro.infer.MCMC``, preprocessing timed apart.
-
-    Stochastic-gradient kernels get ``proxy=shared.proxy`` and are charged its seconds and
-    compile seconds (its data passes are counted by the kernel); other kernels run NUTS-length
-    chains.
-    """
-    pre_s, fit_compile_s, fit_warnings = 0.0, 0.0, ()
-    with record_warnings() as caught:
-        if method.kind == "sg":
-            extra: dict[str, Any] = {}
-            if shared is not None:
-                extra["proxy"], pre_s = shared.proxy, shared.seconds
-                fit_compile_s, fit_warnings = shared.compile_s, shared.warnings
-            kernel = method.build(problem.model, seed=seed, progress_bar=progress, **extra)
-            W, S = settings.sg_warmup, settings.sg_samples
-        else:
-            kernel = method.build(problem.model, seed=seed, progress_bar=progress)
-            W, S = settings.nuts_warmup, settings.nuts_samples
-        mcmc = MCMC(kernel, num_warmup=W, num_samples=S, progress_bar=False)
-        with CompileTimer() as ct_pre:
-            t0 = time.perf_counter()
-            kernel.preprocess(problem.args(), problem.kwargs())
-            pre_s += time.perf_counter() - t0 - ct_pre.seconds
-        with CompileTimer() as ct:
-            t1 = time.perf_counter()
-            mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs())
-            samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
-            sampling_s = time.perf_counter() - t1 - ct.seconds
-    extra_fields = mcmc.get_extra_fields()
-    notes = []
-    if "data_passes" in extra_fields:
-        passes = np.asarray(extra_fields["data_passes"], float).reshape(S)
-    else:
-        passes = np.full(S, math.nan)
-        notes.append("kernel reports no data_passes")
-    diverging = int(np.sum(np.asarray(extra_fields.get("diverging", 0))))
-    if diverging:
-        notes.append(f"{diverging} diverging steps")
-    return RunOutput(samples, passes, _chain_seconds(pre_s, sampling_s, W, S), sampling_s,
-                     pre_s, fit_compile_s + ct_pre.seconds + ct.seconds, W + S,
-                     "; ".join(notes), merge_warnings(fit_warnings, tuple(caught)),
-                     run_checks(mcmc))
 
 
 # -- the reference, cached on disk --------------------------------------------------------------

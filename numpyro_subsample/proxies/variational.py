@@ -31,30 +31,19 @@ ELBO:
 A fit that failed (ELBO still rising at ``max_steps``, non-finite steps, a collapsed guide
 scale, a mean at a support's boundary) is reported by site (:func:`fit_variational`).
 
+The SVI runs are in :mod:`~numpyro_subsample.proxies.svi`, the guides and their moments in
+:mod:`~numpyro_subsample.proxies.guides` (re-exported here).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import lru_cache, partial
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.flatten_util import ravel_pytree
-from numpyro import handlers
-from numpyro.distributions import biject_to
-from numpyro.infer import SVI, Trace_ELBO
-from numpyro.infer.autoguide import (
-    AutoContinuous,
-    AutoGuide,
-    AutoLowRankMultivariateNormal,
-    AutoMultivariateNormal,
-)
-from numpyro.infer.initialization import init_to_median, init_to_value
-from tqdm.auto import tqdm
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, Potential
@@ -71,258 +60,20 @@ from numpyro_subsample.proxies.checks import (
     transformed_coordinates,
     warn_proxy,
 )
+from numpyro_subsample.proxies.guides import (
+    MAX_FULL_RANK_DIM,
+    _cached_default_guide,
+    _setup_guide,
+    default_guide,
+    guide_moments,
+)
 from numpyro_subsample.proxies.laplace import proxy_from_moments
+from numpyro_subsample.proxies.svi import _fit_svi
 
 __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
 
-MAX_FULL_RANK_DIM = 200
 MAX_NONFINITE_STEPS = 0.01  # share of SVI steps with a non-finite loss before a warning
 STEIN_DRAWS = 32  # guide draws of the scale check (its ratio has sd ≈ √(2/32) = 0.25)
-_ELBO = Trace_ELBO()
-# Adam's direction with the learning rate applied by hand, so that the rate can be lowered on
-# a plateau without recompiling (optax has no plateau schedule for a noisy subsampled ELBO).
-_ADAM = optax.scale_by_adam()
-
-
-def default_guide(
-    model: Callable,
-    dim: int,
-    *,
-    max_full_rank_dim: int = MAX_FULL_RANK_DIM,
-    init_values: dict | None = None,
-    init_loc_fn: Callable | None = None,
-):
-    """``AutoMultivariateNormal`` for d ≤ ``max_full_rank_dim``, else low-rank (rank ≈ √d).
-
-    The guide's mean starts at ``init_values`` (constrained site values) or by the init
-    strategy ``init_loc_fn``; default: the prior median.
-    """
-    if init_loc_fn is None:
-        init_loc_fn = init_to_median(num_samples=15) if init_values is None else init_to_value(
-            values=init_values
-        )
-    cls = AutoMultivariateNormal if dim <= max_full_rank_dim else AutoLowRankMultivariateNormal
-    return cls(model, init_loc_fn=init_loc_fn)
-
-
-def _init_at_potential_start(site: dict, *, potential: Potential):
-    """Init strategy: the potential's starting point (prior median) for its latent sites."""
-    if site["type"] == "sample" and not site["is_observed"] and site["name"] in (
-        potential.latent_sites
-    ):
-        z = potential.unravel(potential.init_theta)[site["name"]]
-        return biject_to(site["fn"].support)(z)
-    return init_to_median(site, num_samples=15)
-
-
-@lru_cache(maxsize=8)
-def _cached_default_guide(potential: Potential, max_full_rank_dim: int):
-    """One default guide per potential, so that compiled SVI programs are reused on refits."""
-    init = partial(_init_at_potential_start, potential=potential)
-    return default_guide(
-        potential.model, potential.dim, max_full_rank_dim=max_full_rank_dim, init_loc_fn=init
-    )
-
-
-def _setup_guide(guide: Callable, key: jax.Array, data: ModelData) -> None:
-    """Build an autoguide's prototype eagerly, once, so that it never holds tracers."""
-    if isinstance(guide, AutoGuide) and guide.prototype_trace is None:
-        args, kwargs = data.args_kwargs()
-        with handlers.block():
-            handlers.seed(guide, key)(*args, **kwargs)
-
-
-# -- compiled SVI programs (model and guide static, data traced) ---------------------------------
-def _svi(model: Callable, guide: Callable, key: jax.Array, data: ModelData):
-    """NumPyro's SVI of ``model`` on ``data``, initialised (its ``constrain_fn`` is set)."""
-    args, kwargs = data.args_kwargs()
-    svi = SVI(model, guide, optax.sgd(1.0), _ELBO)
-    return svi, svi.init(key, *args, **kwargs)
-
-
-def _loss(svi: SVI, params: dict, key: jax.Array, data: ModelData) -> jax.Array:
-    args, kwargs = data.args_kwargs()
-    return svi.loss.loss(key, svi.constrain_fn(params), svi.model, svi.guide, *args, **kwargs)
-
-
-@partial(jax.jit, static_argnames=("model", "guide"))
-def _init_params(model, guide, key, data):
-    """Unconstrained initial parameters and Adam's state."""
-    svi, state = _svi(model, guide, key, data)
-    params = svi.optim.get_params(state.optim_state)
-    return params, _ADAM.init(params)
-
-
-@partial(jax.jit, static_argnames=("model", "guide"))
-def _constrain(model, guide, params, key, data):
-    """The guide's parameters in their constrained space (as NumPyro's guides read them)."""
-    return _svi(model, guide, key, data)[0].constrain_fn(params)
-
-
-@partial(jax.jit, static_argnames=("model", "guide"))
-def _crn_loss(model, guide, params, keys, data):
-    """−ELBO averaged over fixed keys (common random numbers)."""
-    svi = _svi(model, guide, keys[0], data)[0]
-    return jnp.mean(jax.lax.map(lambda k: _loss(svi, params, k, data), keys))
-
-
-@partial(jax.jit, static_argnames=("model", "guide", "block_size"))
-def _run_block(model, guide, block_size, params, opt_state, key, lr, data):
-    """``block_size`` Adam steps (non-finite steps skipped) and the block's iterate average."""
-    svi = _svi(model, guide, key, data)[0]
-
-    def step(c, k):
-        p, s, avg, i = c
-        loss, g = jax.value_and_grad(lambda q: _loss(svi, q, k, data))(p)
-        upd, s = _ADAM.update(g, s, p)
-        finite = jnp.isfinite(loss) & jnp.all(jnp.isfinite(ravel_pytree(g)[0]))
-        p = jax.tree.map(lambda a, u: jnp.where(finite, a - lr * u, a), p, upd)
-        avg = jax.tree.map(lambda a, x: a + (x - a) / (i + 1), avg, p)
-        return (p, s, avg, i + 1), loss
-
-    init = (params, opt_state, params, jnp.zeros((), jnp.float32))
-    (params, opt_state, avg, _), losses = jax.lax.scan(
-        step, init, jax.random.split(key, block_size)
-    )
-    return params, opt_state, avg, losses
-
-
-def _fit_svi(
-    model, guide, data, rng_key, *, learning_rate, block_size, patience, num_decays, max_steps,
-    tol, num_eval_particles, progress,
-):
-    k_init, k_run, k_eval = jax.random.split(rng_key, 3)
-    params, opt_state = _init_params(model, guide, k_init, data)
-    eval_keys = jax.random.split(k_eval, num_eval_particles)
-    lr = float(learning_rate)
-    losses_all, trace = [], []
-    best = float(_crn_loss(model, guide, params, eval_keys, data))
-    initial = -best
-    stale, decays, steps, converged = 0, 0, 0, False
-    avg = params
-    bar = tqdm(total=max_steps, desc="proxy: SVI (variational)", disable=not progress)
-    key = k_run
-    while steps < max_steps:
-        key, sub = jax.random.split(key)
-        params, opt_state, avg, losses = _run_block(
-            model, guide, block_size, params, opt_state, sub, lr, data
-        )
-        steps += block_size
-        losses_all.append(np.asarray(losses, np.float64))
-        value = float(_crn_loss(model, guide, avg, eval_keys, data))
-        if not np.isfinite(value):
-            raise ValueError(
-                "The ELBO is not finite during SVI; check the model and data, or pass a smaller "
-                "variational learning_rate (proxy_kwargs={'learning_rate': ...})."
-            )
-        trace.append(-value)
-        bar.update(block_size)
-        bar.set_postfix(elbo=f"{-value:.6g}", lr=f"{lr:.2g}")
-        if value < best - tol:
-            best, stale = value, 0
-        else:
-            best, stale = min(best, value), stale + 1
-        if stale >= patience:
-            if decays >= num_decays:
-                converged = True
-                break
-            decays += 1
-            lr /= 4.0
-            stale = 0
-    bar.close()
-    return _constrain(model, guide, avg, k_init, data), {
-        "losses": np.concatenate(losses_all),
-        "elbo_trace": np.asarray(trace),
-        "initial_elbo": initial,
-        "svi_steps": steps,
-        "converged": converged,
-        "final_learning_rate": lr,
-        "crn_evaluations": (len(trace) + 1) * num_eval_particles,
-    }
-
-
-# -- moments of the fitted guide ---------------------------------------------------------------
-def _guide_permutation(potential: Potential, guide: AutoContinuous) -> np.ndarray:
-    """perm with θ_potential[k] = x_guide[perm[k]] (the guide's flat order vs ravel_pytree)."""
-    d = potential.dim
-    unpacked = guide._unpack_latent(jnp.arange(d, dtype=jnp.float32))
-    expected = potential.unravel(jnp.zeros(d))
-    if set(unpacked) != set(expected) or any(
-        jnp.shape(unpacked[k]) != jnp.shape(expected[k]) for k in expected
-    ):
-        raise ValueError(
-            f"The guide's latent sites {sorted(unpacked)} do not match the model's "
-            f"{sorted(expected)} (names and shapes); pass a guide built for this model."
-        )
-    flat, _ = ravel_pytree({k: unpacked[k] for k in expected})
-    return np.asarray(flat).round().astype(np.int64)
-
-
-@partial(jax.jit, static_argnames=("guide", "num"))
-def _sample_auto(guide, params, perm, key, num):
-    """``num`` draws of an ``AutoContinuous`` guide, in the potential's flat order."""
-    lat = handlers.substitute(handlers.seed(guide._sample_latent, key), data=params)(
-        sample_shape=(num,)
-    )
-    return lat[:, perm]
-
-
-@partial(jax.jit, static_argnames=("potential", "guide", "num"))
-def _sample_guide(potential, guide, params, key, num, data):
-    """``num`` draws of any guide, unconstrained with the model's supports, flattened."""
-    args, kwargs = data.args_kwargs()
-    tr = handlers.trace(handlers.seed(potential.model, jax.random.PRNGKey(0))).get_trace(
-        *args, **kwargs
-    )
-    supports = {k: tr[k]["fn"].support for k in potential.latent_sites}
-
-    def one(k):
-        gtr = handlers.trace(
-            handlers.substitute(handlers.seed(guide, k), data=params)
-        ).get_trace(*args, **kwargs)
-        return ravel_pytree({s: biject_to(supports[s]).inv(gtr[s]["value"]) for s in supports})[0]
-
-    return jax.vmap(one)(jax.random.split(key, num))
-
-
-def guide_moments(
-    potential: Potential,
-    data: ModelData,
-    guide: Callable,
-    params: dict,
-    *,
-    rng_key: jax.Array | None = None,
-    num_samples: int = 4000,
-) -> tuple[jax.Array, jax.Array, bool, Callable[[jax.Array, int], jax.Array]]:
-    """Mean and covariance of the guide in the potential's flat unconstrained space.
-
-    Returns ``(mean, cov, gaussian, sample)``, where ``sample(key, S) -> (S, d)`` draws from
-    the guide in that space. Gaussian autoguides (``AutoMultivariateNormal``,
-    ``AutoLowRankMultivariateNormal``, ``AutoDiagonalNormal``) give exact moments; any other
-    guide is sampled ``num_samples`` times (each site unconstrained with the model's support).
-    """
-    rng_key = jax.random.PRNGKey(1) if rng_key is None else rng_key
-    _setup_guide(guide, jax.random.PRNGKey(0), data)
-    d = potential.dim
-    if isinstance(guide, AutoContinuous):
-        perm = _guide_permutation(potential, guide)
-        sample = partial(_sample_auto, guide, params, jnp.asarray(perm))
-        try:
-            post = guide.get_posterior(params)
-        except (NotImplementedError, AssertionError, TypeError):
-            post = None
-        if post is not None and hasattr(post, "covariance_matrix"):
-            mean, cov = post.mean, post.covariance_matrix
-            return mean[perm], cov[np.ix_(perm, perm)], True, sample
-        if post is not None and hasattr(post, "scale") and jnp.shape(post.loc) == (d,):
-            mean, cov = post.mean, jnp.diag(post.scale**2)
-            return mean[perm], cov[np.ix_(perm, perm)], True, sample
-    else:
-        sample = partial(_sample_guide, potential, guide, params, data=data)
-    draws = sample(rng_key, num_samples)
-    mean = draws.mean(0)
-    cov = jnp.cov(draws, rowvar=False).reshape(d, d)
-    return mean, cov, False, sample
 
 
 def _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
