@@ -60,7 +60,8 @@ from _runs import fmt, json_default  # noqa: E402
 from numpyro_subsample import SGHMC, SGLD, ModelData, build_potential  # noqa: E402
 from numpyro_subsample.compare import CompileTimer  # noqa: E402
 from numpyro_subsample.compare.checks import record_warnings, shorten  # noqa: E402
-from numpyro_subsample.proxies.structured import fit_structured, scale_matvec  # noqa: E402
+from numpyro_subsample.proxies.covariance import scale_matvec  # noqa: E402
+from numpyro_subsample.proxies.structured import fit_structured  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TAU, SIGMA, PRIOR_SD, P_FIXED = 0.5, 1.0, 2.0, 5
