@@ -16,9 +16,12 @@ from numpyro_subsample import SGLD, ModelData, build_potential, configure_estima
 from numpyro_subsample.estimators.noise import (
     NoiseLimitedStepWarning,
     direction_errors,
-    exact_whitened_covs,
     extend_noise,
     whitened_noise,
+)
+from numpyro_subsample.estimators.noise_covariance import (
+    exact_whitened_covs,
+    monte_carlo_whitened_covs,
 )
 
 HERE = os.path.dirname(__file__)
@@ -115,18 +118,83 @@ def test_whitened_noise_points_passes_and_fallback(heavy):
     L = proxy.scale_tril
     est = configure_estimator("cv", pot, data, proxy)
     noise = whitened_noise(est, proxy.centre, L, KEY, data, num_points=4)
-    assert noise.exact and noise.data_passes == 4.0 and noise.covs.shape == (4, 3, 3)
+    assert noise.exact and noise.data_passes == 4.0 and noise.points.shape == (4, 3)
+    assert noise.basis.shape == (3, 3) and noise.along.shape == (3, 3)  # 3 draws, no (P, d, d)
     np.testing.assert_allclose(noise.points[0], proxy.centre)
-    assert np.abs(noise.covs[0]).max() < 1e-8  # the control variate is exact at its centre
-    mean_cov = noise.covs[1:].mean(0)  # the mean over the proxy draws, centre left out
+    covs = exact_whitened_covs(est, jnp.asarray(noise.points), L, data)
+    assert np.abs(covs[0]).max() < 1e-8  # the control variate is exact at its centre
+    mean_cov = covs[1:].mean(0)  # the mean over the proxy draws, centre left out
     np.testing.assert_allclose(noise.cov, mean_cov, rtol=1e-6)
     assert noise.largest == pytest.approx(np.linalg.eigvalsh(mean_cov).max())
     assert noise.largest > 0
     assert np.linalg.eigvalsh(noise.cov).min() > -1e-6 * noise.largest
     # an estimator without second moments is measured by Monte Carlo
     mc = whitened_noise(est._replace(moments=None), proxy.centre, L, KEY, data, num_points=2)
-    assert not mc.exact and mc.covs.shape == (2, 3, 3)
+    assert not mc.exact and mc.cov.shape == (3, 3) and mc.along.shape == (1, 3)
     assert mc.data_passes == pytest.approx(2 * 16 * 10 / 500)
+
+
+def _full_storage_errors(covs, basis=None):
+    """The formula that stores every per-draw covariance: the mean of ``covs`` (draws, d, d),
+    and the standard errors of e_kᵀ V_j e_k over the draws, e_k the columns of ``basis``
+    (default: the eigenvectors of the mean)."""
+    cov = covs.mean(0)
+    lam, q = np.linalg.eigh(cov)
+    q = q if basis is None else basis
+    along = np.einsum("pij,ik,jk->pk", covs, q, q)
+    return cov, lam, along.std(0, ddof=1) / np.sqrt(along.shape[0])
+
+
+@pytest.mark.parametrize("with_moments", [True, False], ids=["exact", "monte-carlo"])
+def test_streaming_noise_equals_the_full_storage_formula(heavy, with_moments):
+    """The measurement keeps the mean, the directions and the per-draw projections only; its
+    mean, eigenvalues and standard errors equal those of the formula that stores every
+    per-draw covariance (computed here from the same points), before and after extension.
+    Both reduce the same float64 matrices and differ in summation order only: 1e-9."""
+    pot, data, proxy, _ = heavy
+    L = proxy.scale_tril
+    est = configure_estimator("cv", pot, data, proxy)
+    est = est if with_moments else est._replace(moments=None)
+    key, key2 = KEY, jax.random.PRNGKey(5)
+
+    def covs_at(points, k):
+        points = jnp.asarray(points)
+        if with_moments:
+            return exact_whitened_covs(est, points, L, data)
+        return monte_carlo_whitened_covs(est, points, L, jax.random.fold_in(k, 1), data)
+
+    first = whitened_noise(est, proxy.centre, L, key, data, num_points=5)
+    covs = covs_at(first.points, key)[1:]
+    cov, lam, se = _full_storage_errors(covs)
+    np.testing.assert_allclose(first.cov, cov, rtol=1e-12)
+    got_lam, got_se = direction_errors(first)
+    np.testing.assert_allclose(got_lam, lam, rtol=1e-9)
+    np.testing.assert_allclose(got_se, se, rtol=1e-9)
+    assert first.largest == pytest.approx(lam[-1], rel=1e-9)
+    assert all(np.ndim(f) <= 2 for f in first)
+
+    more = extend_noise(est, first, L, key2, data, num_points=4)
+    covs = np.concatenate([covs, covs_at(more.points[5:], key2)])
+    cov, lam, _ = _full_storage_errors(covs)
+    np.testing.assert_allclose(more.cov, cov, rtol=1e-12)
+    assert more.largest == pytest.approx(lam[-1], rel=1e-9)
+    got_lam, got_se = direction_errors(more)
+    np.testing.assert_allclose(got_lam, lam, rtol=1e-9)
+    # the directions stay the first measurement's eigenvectors, ordered by e_kᵀ V̄ e_k
+    first_basis = np.linalg.eigh(first.cov)[1]
+    match = np.abs(more.basis.T @ first_basis)
+    np.testing.assert_allclose(np.sort(match, axis=1)[:, -1], 1.0, rtol=1e-9)
+    rayleigh = np.einsum("ik,ij,jk->k", more.basis, more.cov, more.basis)
+    assert np.all(np.diff(rayleigh) >= 0)
+    np.testing.assert_allclose(got_se, _full_storage_errors(covs, more.basis)[2], rtol=1e-9)
+
+    # a measurement of the centre alone is replaced by the new draws, directions included
+    alone = whitened_noise(est, proxy.centre, L, key, data, num_points=1)
+    grown = extend_noise(est, alone, L, key2, data, num_points=4)
+    covs = covs_at(grown.points[1:], key2)
+    cov, lam, se = _full_storage_errors(covs)
+    np.testing.assert_allclose(grown.cov, cov, rtol=1e-12)
+    np.testing.assert_allclose(direction_errors(grown)[1], se, rtol=1e-9)
 
 
 def test_extend_noise_and_direction_errors(heavy):
@@ -137,20 +205,19 @@ def test_extend_noise_and_direction_errors(heavy):
     est = configure_estimator("cv", pot, data, proxy)
     first = whitened_noise(est, proxy.centre, L, KEY, data, num_points=4)
     more = extend_noise(est, first, L, jax.random.PRNGKey(5), data, num_points=3)
-    assert more.covs.shape == (7, 3, 3) and more.points.shape == (7, 3)
+    assert more.along.shape == (6, 3) and more.points.shape == (7, 3)
     assert more.data_passes == pytest.approx(7.0)
-    np.testing.assert_allclose(more.covs[:4], first.covs)
+    np.testing.assert_allclose(more.points[:4], first.points)
     np.testing.assert_allclose(more.points[0], proxy.centre)
-    np.testing.assert_allclose(
-        more.covs[4:], exact_whitened_covs(est, jnp.asarray(more.points[4:]), L, data), rtol=1e-5)
-    np.testing.assert_allclose(more.cov, more.covs[1:].mean(0), rtol=1e-6)
+    covs = exact_whitened_covs(est, jnp.asarray(more.points), L, data)
+    np.testing.assert_allclose(more.cov, covs[1:].mean(0), rtol=1e-5)
     assert more.largest == pytest.approx(np.linalg.eigvalsh(more.cov).max())
     lam, se = direction_errors(more)
-    q = np.linalg.eigh(more.cov)[1]
+    np.testing.assert_allclose(lam, np.linalg.eigvalsh(more.cov), rtol=1e-9)
     for k in range(3):
-        along = [q[:, k] @ c @ q[:, k] for c in more.covs[1:]]
-        assert lam[k] == pytest.approx(np.mean(along), rel=1e-6)
-        assert se[k] == pytest.approx(np.std(along, ddof=1) / np.sqrt(6), rel=1e-6)
+        e = more.basis[:, k]
+        along = [e @ c @ e for c in covs[1:]]
+        assert se[k] == pytest.approx(np.std(along, ddof=1) / np.sqrt(6), rel=1e-5)
     assert np.all(se > 0)
     _, se1 = direction_errors(whitened_noise(est, proxy.centre, L, KEY, data, num_points=2))
     assert np.all(se1 == 0)  # one draw: no spread to measure
@@ -215,7 +282,7 @@ def test_float64_exact_covariance_equals_the_formula():
         from models import logistic_data, logistic_model
         from numpyro_subsample import ModelData, build_potential, configure_estimator, fit_laplace
         from numpyro_subsample.core.datapass import datum_values_and_grads
-        from numpyro_subsample.estimators.noise import exact_whitened_covs
+        from numpyro_subsample.estimators.noise_covariance import exact_whitened_covs
         X, y = logistic_data(N=300, d=3, seed=5)
         X, y = X.astype("float64"), y.astype("float64")
         data = ModelData.from_args((X, y), {"subsample_size": 30})

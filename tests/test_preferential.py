@@ -22,12 +22,9 @@ from numpyro_subsample import (
     fit_laplace,
 )
 from numpyro_subsample.core.datapass import datum_values_and_grads, value_grad_hessian
+from numpyro_subsample.estimators.alias import alias_draw, build_alias_table
 from numpyro_subsample.estimators.base import control_variate_from_proxy, weighted_gradient
-from numpyro_subsample.estimators.preferential import (
-    alias_draw,
-    analytic_pseudo_variance,
-    build_alias_table,
-)
+from numpyro_subsample.estimators.preferential import analytic_pseudo_variance
 from numpyro_subsample.post.diagnostics import estimator_pseudo_variance
 
 # -- models of Putcha et al. (2023) Sect. 5.1 (priors as in Appendix C) ------------------------

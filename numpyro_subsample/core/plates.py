@@ -28,6 +28,7 @@ __all__ = [
     "per_datum",
     "set_plate_indices",
     "site_log_prob",
+    "widen_plate",
 ]
 
 
@@ -54,6 +55,17 @@ class set_plate_indices(Messenger):
             msg["args"] = (msg["args"][0], int(self.indices.shape[0]))
 
 
+def widen_plate(msg: dict, name: str) -> bool:
+    """Make ``msg``, if it is the subsample plate ``name``, cover all its indices 0..size−1 (no
+    subsampling), whatever its size; return whether it was."""
+    if msg["type"] != "plate" or msg["name"] != name:
+        return False
+    size = msg["args"][0]
+    msg["value"] = jnp.arange(size)
+    msg["args"] = (size, size)
+    return True
+
+
 class full_plate(Messenger):
     """Make the subsample plate ``name`` cover all its indices (no subsampling), whatever its
     size.
@@ -70,11 +82,9 @@ class full_plate(Messenger):
         super().__init__(fn)
 
     def process_message(self, msg):
-        if msg["type"] == "plate" and msg["name"] == self.name:
-            size = msg["args"][0]
-            msg["value"] = jnp.arange(size)
-            msg["args"] = (size, size)
-        elif msg["type"] == "deterministic" and in_plate(msg, self.name):
+        if widen_plate(msg, self.name):
+            return
+        if msg["type"] == "deterministic" and in_plate(msg, self.name):
             self._computed[msg["name"]] = msg["value"]
 
     def postprocess_message(self, msg):

@@ -30,13 +30,10 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 from numpyro import handlers
-from numpyro.distributions import biject_to
-from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 
 from numpyro_subsample.core.data import ModelData, indexed_axes
 from numpyro_subsample.core.enumeration import (
-    check_enumerable,
     check_enumeration_scope,
     enumerate_sites,
     enumerated_joint,
@@ -46,16 +43,19 @@ from numpyro_subsample.core.enumeration import (
 from numpyro_subsample.core.plates import (
     DataPlate,
     SiteError,
-    check_observed_shape,
     check_plate_log_prob,
-    check_plate_sizes,
-    first_indices,
     full_plate,
     full_plate_model,
     in_plate,
     per_datum,
     set_plate_indices,
     site_log_prob,
+)
+from numpyro_subsample.core.structure import (
+    _check_indexed_lengths,
+    _find_data_plate,
+    _prototype_trace,
+    _validate_sites,
 )
 
 __all__ = [
@@ -179,139 +179,6 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
 @jax.jit
 def _rows_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(x).reshape(x.shape[0], -1).all(-1)
-
-
-def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:
-    """The model's trace (for its structure: sites, plates, supports) and the unconstrained
-    prior medians of its latent sites, in one compiled program instead of many eager ops.
-
-    The trace's values are tracers of that program: only their static attributes (shapes,
-    distributions, plate frames) are read afterwards.
-    """
-    holder = {}
-
-    def run(key, data):
-        args, kwargs = data.args_kwargs()
-        with check_plate_sizes(), first_indices():
-            tr = handlers.trace(
-                handlers.substitute(
-                    handlers.seed(model, key), substitute_fn=init_to_median(num_samples=15)
-                )
-            ).get_trace(*args, **kwargs)
-        holder["trace"] = tr
-        return {
-            name: biject_to(site["fn"].support).inv(site["value"])
-            for name, site in tr.items()
-            if site["type"] == "sample" and not site["is_observed"]
-            and not site["fn"].support.is_discrete
-        }
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            values = jax.jit(run)(rng_key, data)
-        except AssertionError as err:  # NumPyro asserts a positive plate size
-            if "size of plate" not in str(err):
-                raise
-            empty = [n for n, a in zip(data.names(), data.arrays, strict=True)
-                     if a.ndim >= 1 and a.shape[0] == 0]
-            raise ValueError(
-                f"A plate of the model has size N=0 ({err}); data arguments with 0 rows: "
-                f"{empty or 'none'}. Pass non-empty data (the plate's size is usually the "
-                "number of rows, e.g. X.shape[0])."
-            ) from err
-    return holder["trace"], values
-
-
-def _find_data_plate(tr: dict) -> DataPlate:
-    plates = {
-        name: site["args"]
-        for name, site in tr.items()
-        if site["type"] == "plate"
-        and site["args"][1] is not None
-        and site["args"][0] > site["args"][1]
-    }
-    if not plates:
-        raise ValueError(
-            "The model has no subsample plate: numpyro_subsample needs the likelihood inside "
-            "`numpyro.plate(name, N, subsample_size=n)` with n < N, and the observed data "
-            "indexed by the plate's indices."
-        )
-    if len(plates) > 1:
-        raise ValueError(
-            f"The model has several subsample plates {sorted(plates)}; only one subsample plate "
-            "is supported. Keep subsample_size on the data plate only."
-        )
-    (name, (size, subsample_size)), = plates.items()
-    dim = None
-    for site in tr.values():
-        for frame in site.get("cond_indep_stack", []):
-            if frame.name == name:
-                dim = frame.dim
-    if dim is None:
-        raise ValueError(f"The subsample plate '{name}' contains no sample site.")
-    return DataPlate(name, int(size), int(subsample_size), int(dim))
-
-
-def _validate_sites(
-    tr: dict, plate: DataPlate
-) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(latent sites, deterministic sites of the plate, enumerated sites of the plate)."""
-    latent, plate_det, observed_in_plate, enumerated = [], [], [], []
-    for name, site in tr.items():
-        if site["type"] == "deterministic" and in_plate(site, plate.name):
-            plate_det.append(name)
-        if site["type"] != "sample":
-            continue
-        if site["is_observed"]:
-            if in_plate(site, plate.name):
-                check_observed_shape(name, site, plate)
-                observed_in_plate.append(name)
-            continue
-        if site["fn"].support.is_discrete:
-            if in_plate(site, plate.name):
-                check_enumerable(name, site, plate)
-                enumerated.append(name)
-                continue
-            raise ValueError(
-                f"Latent site '{name}' is discrete and lies outside the subsample plate "
-                f"'{plate.name}'; stochastic-gradient MCMC needs continuous global latent "
-                "variables (only discrete sites inside the plate can be enumerated, one value "
-                "per datum). Marginalise it out by hand (e.g. with dist.MixtureSameFamily or "
-                "a logsumexp over its values in a numpyro.factor) or observe it."
-            )
-        if in_plate(site, plate.name):
-            raise ValueError(
-                f"Latent site '{name}' lies inside the subsample plate '{plate.name}'. Local "
-                "(per-datum) continuous latent variables are not supported: marginalise them, "
-                "or move the site out of the plate. (Discrete per-datum sites marked "
-                "infer={'enumerate': 'parallel'} are summed out.)"
-            )
-        latent.append(name)
-    if not observed_in_plate:
-        raise ValueError(
-            f"The subsample plate '{plate.name}' has no observed sample site; put the "
-            "likelihood (`numpyro.sample(..., obs=...)`) inside it."
-        )
-    if not latent:
-        raise ValueError("The model has no latent sample site to infer.")
-    return tuple(latent), tuple(plate_det), tuple(enumerated)
-
-
-def _check_indexed_lengths(indexed: set, data: ModelData, plate: DataPlate) -> None:
-    """Every data array whose rows the plate's indices select has N rows along that axis
-    (a shorter one would be read at clipped indices, a longer one partly ignored)."""
-    names = data.names()
-    for pos, axis in sorted(indexed):
-        shape = tuple(data.arrays[pos].shape)
-        if shape[axis] != plate.size:
-            raise ValueError(
-                f"The data argument {names[pos]} (shape {shape}) has {shape[axis]} rows along "
-                f"axis {axis}, which the subsample plate '{plate.name}' indexes, but the plate "
-                f"has size N={plate.size}. Pass arrays with N rows, or give the plate the "
-                f"number of rows as its size (e.g. numpyro.plate('{plate.name}', "
-                "X.shape[0], subsample_size=n))."
-            )
 
 
 def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Potential:

@@ -25,11 +25,8 @@ import numpy as np
 from numpyro_subsample.core.datapass import map_data
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.ecs.likelihood_proxies import LikelihoodProxy, LikelihoodSpec, datum_terms
-from numpyro_subsample.estimators.preferential import (
-    alias_draw,
-    build_alias_table,
-    mix_with_uniform,
-)
+from numpyro_subsample.estimators.alias import alias_draw, build_alias_table
+from numpyro_subsample.estimators.preferential import mix_with_uniform
 
 __all__ = [
     "SELECTIONS",

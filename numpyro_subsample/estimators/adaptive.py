@@ -41,6 +41,7 @@ from blackjax.sgmcmc import diffusions
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.estimators.alias import alias_design
 from numpyro_subsample.estimators.base import (
     ControlVariate,
     EstimatorMoments,
@@ -50,9 +51,8 @@ from numpyro_subsample.estimators.base import (
 )
 from numpyro_subsample.estimators.lipschitz import lipschitz_constants
 from numpyro_subsample.estimators.noise import whitened_noise
-from numpyro_subsample.estimators.preferential import alias_design
 from numpyro_subsample.estimators.selection import uniform_design
-from numpyro_subsample.proxies.structured import proxy_scale, whiten_matvec, whiten_rmatvec
+from numpyro_subsample.proxies.whitening import proxy_scale, whiten_matvec, whiten_rmatvec
 
 __all__ = [
     "ADAPTIVE_NAMES",

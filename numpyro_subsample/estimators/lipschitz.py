@@ -20,7 +20,7 @@ from numpyro import handlers
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.proxies.structured import (
+from numpyro_subsample.proxies.whitening import (
     cov_norm_bound,
     is_structured,
     proxy_scale,
@@ -186,7 +186,7 @@ def lipschitz_constants(
     draws from N(θ̂, spread² Σ̂) (``seed``), an estimate, not a bound. ``radius`` (Poisson): R
     of the ball around θ̂ on which the bound holds; default 5 sqrt(λ_max(Σ̂)) (with a
     structured proxy, an upper bound of λ_max(Σ̂),
-    :func:`~numpyro_subsample.proxies.structured.cov_norm_bound`). The autodiff estimate forms
+    :func:`~numpyro_subsample.proxies.whitening.cov_norm_bound`). The autodiff estimate forms
     per-datum d × d Hessians and is refused with a structured proxy (``ValueError``).
     """
     if method not in ("auto", "autodiff"):

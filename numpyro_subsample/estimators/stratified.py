@@ -56,7 +56,7 @@ from numpyro_subsample.estimators.base import (
 )
 from numpyro_subsample.estimators.floyd import DRAW_METHODS, draw_positions, resolve_method
 from numpyro_subsample.estimators.selection import DesignMoments, SamplingDesign
-from numpyro_subsample.proxies.structured import proxy_scale, whiten_matvec, whiten_rmatvec
+from numpyro_subsample.proxies.whitening import proxy_scale, whiten_matvec, whiten_rmatvec
 
 __all__ = [
     "Strata",
@@ -307,13 +307,8 @@ def stratified_features(
 
 
 def build_stratified(
-    potential: Potential,
-    data: ModelData,
-    proxy=None,
-    *,
-    subsample_size: int,
-    replace: bool = True,
-    rng_key: jax.Array | None = None,
+    potential: Potential, data: ModelData, proxy=None, *,
+    subsample_size: int, replace: bool = True, rng_key: jax.Array | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     num_strata: int = 10,
     features: Any = None,

@@ -16,11 +16,11 @@ from functools import lru_cache, partial
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
+from numpyro_subsample.core.plates import widen_plate
 from numpyro_subsample.core.potential import ModelData, in_plate
 from numpyro_subsample.post.protocol import check_kernel, kernel_data, kernel_of, run_data
 
@@ -68,11 +68,9 @@ class _predict_plate(Messenger):
         super().__init__(fn)
 
     def process_message(self, msg):
-        if msg["type"] == "plate" and msg["name"] == self.name:
-            size = msg["args"][0]
-            msg["value"] = jnp.arange(size)
-            msg["args"] = (size, size)
-        elif msg["type"] == "sample" and msg["is_observed"] and in_plate(msg, self.name):
+        if widen_plate(msg, self.name):
+            return
+        if msg["type"] == "sample" and msg["is_observed"] and in_plate(msg, self.name):
             msg["value"] = None
             msg["is_observed"] = False
 
