@@ -25,12 +25,9 @@ from numpyro_subsample.post.mcmc import MCMC
 from numpyro_subsample.post.predictive import predictive
 from numpyro_subsample.post.zv import ZVResult, zv_fit, zv_mean, zv_summary
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
+from numpyro_subsample.proxies.covariance import StructuredCovariance
 from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
-from numpyro_subsample.proxies.structured import (
-    StructuredCovariance,
-    StructuredProxy,
-    fit_structured,
-)
+from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.variational import fit_variational
 from numpyro_subsample.sgmcmc.distributed import (
     DistributedSGLD,

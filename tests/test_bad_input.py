@@ -15,7 +15,7 @@ from numpyro.infer import MCMC
 
 import numpyro_subsample.ecs.kernel as ecs_kernel
 import numpyro_subsample.proxies.laplace as laplace
-import numpyro_subsample.sgmcmc.kernel as sg_kernel
+import numpyro_subsample.sgmcmc.preprocess as sg_kernel
 from numpyro_subsample import SGHMC, SGLD, SGNHT, EnergyConservingHMC, ModelData, build_potential
 from numpyro_subsample.core.options import OPTIONS
 from numpyro_subsample.ecs.difference import SELECTIONS

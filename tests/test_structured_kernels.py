@@ -17,31 +17,28 @@ import numpyro.distributions as dist
 import pytest
 from models import linreg_data, linreg_exact, linreg_model
 
-import numpyro_subsample.sgmcmc.kernel as kernel_module
+import numpyro_subsample.sgmcmc.preprocess as kernel_module
 from numpyro_subsample import MCMC, SGHMC, SGLD, DistributedSGLD, Proxy, to_arviz, zv_mean
 from numpyro_subsample.core.potential import ModelData, build_potential
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.lipschitz import lipschitz_constants
 from numpyro_subsample.estimators.noise import (
     NoiseLimitedStepWarning,
-    NoiseOperator,
-    exact_whitened_covs,
-    monte_carlo_whitened_covs,
     noise_points,
     warn_if_noise_limited,
     whitened_noise,
 )
+from numpyro_subsample.estimators.noise_covariance import (
+    exact_whitened_covs,
+    monte_carlo_whitened_covs,
+)
+from numpyro_subsample.estimators.noise_matrix_free import NoiseOperator
 from numpyro_subsample.estimators.preferential import hessian_weights
 from numpyro_subsample.estimators.registry import configure_estimator
-from numpyro_subsample.proxies.structured import (
-    StructuredProxy,
-    fit_structured,
-    lanczos_eigh,
-    scale_matvec,
-    whiten_matvec,
-    whiten_rmatvec,
-    whiten_solve,
-)
+from numpyro_subsample.proxies.covariance import scale_matvec
+from numpyro_subsample.proxies.lanczos import lanczos_eigh
+from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
+from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_rmatvec, whiten_solve
 
 D = 6  # the conjugate model's dimension
 

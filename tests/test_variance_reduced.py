@@ -12,7 +12,7 @@ from models import linreg_data, linreg_exact, linreg_model
 from numpyro.infer import MCMC
 
 import numpyro_subsample.estimators.variance_reduced as vr
-import numpyro_subsample.sgmcmc.kernel as sg_kernel
+import numpyro_subsample.sgmcmc.preprocess as sg_kernel
 from numpyro_subsample import SGHMC, SGLD, SGNHT, zv_mean
 from numpyro_subsample.core.datapass import datum_values_and_grads, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, build_potential

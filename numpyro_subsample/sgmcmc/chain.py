@@ -1,11 +1,11 @@
 """The functional core of the stochastic-gradient kernels: states and pure programs.
 
 The chain moves in coordinates whitened by the proxy, θ = θ̂ + L w with Σ̂ = L Lᵀ. L is a
-:data:`~numpyro_subsample.proxies.structured.Scale`: the dense lower-triangular Cholesky factor
+:data:`~numpyro_subsample.proxies.whitening.Scale`: the dense lower-triangular Cholesky factor
 of a :class:`~numpyro_subsample.proxies.base.Proxy`, or a
-:class:`~numpyro_subsample.proxies.structured.StructuredCovariance` whose L w, Lᵀ g and L⁻¹ x
+:class:`~numpyro_subsample.proxies.covariance.StructuredCovariance` whose L w, Lᵀ g and L⁻¹ x
 cost O(d·k) and form no d × d array; the step reads it only through
-:func:`~numpyro_subsample.proxies.structured.whiten_matvec`, ``whiten_rmatvec`` and
+:func:`~numpyro_subsample.proxies.whitening.whiten_matvec`, ``whiten_rmatvec`` and
 ``whiten_solve``, which dispatch on its type when the program is traced. The arrays of the
 preprocessing (θ̂, L, the step size h, the estimator's arrays) travel in the state's ``params``
 field, so the compiled loop is reused for new data of the same shapes; the static configuration
@@ -36,13 +36,8 @@ from numpyro_subsample.estimators.zv import (
     zv_covariates,
 )
 from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.proxies.structured import (
-    Scale,
-    StructuredProxy,
-    whiten_matvec,
-    whiten_rmatvec,
-    whiten_solve,
-)
+from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec, whiten_solve
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 
 __all__ = [
@@ -62,7 +57,7 @@ MAX_PROXY_SD = 1e3
 
 class SamplerParams(NamedTuple):
     """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w
-    (``scale_tril``: a :data:`~numpyro_subsample.proxies.structured.Scale`, dense triangular or
+    (``scale_tril``: a :data:`~numpyro_subsample.proxies.whitening.Scale`, dense triangular or
     structured), the step size h, the estimator's arrays and, for a noise-corrected dynamic,
     the matrix S of the injected noise S ξ
     (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`)."""
@@ -133,7 +128,7 @@ class Preprocessed(NamedTuple):
 
 class Whitening(NamedTuple):
     """The proxy and the whitening θ = θ̂ + L w (``init_tril``: the proxy's square root, for
-    initial draws; both :data:`~numpyro_subsample.proxies.structured.Scale`, of one kind);
+    initial draws; both :data:`~numpyro_subsample.proxies.whitening.Scale`, of one kind);
     ``data_passes`` spent on the proxy."""
 
     proxy: Proxy | StructuredProxy | None

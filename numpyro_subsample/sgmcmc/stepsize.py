@@ -17,16 +17,19 @@ the inflation factor: h = 2δ/(μ(1 + δ)) for SGLD, and likewise v = 0 in the S
 rules. The correction needs 2ch ≥ h²v (c the diffusion coefficient); the rules cap h at c/v,
 so that at least half of the injected variance stays Gaussian in every direction (the
 gradient noise is not Gaussian: rare heavy rows make it skewed). The kernels further cap h
-where the measured V is uncertain (``SGMCMCKernel._correction_step_cap``).
+where the measured V is uncertain
+(:func:`~numpyro_subsample.sgmcmc.noise_refine.correction_step_cap`).
 
 With a structured proxy (:mod:`numpyro_subsample.proxies.structured`) the kernels use the
 uncorrected rules (the correction needs the d × d matrix V) with μ the largest whitened
-curvature the proxy reports (``SGMCMCKernel._whitened_curvature``: for a low-rank fit its
-first discarded Ritz value over its complement curvature, at least 1), so that the stiffest
-direction, not a unit one, meets the bound.
+curvature the proxy reports (:func:`~numpyro_subsample.sgmcmc.preprocess.whitened_curvature`:
+for a low-rank fit its first discarded Ritz value over its complement curvature, at least 1),
+so that the stiffest direction, not a unit one, meets the bound.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 __all__ = ["sgld_step_size", "sghmc_step_size", "sgnht_step_size"]
 
@@ -65,13 +68,33 @@ def _sghmc_inflation(h: float, v: float, alpha: float, mu: float) -> float:
     return (1 + h * v / (2 * alpha)) * (4 - 2 * alpha * h) / (4 - 2 * alpha * h - h * h * mu)
 
 
-def sghmc_step_size(
-    noise: float,
-    friction: float = 1.0,
-    max_variance_inflation: float = 0.05,
-    curvature: float = 1.0,
-    corrected: bool = False,
-) -> float:
+def _friction_rule(rule: Callable[[float, float, float, float], float]) -> Callable[..., float]:
+    """The public rule of a dynamic with a friction (SGHMC, SGNHT) from ``rule(v, α, δ, μ)``:
+    it validates δ (``max_variance_inflation``) and α (``friction``), and for the
+    noise-corrected dynamic (``corrected``) applies ``rule`` with v = 0, capped at α/v."""
+
+    def step_size(
+        noise: float,
+        friction: float = 1.0,
+        max_variance_inflation: float = 0.05,
+        curvature: float = 1.0,
+        corrected: bool = False,
+    ) -> float:
+        delta = _checked_inflation(max_variance_inflation)
+        if not friction > 0:
+            raise ValueError(f"friction must be > 0, got {friction}.")
+        alpha, mu = float(friction), float(curvature)
+        if corrected:
+            return min(rule(0.0, alpha, delta, mu), _cap(noise, friction))
+        return rule(max(float(noise), 0.0), alpha, delta, mu)
+
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(step_size, attr, getattr(rule, attr))
+    return step_size
+
+
+@_friction_rule
+def sghmc_step_size(v: float, alpha: float, delta: float, mu: float) -> float:
     """Time step h of SGHMC (convention of :mod:`numpyro_subsample.sgmcmc.dynamics`) from the noise.
 
     Derivation, as for SGLD: for a Gaussian target of curvature μ, friction α and gradient
@@ -94,30 +117,18 @@ def sghmc_step_size(
 
     ``corrected``: for the noise-corrected dynamic, the root with v = 0, capped at α/v.
     """
-    delta = _checked_inflation(max_variance_inflation)
-    if not friction > 0:
-        raise ValueError(f"friction must be > 0, got {friction}.")
-    if corrected:
-        h = sghmc_step_size(0.0, friction, delta, curvature)
-        return min(h, _cap(noise, friction))
-    v, a, mu = max(float(noise), 0.0), float(friction), float(curvature)
-    lo, hi = 0.0, (-a + (a * a + 4 * mu) ** 0.5) / mu
+    lo, hi = 0.0, (-alpha + (alpha * alpha + 4 * mu) ** 0.5) / mu
     for _ in range(100):
         mid = 0.5 * (lo + hi)
-        if _sghmc_inflation(mid, v, a, mu) <= 1 + delta:
+        if _sghmc_inflation(mid, v, alpha, mu) <= 1 + delta:
             lo = mid
         else:
             hi = mid
     return lo
 
 
-def sgnht_step_size(
-    noise: float,
-    friction: float = 1.0,
-    max_variance_inflation: float = 0.05,
-    curvature: float = 1.0,
-    corrected: bool = False,
-) -> float:
+@_friction_rule
+def sgnht_step_size(v: float, alpha: float, delta: float, mu: float) -> float:
     """Time step h of SGNHT (convention of :mod:`numpyro_subsample.sgmcmc.dynamics`).
 
     The thermostat drives the kinetic temperature |p'|²/d to 1; with friction ξ the Lyapunov
@@ -130,11 +141,5 @@ def sgnht_step_size(
 
     ``corrected``: for the noise-corrected dynamic, the rule with v = 0, capped at A/v.
     """
-    delta = _checked_inflation(max_variance_inflation)
-    if not friction > 0:
-        raise ValueError(f"friction must be > 0, got {friction}.")
-    if corrected:
-        return min(sgnht_step_size(0.0, friction, delta, curvature), _cap(noise, friction))
-    v, a = max(float(noise), 0.0), float(friction)
-    h_thermo = 4 * delta / (a + (a * a + 4 * delta * v) ** 0.5)
-    return min(h_thermo, sghmc_step_size(noise, friction, delta, curvature))
+    h_thermo = 4 * delta / (alpha + (alpha * alpha + 4 * delta * v) ** 0.5)
+    return min(h_thermo, sghmc_step_size(v, alpha, delta, mu))

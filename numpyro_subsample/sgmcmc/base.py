@@ -1,0 +1,374 @@
+"""The stochastic-gradient kernel shared by SGLD, SGHMC and SGNHT: the NumPyro ``MCMCKernel``.
+
+:class:`SGMCMCKernel` wraps the functional core (:mod:`numpyro_subsample.sgmcmc.chain`: pure
+per-chain init and ``step(state, data)`` over :class:`SGMCMCState`) in the thin adapter of
+:mod:`numpyro_subsample.core.adapter`, and runs the preprocessing (proxy, estimator, measured
+noise, step size) with the functions of :mod:`numpyro_subsample.sgmcmc.preprocess` and
+:mod:`numpyro_subsample.sgmcmc.noise_refine`; its subclasses
+(:mod:`numpyro_subsample.sgmcmc.kernel`) choose the dynamics and the step-size rule.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.util import is_prng_key
+
+from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.options import check_options
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import STEP_RNG
+from numpyro_subsample.estimators.registry import (
+    NEEDS_PROXY,
+    STATEFUL,
+    check_estimator_request,
+    configure_estimator,
+)
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.sgmcmc.chain import (
+    Preprocessed,
+    SamplerParams,
+    SGMCMCState,
+    Whitening,
+    _Config,
+    chain_programs,
+)
+from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
+from numpyro_subsample.sgmcmc.noise_refine import corrected_noise_scale, noise_and_step_size
+from numpyro_subsample.sgmcmc.preprocess import (
+    STRUCTURED,
+    ProxyRequest,
+    check_dimension,
+    check_request,
+    fit_proxy,
+    proxy_choice,
+    whitened_curvature,
+    whitening,
+)
+from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
+
+__all__ = ["SGMCMCKernel"]
+
+
+class SGMCMCKernel(SubsampleKernel):
+    """Stochastic-gradient MCMC for a NumPyro model with a subsample plate.
+
+    Parameters
+    ----------
+    model
+        A NumPyro model whose likelihood sits in ``numpyro.plate(name, N, subsample_size=n)``;
+        n is the subsample size per step.
+    estimator
+        The gradient estimator: a name of
+        :data:`~numpyro_subsample.estimators.registry.ESTIMATORS` (``"uniform"``, Welling and
+        Teh 2011; ``"cv"``, Baker et al. 2019; ``"preferential"``, ``"cv-preferential"``,
+        Putcha et al. 2023; ``"stratified"``, ``"cv-stratified"``, Fu and Zhang 2023;
+        ``"saga"``, ``"svrg"``, Dubey et al. 2016, whose control variate moves with each chain:
+        :mod:`~numpyro_subsample.estimators.variance_reduced`; SAGA keeps an N×d table per
+        vectorized chain, SVRG's option ``update_every`` is the steps between its data passes).
+    step_size
+        The time step h of the diffusion in whitened coordinates, for every dynamic:
+        SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
+        Putcha et al. 2023, Eq. 4, is 2h). ``None`` picks h from the measured gradient noise
+        so that the stationary variance of a Gaussian target is inflated by at most
+        ``max_variance_inflation`` (:mod:`numpyro_subsample.sgmcmc.stepsize`).
+    proxy
+        ``"laplace"`` (mode and inverse Hessian; default), ``"variational"`` (an autoguide
+        fitted by SVI, :func:`~numpyro_subsample.proxies.variational.fit_variational`;
+        ``guide=`` in ``proxy_kwargs``; up to its ``max_full_rank_dim`` centred at the guide's
+        mean with ``covariance="expected_hessian"``, the inverse full-data Hessian averaged
+        over the guide, which does not collapse where a variational fit may), a
+        :class:`~numpyro_subsample.proxies.base.Proxy`, or a structured proxy for large d:
+        ``"diagonal"`` or ``"low-rank"`` (precision diag + rank k, ``proxy_kwargs={"rank":
+        k}``, default :data:`DEFAULT_RANK`; other ``proxy_kwargs`` are options of
+        :func:`~numpyro_subsample.proxies.structured.fit_structured`) or a
+        :class:`~numpyro_subsample.proxies.structured.StructuredProxy`. ``"laplace"`` is
+        dense up to :data:`MAX_DENSE_DIM` parameters and ``"low-rank"`` above (pass a fitted
+        ``Proxy`` to keep a dense one). A structured proxy forms no d × d array on the
+        sampling path; the step-size rules then take the largest whitened curvature the
+        low-rank fit reports (its first discarded Ritz value over the complement's curvature,
+        at least 1), and 1 for the diagonal proxy, which assumes weakly correlated parameters.
+    preconditioning
+        Sample in coordinates whitened by the proxy covariance.
+    max_variance_inflation
+        δ of the default step-size rule (default 0.05).
+    noise_correction
+        Inject N(0, 2ch I − h²V) instead of N(0, 2ch I), V the estimator's noise covariance
+        (whitened, measured exactly at proxy draws, :mod:`numpyro_subsample.estimators.noise`),
+        c the diffusion coefficient: the total noise per step is then the diffusion's, as in
+        stochastic-gradient Fisher scoring (Ahn, Korattikara and Welling 2012) and SGHMC's
+        B̂ correction (Chen, Fox and Guestrin 2014, Eq. 9), so the default step is larger for
+        the same variance inflation (:mod:`numpyro_subsample.sgmcmc.stepsize`). Default
+        (None) on, except for ``"saga"`` and ``"svrg"``, whose noise changes with their state,
+        and with a structured proxy, which does not form the d × d matrices V and S (True
+        raises for both; ``"laplace"`` above :data:`MAX_DENSE_DIM` turns it off by default and
+        raises at preprocessing if True); needs preconditioning (V is measured in whitened
+        coordinates).
+    replace
+        Draw subsample indices with replacement (default) or without.
+    proxy_kwargs
+        Options of the proxy fit.
+    chunk_size
+        Data per vmapped evaluation in full-data passes.
+    store_datum_grads
+        Keep the N×d table of ∇f_i(θ̂) and gather its rows each step, or (default) recompute
+        ∇f_i(θ̂) on the subsample, which shares the gathered data rows with the first
+        evaluation (per-step costs in ``benchmarks/RESULTS.md``).
+    init_strategy
+        ``"proxy"`` (each chain starts at a draw from N(θ̂, Σ̂)) or ``"centre"``.
+    seed
+        Seed of the preprocessing (proxy fit, noise measurement), done once per data set and
+        shared by all chains and runs.
+    progress_bar
+        Progress bars for preprocessing (default: on, off under CI).
+    zv_stream, zv_degree, zv_fn
+        Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
+        post-warmup draws inside the sampling loop, with polynomial degree 1 or 2 and the
+        function g of the constrained sample (default: every coordinate and its square); read
+        them with :func:`~numpyro_subsample.post.zv.zv_mean`. Degree 1 keeps d × d
+        co-moments per chain (whatever the proxy); degree 2 is refused above
+        :data:`MAX_ZV_DEGREE2_DIM` parameters.
+    **estimator_options
+        Further options of the estimator (see its module).
+    """
+
+    sample_field = "z"
+    _dynamics_name = "sgld"
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        estimator: str = "cv",
+        step_size: float | None = None,
+        proxy: str | Proxy | StructuredProxy = "laplace",
+        preconditioning: bool = True,
+        max_variance_inflation: float = 0.05,
+        replace: bool = True,
+        proxy_kwargs: dict | None = None,
+        chunk_size: int = 2048,
+        store_datum_grads: bool = False,
+        noise_correction: bool | None = None,
+        init_strategy: str = "proxy",
+        seed: int = 0,
+        progress_bar: bool | None = None,
+        zv_stream: bool = False,
+        zv_degree: int = 1,
+        zv_fn: Callable | None = None,
+        **estimator_options: Any,
+    ) -> None:
+        check_options(
+            "SGMCMCKernel", label=type(self).__name__, step_size=step_size,
+            preconditioning=preconditioning,
+            max_variance_inflation=max_variance_inflation, replace=replace,
+            proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
+            store_datum_grads=store_datum_grads, noise_correction=noise_correction,
+            init_strategy=init_strategy, seed=seed,
+            progress_bar=progress_bar, zv_stream=zv_stream, zv_degree=zv_degree, zv_fn=zv_fn,
+            **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
+        )
+        structured = check_request(
+            type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
+            preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
+            supports_structured=self._supports_structured(),
+        )
+        self._noise_correction_given = noise_correction
+        if noise_correction is None:
+            noise_correction = estimator not in STATEFUL and not structured
+        super().__init__(model, seed=seed)
+        self.estimator_name = estimator
+        self.estimator_options = estimator_options
+        self._step_size = None if step_size is None else float(step_size)
+        self._proxy_spec = proxy
+        self.preconditioning = bool(preconditioning)
+        self.max_variance_inflation = float(max_variance_inflation)
+        self.replace = bool(replace)
+        self.proxy_kwargs = dict(proxy_kwargs or {})
+        self.chunk_size = int(chunk_size)
+        self.store_datum_grads = bool(store_datum_grads)
+        self._noise_correction = bool(noise_correction) and self.preconditioning
+        self.init_strategy = init_strategy
+        self.progress_bar = default_progress() if progress_bar is None else progress_bar
+        self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
+
+    # -- what a subclass chooses ------------------------------------------------------------
+    _diffusion = 1.0  # c of the injected noise N(0, 2ch I)
+
+    def _corrected(self, corrected: bool | None) -> bool:
+        return self.noise_correction if corrected is None else bool(corrected)
+
+    def _dynamics(self, corrected: bool | None = None) -> Dynamics:
+        return corrected_dynamics("sgld") if self._corrected(corrected) else sgld_dynamics()
+
+    def _default_step_size(self, noise: float, corrected: bool | None = None,
+                           curvature: float = 1.0) -> float:
+        return sgld_step_size(noise, self.max_variance_inflation, curvature,
+                              corrected=self._corrected(corrected))
+
+    # -- properties users read ----------------------------------------------------------------
+    @property
+    def default_fields(self) -> tuple[str, ...]:
+        return ("z", "diverging", "subsample_size", "data_passes")
+
+    @property
+    def proxy(self) -> Proxy | StructuredProxy | None:
+        """The fitted proxy: ``proxy.centre`` (θ̂, flat unconstrained), ``proxy.cov`` (Σ̂) or,
+        for a structured proxy, ``proxy.cov_op``."""
+        return self.preprocessed.proxy
+
+    @property
+    def noise_correction(self) -> bool:
+        """Whether the dynamics inject N(0, 2ch I − h²V): as resolved for the data once
+        preprocessed (off when ``"laplace"`` became ``"low-rank"`` above
+        :data:`MAX_DENSE_DIM`), as requested before."""
+        if self._pre is not None:
+            return bool(self._pre.noise_corrected)
+        return self._noise_correction
+
+    @property
+    def step_size(self) -> float:
+        """The time step h in use (see the class docstring)."""
+        return self.preprocessed.step_size
+
+    def with_step_size(self, step_size: float) -> SGMCMCKernel:
+        """A copy of this kernel with time step ``step_size`` that shares its preprocessing
+        (proxy, estimator, data), for the step-halving check."""
+        h = float(step_size)
+        if not (np.isfinite(h) and h > 0):
+            raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
+        new = copy.copy(self)
+        new._step_size, new._step = h, None
+        if self._pre is not None:
+            pre = self._pre
+            dtype = pre.centre.dtype
+            h_arr = jnp.asarray(np.asarray(h, dtype))
+            scale = (corrected_noise_scale(pre.noise_cov, h, dtype, new._diffusion, stacklevel=4)
+                     if pre.noise_corrected else None)
+            new._pre = pre._replace(
+                step_size=h, params=pre.params._replace(step_size=h_arr, noise_scale=scale)
+            )
+        return new
+
+    def get_diagnostics_str(self, state: SGMCMCState) -> str:
+        return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
+
+    # -- preprocessing --------------------------------------------------------------------------
+    def _needs_proxy(self) -> bool:
+        return self.preconditioning or self.estimator_name in NEEDS_PROXY
+
+    @classmethod
+    def _supports_structured(cls) -> bool:
+        """Structured proxies need this class's preprocessing (a subclass with its own, such
+        as DistributedSGLD, keeps the dense one)."""
+        return cls._preprocess is SGMCMCKernel._preprocess
+
+    def _proxy_choice(self, dim: int) -> str:
+        """The proxy for a model of ``dim`` parameters
+        (:func:`~numpyro_subsample.sgmcmc.preprocess.proxy_choice`)."""
+        return proxy_choice(self._proxy_spec, dim, self._supports_structured())
+
+    def _is_structured(self, dim: int) -> bool:
+        return self._proxy_choice(dim) in (*STRUCTURED, "given-structured")
+
+    def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
+        """The proxy (fitted with ``key`` unless given) and the coordinates the chain moves in
+        (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
+        request = ProxyRequest(self._proxy_spec, self.proxy_kwargs, self.chunk_size,
+                               self.store_datum_grads, self.progress_bar, self._needs_proxy())
+        proxy = fit_proxy(request, self._proxy_choice(potential.dim), potential, data, key)
+        return whitening(proxy, potential, preconditioning=self.preconditioning,
+                         structured=self._is_structured(potential.dim))
+
+    def _chosen_step_size(self, noise: float, corrected: bool | None = None,
+                          curvature: float = 1.0) -> float:
+        if self._step_size is not None:
+            return self._step_size
+        return self._default_step_size(noise, corrected, curvature)
+
+    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+        t0 = time.perf_counter()
+        _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
+        check_estimator_request(self.estimator_name, self.estimator_options,
+                                replace=self.replace, potential=potential)
+        structured = self._is_structured(potential.dim)
+        check_dimension(
+            potential.dim, zv_degree=self.zv_degree if self.zv_stream else 0,
+            structured=structured,
+            noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
+        )
+        corrected = self._noise_correction and not structured
+        wh = self._whitening(potential, data, k_proxy)
+        estimator = configure_estimator(
+            self.estimator_name, potential, data, wh.proxy, replace=self.replace,
+            rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
+        )
+        curvature = whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
+        c = self._diffusion
+        ns = noise_and_step_size(
+            estimator, wh, k_noise, data, corrected=corrected, step_size=self._step_size,
+            rule=self._default_step_size, curvature=curvature, diffusion=c,
+            max_variance_inflation=self.max_variance_inflation, chunk_size=self.chunk_size,
+        )
+        measured, step_size, noise = ns.measured, ns.step_size, ns.measured.largest
+        passes = wh.data_passes + estimator.data_passes + measured.data_passes
+        dtype = wh.centre.dtype
+        scale = (corrected_noise_scale(measured.cov, step_size, dtype, c, stacklevel=4)
+                 if corrected else None)
+        params = SamplerParams(
+            wh.centre, wh.scale_tril, jnp.asarray(np.asarray(step_size, dtype)),
+            estimator.params, wh.init_tril, jnp.asarray(np.asarray(passes, dtype)), scale,
+        )
+        return Preprocessed(
+            potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
+            time.perf_counter() - t0, passes, params, noise_cov=measured.cov,
+            noise_draws=int(measured.points.shape[0] - 1),
+            noise_errors=ns.errors, noise_corrected=corrected,
+        )
+
+    # -- the functional core --------------------------------------------------------------------
+    def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
+        init_strategy = self.init_strategy if self._needs_proxy() else "centre"
+        est = pre.estimator
+        return _Config(
+            pre.potential, est.estimate, self._dynamics(pre.noise_corrected),
+            "threefry2x32" if traced else STEP_RNG, init_strategy, self.preconditioning,
+            self.zv_degree if self.zv_stream else 0, self.zv_fn,
+            int(num_warmup) if self.zv_stream else 0, est.init_state, est.update,
+        )
+
+    def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
+        init_one, step = chain_programs(self._config(pre, num_warmup, traced))
+        return init_one, step, pre.params
+
+    def _state_axes(self) -> SGMCMCState:
+        axes = SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+        if self._pre is not None and self._pre.estimator.update is not None:
+            axes = axes._replace(est_state=self._pre.estimator.state_axes)
+        return axes
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        vectorized = not (isinstance(rng_key, jax.core.Tracer) or is_prng_key(rng_key))
+        if self.estimator_name == "saga" and vectorized:
+            # one table per chain, checked before anything is built (the preprocessing checks
+            # one, for sequential and parallel chains)
+            data = ModelData.from_args(model_args, model_kwargs)
+            check_estimator_request(self.estimator_name, self.estimator_options,
+                                    replace=self.replace, potential=self.potential_for(data),
+                                    num_chains=int(rng_key.shape[0]))
+        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+        if isinstance(state.grad, jax.core.Tracer):
+            return state
+        if not np.isfinite(np.asarray(state.grad)).all():
+            raise ValueError(
+                "The gradient estimate is not finite at the initial position; check the "
+                "model and init_params."
+            )
+        return state

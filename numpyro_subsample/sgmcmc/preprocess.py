@@ -1,0 +1,262 @@
+"""The proxy of the stochastic-gradient kernels: its choice, fit and whitening, and the checks
+of a kernel's options made before it is fitted.
+
+Plain functions of explicit arguments, called by
+:class:`~numpyro_subsample.sgmcmc.kernel.SGMCMCKernel`. A structured proxy (``"diagonal"``,
+``"low-rank"``, :func:`~numpyro_subsample.proxies.structured.fit_structured`) replaces the
+default dense Laplace proxy above :data:`MAX_DENSE_DIM` parameters; the whitening and the
+sampling step then form no d × d array.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_request
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
+from numpyro_subsample.proxies.whitening import identity_scale, proxy_scale
+from numpyro_subsample.sgmcmc.chain import Whitening
+
+__all__ = [
+    "DEFAULT_RANK",
+    "MAX_DENSE_DIM",
+    "MAX_ZV_DEGREE2_DIM",
+    "STRUCTURED",
+    "ProxyRequest",
+    "check_dimension",
+    "check_request",
+    "fit_proxy",
+    "proxy_choice",
+    "whitened_curvature",
+    "whitening",
+]
+
+#: ``proxy="laplace"`` (the default) fits the dense Laplace proxy up to this many parameters
+#: d, and the structured ``"low-rank"`` proxy above (its d × d Hessian, Cholesky factor and
+#: noise covariance would take d² numbers each: 16 MB at d = 2000 in float32). Above it a
+#: structured fit uses the empirical Fisher curvature (one data pass for its diagonal, one per
+#: Fisher-vector product) unless ``proxy_kwargs`` set ``curvature`` or ``diagonal``: the exact
+#: Hessian diagonal costs d Hessian-vector products per datum.
+MAX_DENSE_DIM = 2000
+
+#: The rank k of ``proxy="low-rank"`` unless ``proxy_kwargs={"rank": k}`` (capped at d − 1).
+DEFAULT_RANK = 20
+
+#: ``zv_degree=2`` streams d(d+3)/2 covariates and their (d(d+3)/2)² co-moments per chain: it
+#: is refused above this d (5150 covariates, 2.7·10^7 co-moments at d = 100). Degree 1 keeps
+#: d × d co-moments, whatever the proxy.
+MAX_ZV_DEGREE2_DIM = 100
+
+#: The names of the structured proxies.
+STRUCTURED = ("diagonal", "low-rank")
+# options of fit_structured that a kernel sets itself
+_FIT_OPTIONS = frozenset(inspect.signature(fit_structured).parameters) - {
+    "potential", "data", "rng_key", "structure", "chunk_size", "store_datum_grads", "progress"}
+
+
+class ProxyRequest(NamedTuple):
+    """A kernel's options of the proxy fit: ``spec`` (its ``proxy`` argument),
+    ``kwargs`` (``proxy_kwargs``), ``chunk_size``, ``store_datum_grads``, ``progress``
+    (``progress_bar``) and ``needed`` (whether a proxy is fitted when none is given)."""
+
+    spec: str | Proxy | StructuredProxy
+    kwargs: dict
+    chunk_size: int
+    store_datum_grads: bool
+    progress: bool
+    needed: bool
+
+
+def check_request(
+    label: str,
+    proxy: str | Proxy | StructuredProxy,
+    estimator: str,
+    estimator_options: dict,
+    *,
+    step_size: float | None,
+    preconditioning: bool,
+    replace: bool,
+    noise_correction: bool | None,
+    supports_structured: bool,
+) -> bool:
+    """Checks of a kernel's options that need no data (the kernel class ``label``; its
+    ``supports_structured``); returns whether ``proxy`` is structured.
+
+    Raises
+    ------
+    ValueError
+        A combination of options the kernel does not support, naming the fix.
+    """
+    structured = isinstance(proxy, StructuredProxy) or (
+        isinstance(proxy, str) and proxy in STRUCTURED)
+    if structured and not supports_structured:
+        given = "a StructuredProxy" if isinstance(proxy, StructuredProxy) else repr(proxy)
+        raise ValueError(
+            f"proxy={given} (a structured proxy) is supported by SGLD, SGHMC and SGNHT, not "
+            f"by {label}; pass proxy='laplace'."
+        )
+    if step_size is None and not preconditioning:
+        raise ValueError(
+            "step_size=None needs preconditioning=True (the default rule works in "
+            "whitened coordinates); pass a step_size."
+        )
+    check_estimator_request(estimator, estimator_options, replace=replace)
+    if noise_correction and estimator in STATEFUL:
+        raise ValueError(
+            f"noise_correction=True is not supported by estimator={estimator!r} (its gradient "
+            "noise changes with the chain's state, the correction assumes a fixed noise "
+            "covariance); leave it out."
+        )
+    if noise_correction and structured:
+        raise ValueError(
+            "noise_correction=True needs the d × d noise covariance of the estimator, which "
+            "a structured proxy (proxy='diagonal', 'low-rank' or a StructuredProxy) does "
+            "not form; leave it out (None: off with a structured proxy) or use "
+            "proxy='laplace'."
+        )
+    return structured
+
+
+def check_dimension(
+    dim: int,
+    *,
+    zv_degree: int,
+    structured: bool,
+    noise_correction_requested: bool,
+) -> None:
+    """Checks of a kernel's options that need the model's dimension ``dim``, before the proxy
+    fit: ``zv_degree`` (0 without ``zv_stream``) and an explicit ``noise_correction=True``
+    (with preconditioning) with a structured proxy."""
+    if zv_degree == 2 and dim > MAX_ZV_DEGREE2_DIM:
+        raise ValueError(
+            f"zv_degree=2 streams d(d+3)/2 = {dim * (dim + 3) // 2} covariates and their "
+            f"co-moments per chain for this model's d={dim} parameters, above "
+            f"MAX_ZV_DEGREE2_DIM={MAX_ZV_DEGREE2_DIM} (numpyro_subsample.sgmcmc.kernel); "
+            "use zv_degree=1."
+        )
+    if structured and noise_correction_requested:
+        raise ValueError(
+            f"noise_correction=True needs the d × d noise covariance; proxy='laplace' is "
+            f"fitted as the structured proxy='low-rank' for d={dim} > MAX_DENSE_DIM="
+            f"{MAX_DENSE_DIM} (numpyro_subsample.sgmcmc.kernel). Leave noise_correction "
+            "out, or pass a fitted dense Proxy."
+        )
+
+
+def proxy_choice(spec: str | Proxy | StructuredProxy, dim: int, supports_structured: bool) -> str:
+    """The proxy for a model of ``dim`` parameters: ``"laplace"``, ``"variational"``,
+    ``"diagonal"``, ``"low-rank"`` (also ``"laplace"`` above :data:`MAX_DENSE_DIM` when the
+    kernel ``supports_structured``), ``"given"`` (a Proxy) or ``"given-structured"`` (a
+    StructuredProxy)."""
+    if isinstance(spec, StructuredProxy):
+        return "given-structured"
+    if isinstance(spec, Proxy):
+        return "given"
+    if spec == "laplace" and dim > MAX_DENSE_DIM and supports_structured:
+        return "low-rank"
+    return spec
+
+
+def _fit_structured(request: ProxyRequest, potential: Potential, data: ModelData, key: Any,
+                    structure: str) -> StructuredProxy:
+    d = potential.dim
+    kwargs = dict(request.kwargs)
+    allowed = _FIT_OPTIONS
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        why = (f"proxy='laplace' is fitted as proxy='low-rank' for d={d} > MAX_DENSE_DIM="
+               f"{MAX_DENSE_DIM} (numpyro_subsample.sgmcmc.kernel); "
+               if request.spec == "laplace" else "")
+        raise ValueError(
+            f"{why}proxy_kwargs {unknown} are not options of the structured fit "
+            f"(fit_structured; the structure is chosen by proxy=); valid: {sorted(allowed)}."
+            + (" Pass a fitted Proxy to keep a dense proxy." if why else "")
+        )
+    if structure == "low-rank":
+        kwargs.setdefault("rank", min(DEFAULT_RANK, d - 1))
+    if d > MAX_DENSE_DIM and "diagonal" not in kwargs:
+        # the exact Hessian diagonal costs d Hessian-vector products per datum
+        kwargs.setdefault("curvature", "fisher")
+    return fit_structured(
+        potential, data, key, structure=structure, chunk_size=request.chunk_size,
+        store_datum_grads=request.store_datum_grads, progress=request.progress, **kwargs,
+    )
+
+
+def fit_proxy(request: ProxyRequest, choice: str, potential: Potential, data: ModelData,
+              key: Any) -> Proxy | StructuredProxy | None:
+    """The proxy of ``request`` (``choice``: :func:`proxy_choice`), fitted with ``key``
+    unless given; None when none is given nor ``request.needed``."""
+    proxy = request.spec
+    store = request.store_datum_grads
+    if isinstance(proxy, (Proxy, StructuredProxy)):
+        if proxy.centre.shape != (potential.dim,):
+            raise ValueError(
+                f"The given proxy has dimension {proxy.centre.shape}, the model "
+                f"{potential.dim}."
+            )
+    elif not request.needed:
+        return None
+    elif choice in STRUCTURED:
+        proxy = _fit_structured(request, potential, data, key, choice)
+    elif proxy == "variational":
+        from numpyro_subsample.proxies.variational import MAX_FULL_RANK_DIM, fit_variational
+
+        kwargs = dict(request.kwargs)
+        if potential.dim <= kwargs.get("max_full_rank_dim", MAX_FULL_RANK_DIM):
+            kwargs.setdefault("covariance", "expected_hessian")
+        proxy = fit_variational(
+            potential, data, key, chunk_size=request.chunk_size, store_datum_grads=store,
+            progress=request.progress, **kwargs,
+        )
+    else:
+        proxy = fit_laplace(
+            potential, data, key, chunk_size=request.chunk_size, store_datum_grads=store,
+            progress=request.progress, **request.kwargs,
+        )
+    if not store and proxy.datum_grads is not None:
+        proxy = proxy._replace(datum_grads=None)
+    return proxy
+
+
+def whitening(proxy: Proxy | StructuredProxy | None, potential: Potential, *,
+              preconditioning: bool, structured: bool) -> Whitening:
+    """The proxy and the coordinates θ = θ̂ + L w the chain moves in (L dense triangular,
+    or structured when the proxy is: then I is a structured identity, not a d × d eye)."""
+    d = potential.dim
+
+    def eye(dtype):
+        return identity_scale(d, dtype) if structured else jnp.eye(d, dtype=dtype)
+
+    if preconditioning:
+        centre, tril = proxy.centre, proxy_scale(proxy)
+    else:
+        centre = proxy.centre if proxy is not None else potential.init_theta
+        tril = eye(centre.dtype)
+    init_tril = proxy_scale(proxy) if proxy is not None else eye(centre.dtype)
+    passes = proxy.num_data_passes if proxy is not None else 0.0
+    return Whitening(proxy, centre, tril, init_tril, float(passes))
+
+
+def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: bool) -> float:
+    """μ of the step-size rules, the largest curvature of the target at θ̂ in whitened
+    coordinates: 1 for a dense proxy (Σ̂ is the inverse Hessian there) and the diagonal
+    one (unit diagonal); for a low-rank fit max(1, μ_{k+1}/c), its first discarded Ritz
+    value over the curvature c it puts on the complement (module docstring of
+    :mod:`~numpyro_subsample.proxies.structured`)."""
+    info = getattr(proxy, "info", None) or {}
+    if not isinstance(proxy, StructuredProxy) or not preconditioning:
+        return 1.0
+    ritz, k = info.get("ritz_values"), int(info.get("rank") or 0)
+    c = info.get("complement_curvature")
+    if ritz is None or c is None or len(ritz) <= k:
+        return 1.0
+    c = max(float(c), float(info.get("eigenvalue_floor", 0.0)))
+    return max(1.0, float(ritz[k]) / c) if c > 0 else 1.0
