@@ -18,7 +18,9 @@ from models import NOISE_SD, PRIOR_SD, linreg_data, linreg_model, logistic_data,
 
 from numpyro_subsample.core.datapass import datum_values_and_grads, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, build_potential
+from numpyro_subsample.proxies import structured
 from numpyro_subsample.proxies.base import ProxyFitWarning
+from numpyro_subsample.proxies.checks import MAX_DECREMENT
 from numpyro_subsample.proxies.covariance import (
     cov_matvec,
     diag_cov,
@@ -317,6 +319,35 @@ def test_rank_d_minus_one_is_exact_on_a_gaussian_model(linreg, complement):
     exact_mean = cov @ (np.asarray(data.arrays[0], np.float64).T
                         @ np.asarray(data.arrays[1], np.float64)) / NOISE_SD**2
     assert np.all(np.abs(np.asarray(sp.centre) - exact_mean) / np.sqrt(np.diag(cov)) < 0.01)
+
+
+def test_optimiser_stopped_early_is_polished_to_the_mode(linreg):
+    """L-BFGS stopped at its start (max_iterations=0, no Adam: θ at the prior median, far from
+    the mode): with the exact Σ̂ of k = d − 1 on a Gaussian model one step θ − Σ̂∇f(θ) is the
+    Newton step and lands on the mode, so the fit does not warn; with polishing disabled
+    (``MAX_POLISH = 0``) the same fit warns that the mode was not reached."""
+    pot, data, prec = linreg
+    cov = np.linalg.inv(prec)
+    exact_mean = cov @ (np.asarray(data.arrays[0], np.float64).T
+                        @ np.asarray(data.arrays[1], np.float64)) / NOISE_SD**2
+    kw = dict(structure="low-rank", rank=4, num_epochs=0, max_iterations=0, chunk_size=512)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProxyFitWarning)
+        sp = fit_structured(pot, data, jax.random.PRNGKey(1), **kw)
+    assert 1 <= sp.info["passes"]["polish"] <= structured.MAX_POLISH
+    assert sp.info["newton_decrement"] <= MAX_DECREMENT / 2
+    assert np.all(np.abs(np.asarray(sp.centre) - exact_mean) / np.sqrt(np.diag(cov)) < 0.01)
+    g0 = np.asarray(jax.grad(lambda t: pot.prior(t, data))(sp.centre), np.float64)
+    full = np.asarray(value_grad_hessian(pot, sp.centre, data, 512, False)[1], np.float64)
+    np.testing.assert_allclose(np.asarray(sp.sum_grads), full - g0, rtol=1e-3,
+                               atol=1e-3 * np.abs(full).max())  # Σ∇f_i at the new centre
+    original = structured.MAX_POLISH
+    structured.MAX_POLISH = 0
+    try:
+        with pytest.warns(ProxyFitWarning, match="did not reach the mode"):
+            fit_structured(pot, data, jax.random.PRNGKey(1), **kw)
+    finally:
+        structured.MAX_POLISH = original
 
 
 def test_fisher_curvature_approximates_the_hessian_on_a_gaussian_model(linreg):

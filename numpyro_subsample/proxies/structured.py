@@ -56,7 +56,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, chunk_count, datum_values_and_grads
+from numpyro_subsample.core.datapass import (
+    DEFAULT_CHUNK,
+    chunk_count,
+    datum_values_and_grads,
+    value_grad_hessian,
+)
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.checks import MAX_DECREMENT, prior_grad, warn_proxy
 from numpyro_subsample.proxies.covariance import (
@@ -161,6 +166,39 @@ def _curvature_diagonal(potential, data, theta, g, key, curvature, diagonal, num
     return np.asarray(h, np.float64), prior_diag, sum_grads, datum_grads
 
 
+MAX_POLISH = 3  # quasi-Newton steps with the fitted Σ̂ after the optimiser
+
+
+def _decrement(op: StructuredCovariance, g: np.ndarray, dtype) -> float:
+    """The Newton decrement √(gᵀΣ̂g)."""
+    gs = np.asarray(cov_matvec(op, jnp.asarray(g, dtype)), np.float64)
+    return float(np.sqrt(max(float(g @ gs), 0.0)))
+
+
+def _polish(potential, data, theta, f, g, op, chunk_size, passes):
+    """Up to :data:`MAX_POLISH` steps θ ← θ − Σ̂∇f(θ) while the Newton decrement exceeds
+    MAX_DECREMENT / 2, one data pass each. A step is kept if f or the decrement decreases
+    (the decrement keeps its precision where float32 rounding of the full-data sum hides the
+    change of f near the mode). Returns θ, f, ∇f and whether θ moved."""
+    dtype, moved = theta.dtype, False
+    dec = _decrement(op, g, dtype)
+    for _ in range(MAX_POLISH):
+        if dec <= MAX_DECREMENT / 2:
+            break
+        step = np.asarray(cov_matvec(op, jnp.asarray(g, dtype)), np.float64)
+        cand = jnp.asarray((np.asarray(theta, np.float64) - step).astype(dtype))
+        fc, gc, _ = value_grad_hessian(potential, cand, data, chunk_size, False)
+        passes["polish"] = passes.get("polish", 0.0) + 1.0
+        fc, gc = float(fc), np.asarray(gc, np.float64)
+        if not (np.isfinite(fc) and np.all(np.isfinite(gc))):
+            break
+        dec_c = _decrement(op, gc, dtype)
+        if not (fc < f or dec_c < dec):
+            break
+        theta, f, g, dec, moved = cand, fc, gc, dec_c, True
+    return theta, f, g, moved
+
+
 def fit_structured(
     potential: Potential,
     data: ModelData,
@@ -208,7 +246,10 @@ def fit_structured(
 
     Data passes (``num_data_passes``): Adam's epochs, one for the scaling, one per L-BFGS
     evaluation, one for the diagonal, m for Lanczos, one for the per-datum gradients if
-    ``store_datum_grads`` (then ``datum_grads`` is (N, d)). Low-rank ``info``: ``rank`` (pairs
+    ``store_datum_grads`` (then ``datum_grads`` is (N, d)), and up to :data:`MAX_POLISH`
+    quasi-Newton steps θ̂ ← θ̂ − Σ̂∇f(θ̂) with the fitted Σ̂ while the Newton decrement
+    √(gᵀΣ̂g) exceeds half its limit (one pass each, plus the per-datum gradients again if
+    stored; the curvature stays the optimiser's end point's). Low-rank ``info``: ``rank`` (pairs
     kept; fewer than ``rank_requested`` if fewer converged), ``kept_top`` and ``kept_bottom``
     (kept values above c and not), ``ritz_values``, ``ritz_residuals`` and ``ritz_converged``
     (m,) with the kept pairs first, then the discarded, each largest first
@@ -293,8 +334,16 @@ def fit_structured(
                 f"converged (residual ≤ ritz_tol={ritz_tol:g} · |μ|) in {m} Lanczos "
                 "iterations; the proxy keeps those. Pass a larger oversample or ritz_tol."
             )
-    gs = np.asarray(cov_matvec(op, jnp.asarray(g, dtype)), np.float64)
-    decrement = float(np.sqrt(max(float(g @ gs), 0.0)))
+    theta, f, g, moved = _polish(potential, data, theta, f, g, op, chunk_size, passes)
+    if moved:  # Σ_i ∇f_i at the new centre (the curvature is kept from the optimiser's end)
+        if datum_grads is not None:
+            _, datum_grads = datum_values_and_grads(potential, theta, data, chunk_size)
+            passes["datum_grads"] += 1.0
+            sum_grads = jnp.sum(datum_grads, axis=0)
+        else:
+            g0 = np.asarray(prior_grad(potential, theta, data), np.float64)
+            sum_grads = jnp.asarray((g - g0).astype(dtype))
+    decrement = _decrement(op, g, dtype)
     if decrement > MAX_DECREMENT:
         messages.insert(0, (
             f"The structured proxy's fit did not reach the mode: L-BFGS {mode.stop}, and the "
