@@ -17,7 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["ZVStats", "zv_covariates", "empty_stats", "welford_update", "flat_fn",
-           "default_g", "check_degree", "num_covariates"]
+           "default_g", "check_degree", "num_covariates", "check_covariates",
+           "MAX_ZV_COVARIATES"]
+
+#: Most covariates a ZV fit regresses on: its p × p co-moment matrix and O(p³) solve are dense.
+MAX_ZV_COVARIATES = 2000
 
 
 def zv_covariates(theta: Any, grad: Any, degree: int = 1, xp: Any = jnp) -> Any:
@@ -103,6 +107,20 @@ def flat_fn(fn: Callable, example: dict) -> tuple[Callable, Callable]:
     return flat, unflatten
 
 
+
+
+def check_covariates(p: int, degree: int) -> None:
+    """Raise if the fit of β would form a dense p × p matrix with p > :data:`MAX_ZV_COVARIATES`
+    (degree 1 regresses on all d gradient coordinates)."""
+    if p > MAX_ZV_COVARIATES:
+        raise ValueError(
+            f"ZV of degree {degree} regresses g on p = {p} covariates (the gradient "
+            f"coordinates{'' if degree == 1 else ' and their products with θ'}): a dense p × p "
+            f"co-moment matrix ({p * p * 8 / 2**30:.2g} GiB in float64) and an O(p³) solve, "
+            f"beyond MAX_ZV_COVARIATES={MAX_ZV_COVARIATES} "
+            "(numpyro_subsample.estimators.zv). Skip ZV for this model (the plain averages and "
+            "their Monte Carlo errors are in the ArviZ summary)."
+        )
 
 
 def num_covariates(d: int, degree: int) -> int:

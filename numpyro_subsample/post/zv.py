@@ -45,6 +45,7 @@ import xarray as xr
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.zv import (
     ZVStats,
+    check_covariates,
     check_degree,
     default_g,
     flat_fn,
@@ -209,6 +210,7 @@ def zv_fit(
         if mode == "stream":
             raise ValueError("mode='stream' needs the MCMC object (the run's last state).")
         draws = _draws_from_idata(source, fn, degree, unconstrained)
+        check_covariates(draws.U.shape[-1], degree)
         return make_result(fit_draws(draws, by_chain, cross_fit, ridge), draws.unflatten,
                        by_chain, degree)
     _kernel_of(source)
@@ -219,6 +221,7 @@ def zv_fit(
         if draws is None and mode == "stored":
             raise ValueError("mode='stored' needs MCMC(..).run(..., extra_fields=('grad',)).")
     if draws is not None:
+        check_covariates(draws.U.shape[-1], degree)
         return make_result(fit_draws(draws, by_chain, cross_fit, ridge), draws.unflatten,
                        by_chain, degree)
     if fn is not None or unconstrained:
@@ -229,6 +232,7 @@ def zv_fit(
     if cross_fit:
         raise ValueError("cross_fit needs the stored draws (extra_fields=('grad',)).")
     stats, unflatten = _streamed(source, degree, data)
+    check_covariates(int(np.shape(stats.mean_u)[-1]), degree)
     return make_result(fit_stats(stats, by_chain, ridge), unflatten, by_chain, degree)
 
 

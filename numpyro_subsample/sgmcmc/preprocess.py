@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_request
+from numpyro_subsample.estimators.zv import check_covariates
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
@@ -134,6 +135,8 @@ def check_dimension(
     """Checks of a kernel's options that need the model's dimension ``dim``, before the proxy
     fit: ``zv_degree`` (0 without ``zv_stream``) and an explicit ``noise_correction=True``
     (with preconditioning) with a structured proxy."""
+    if zv_degree == 1:
+        check_covariates(dim, 1)
     if zv_degree == 2 and dim > MAX_ZV_DEGREE2_DIM:
         raise ValueError(
             f"zv_degree=2 streams d(d+3)/2 = {dim * (dim + 3) // 2} covariates and their "
