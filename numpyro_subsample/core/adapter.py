@@ -28,21 +28,21 @@ import numpy as np
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from numpyro_subsample.core.compile import RUN_ONCE
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
 __all__ = ["SubsampleKernel", "default_progress", "preprocess_keys"]
 
 
-def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
-    """Four keys from the kernel's ``seed`` (model trace, proxy, estimator, noise).
+@jax.jit
+def _split4(key: jax.Array) -> tuple[jax.Array, ...]:
+    return tuple(jax.random.split(key, 4))
 
-    Key j is the raw Threefry key (j + 1, seed mod 2³²), i.e. ``PRNGKey((j + 1)·2³² + seed)``:
-    distinct keys give independent streams, and building them needs no compiled program (a
-    split would compile one).
-    """
-    low = int(seed) % 2**32
-    return tuple(jnp.asarray(np.array([j + 1, low], np.uint32)) for j in range(4))
+
+def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
+    """Four keys from the kernel's ``seed`` (model trace, proxy, estimator, noise), split by
+    one compiled program (eager splits would each compile a small program)."""
+    raw = jnp.asarray(np.array([0, int(seed) % 2**32], np.uint32))  # = PRNGKey(seed)
+    return _split4(raw)
 
 
 @lru_cache(maxsize=64)
@@ -51,9 +51,8 @@ def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0) -> Callab
     with the state's shared fields unbatched), one object per init function so that reruns
     reuse the compiled program."""
     if not batched:
-        return jax.jit(init_one, compiler_options=RUN_ONCE)
-    return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None, None), out_axes=out_axes),
-                   compiler_options=RUN_ONCE)
+        return jax.jit(init_one)
+    return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None, None), out_axes=out_axes))
 
 
 @partial(jax.jit, static_argnums=0)

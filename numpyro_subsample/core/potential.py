@@ -166,7 +166,7 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
             continue
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             continue
-        finite = _rows_finite(leaf)
+        finite = np.asarray(_rows_finite(leaf))
         if not finite.all():
             bad = np.flatnonzero(~finite)
             raise ValueError(
@@ -176,16 +176,8 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
             )
 
 
-def _rows_finite(x: jax.Array) -> np.ndarray:
-    """(rows,) bool: every value of the row is finite. On the host for CPU arrays (a view, no
-    copy, no compiled program), by a compiled reduction on accelerators."""
-    if isinstance(x, np.ndarray) or {d.platform for d in x.devices()} == {"cpu"}:
-        return np.isfinite(np.asarray(x)).reshape(x.shape[0], -1).all(-1)
-    return np.asarray(_rows_finite_compiled(x))
-
-
 @jax.jit
-def _rows_finite_compiled(x: jax.Array) -> jax.Array:
+def _rows_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(x).reshape(x.shape[0], -1).all(-1)
 
 

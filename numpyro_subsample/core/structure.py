@@ -11,7 +11,6 @@ from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.infer.initialization import init_to_median
 
-from numpyro_subsample.core.compile import RUN_ONCE
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.enumeration import check_enumerable
 from numpyro_subsample.core.plates import (
@@ -53,7 +52,7 @@ def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            values = jax.jit(run, compiler_options=RUN_ONCE)(rng_key, data)
+            values = jax.jit(run)(rng_key, data)
         except AssertionError as err:  # NumPyro asserts a positive plate size
             if "size of plate" not in str(err):
                 raise

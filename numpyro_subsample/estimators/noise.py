@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.compile import RUN_ONCE
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.base import GradientEstimator
@@ -98,12 +96,7 @@ def noise_points(
     centre: jax.Array, point_tril: Scale, rng_key: jax.Array, num_points: int = 4
 ) -> jax.Array:
     """The centre and ``num_points − 1`` draws from N(centre, L Lᵀ), L = ``point_tril``."""
-    return _noise_points(centre, point_tril, rng_key, int(num_points))
-
-
-@partial(jax.jit, static_argnames=("num_points",), compiler_options=RUN_ONCE)
-def _noise_points(centre, point_tril, rng_key, num_points):
-    z = jax.random.normal(rng_key, (num_points - 1, centre.shape[0]), centre.dtype)
+    z = jax.random.normal(rng_key, (int(num_points) - 1, centre.shape[0]), centre.dtype)
     return jnp.concatenate([centre[None], centre + whiten_matvec(point_tril, z)])
 
 

@@ -33,6 +33,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
@@ -70,19 +71,10 @@ MAX_STEIN_DATA = 4096  # data read per draw by the Stein check
 MAX_AXES = 128  # coordinates visited by the axis excursions (2 evaluations of f each)
 
 
-def _positions(potential: Potential) -> dict:
-    """site → the flat positions of its coordinates in θ (NumPy, no compiled program)."""
-    leaves, tree = jax.tree.flatten(jax.eval_shape(potential.unravel, potential.init_theta))
-    sizes = [int(np.prod(leaf.shape)) for leaf in leaves]
-    parts = np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1])
-    return jax.tree.unflatten(tree, [p.reshape(leaf.shape) for p, leaf in zip(parts, leaves,
-                                                                             strict=True)])
-
-
 def coordinate_labels(potential: Potential) -> tuple[str, ...]:
     """The site (and index) of each flat coordinate of θ, e.g. ``('beta[0]', 'beta[1]', 'tau')``."""
     d = potential.dim
-    layout = _positions(potential)
+    layout = potential.unravel(jnp.arange(d, dtype=potential.init_theta.dtype))
     labels = [""] * d
     for name, pos in layout.items():
         pos = np.rint(np.asarray(pos)).astype(np.int64)
@@ -117,9 +109,10 @@ def transformed_coordinates(potential: Potential, data: ModelData) -> np.ndarray
         return jnp.zeros(())
 
     jax.eval_shape(run, data)
-    layout = jax.eval_shape(potential.unravel, potential.init_theta)  # shapes only
-    flat = {k: np.full(v.shape, constrained[k], bool) for k, v in layout.items()}
-    return np.concatenate([np.ravel(v) for v in jax.tree.leaves(flat)]).astype(bool)
+    layout = potential.unravel(jnp.zeros(potential.dim, potential.init_theta.dtype))
+    flat = {k: np.full(np.shape(v), constrained[k], bool) for k, v in layout.items()}
+    mask, _ = ravel_pytree(flat)
+    return np.asarray(mask, bool)
 
 
 def describe(labels, values, *, top: int = 3, fmt: str = "{:.3g}") -> str:
