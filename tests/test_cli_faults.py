@@ -225,3 +225,21 @@ def test_corrupt_reference_cache_is_recomputed_with_warning(interrupted, capsys)
     with open(r["out"] / "compare.json") as fh:
         assert json.load(fh)["meta"]["reference"]["cached"] is False
     capsys.readouterr()
+
+
+def test_a_swallowed_ctrl_c_still_stops_at_the_next_check():
+    """A KeyboardInterrupt lost on its way (JAX's garbage-collection callback prints it as
+    "Exception ignored" and drops it) is remembered by the latch compare installs."""
+    from numpyro_subsample.compare.runners import InterruptLatch
+
+    latch = InterruptLatch()
+    with latch.installed():
+        latch.check()  # nothing yet
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)  # the handler runs here
+        except KeyboardInterrupt:
+            pass  # swallowed, as inside a finaliser
+        with pytest.raises(KeyboardInterrupt):
+            latch.check()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -57,6 +57,7 @@ from numpyro_subsample.compare.report import (
     write_outputs,
 )
 from numpyro_subsample.compare.runners import (
+    InterruptLatch,
     RunOutput,
     Settings,
     SharedProxy,
@@ -192,7 +193,8 @@ def run_compare(options: CompareOptions | None = None) -> dict:
                                 ksd=o.ksd)
         store = RunStore.for_problem(out, problem, settings, seed=o.seed, fast_compile=fast)
         try:
-            return _compare(o, problem, settings, methods, jobs, fast, store, out)
+            with InterruptLatch().installed() as latch:
+                return _compare(o, problem, settings, methods, jobs, fast, store, out, latch)
         except CompareInterrupted:
             raise
         except KeyboardInterrupt:  # while evaluating or writing: every run is saved
@@ -201,10 +203,10 @@ def run_compare(options: CompareOptions | None = None) -> dict:
 
 
 def _compare(o: CompareOptions, problem: Problem, settings: Settings, methods: list[Method],
-             jobs: int, fast: bool, store: RunStore, out: Path) -> dict:
+             jobs: int, fast: bool, store: RunStore, out: Path, latch: InterruptLatch) -> dict:
     """The runs, their evaluation and the files written (see :func:`run_compare`)."""
     rows, curves, shared, cached, resumed = _run_all(o, problem, settings, methods, jobs, fast,
-                                                     store)
+                                                     store, latch)
     ksd_note = ("IMQ kernel Stein discrepancy on thinned draws, full-data scores"
                 if settings.ksd_draws else "KSD disabled (--no-ksd)")
     meta = {
@@ -270,7 +272,7 @@ def _resume(store: RunStore, runs: list[Method], outputs: dict, resume: bool) ->
 
 
 def _run_all(o: CompareOptions, problem: Problem, settings: Settings, methods: list[Method],
-             jobs: int, fast: bool, store: RunStore):
+             jobs: int, fast: bool, store: RunStore, latch: InterruptLatch):
     """The runs and their evaluation: (rows, curves, shared proxy, reference cached,
     resumed method names)."""
     if not settings.ksd_draws:
@@ -295,6 +297,7 @@ def _run_all(o: CompareOptions, problem: Problem, settings: Settings, methods: l
             reference = reference_run(problem, settings, progress=o.progress, **ref_opts)
             bar.update(1)
         for m in todo:
+            latch.check()
             if m.kind == "hmcecs" and peer is not None:
                 continue  # runs in the worker process, which saves it
             bar.set_postfix_str(m.name)
@@ -313,6 +316,7 @@ def _run_all(o: CompareOptions, problem: Problem, settings: Settings, methods: l
                 except OSError as err:
                     _log(f"note: could not save the run of {m.name} in {store.folder}: {err}")
             bar.update(1)
+        latch.check()
         if peer is not None:
             bar.set_postfix_str("waiting for the reference / HMCECS process")
             reference, peer_hmcecs = peer.result()

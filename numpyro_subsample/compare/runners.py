@@ -8,13 +8,16 @@ runs the package's kernels.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import pickle
 import queue
 import signal
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ from numpyro_subsample.compare.store import (
 from numpyro_subsample.compare.timing import default_cache_root, setup_compile_cache
 
 __all__ = [
+    "InterruptLatch",
     "Peer",
     "RunOutput",
     "Settings",
@@ -206,3 +210,36 @@ def start_peer(problem: Problem, settings: Settings, **options: Any) -> Peer:
                           daemon=True)
     process.start()
     return Peer(process, results)
+
+
+class InterruptLatch:
+    """Remembers a Ctrl-C (SIGINT) inside :meth:`installed`, so that one swallowed on its way
+    (a ``KeyboardInterrupt`` raised inside a finaliser or a garbage-collection callback, such
+    as JAX's, is printed as "Exception ignored" and lost) still stops the run at the next
+    :meth:`check`."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def _handler(self, signum, frame) -> None:
+        self.hit = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[InterruptLatch]:
+        """The latch as the SIGINT handler inside the block (main thread with Python's default
+        handler only; elsewhere the block runs unchanged)."""
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            yield self
+            return
+        signal.signal(signal.SIGINT, self._handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def check(self) -> None:
+        """Raise ``KeyboardInterrupt`` if a Ctrl-C arrived since :meth:`installed`."""
+        if self.hit:
+            raise KeyboardInterrupt
