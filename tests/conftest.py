@@ -6,6 +6,8 @@ import tempfile
 import jax
 import pytest
 
+from numpyro_subsample.compare import xla_fast_compile
+
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("CI", "1")  # no progress bars in tests
 
@@ -38,3 +40,25 @@ def _release_compiled_programs():
     a segfault inside XLA."""
     yield
     jax.clear_caches()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "fast_compile: compile with most XLA optimisations off (module or test): for programs "
+        "that run briefly, whose compilation takes longer than their run",
+    )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile_module(request):
+    """``pytestmark = pytest.mark.fast_compile``: the whole module, its fixtures included."""
+    with xla_fast_compile(request.node.get_closest_marker("fast_compile") is not None):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fast_compile_test(request):
+    """``@pytest.mark.fast_compile`` on a test."""
+    with xla_fast_compile(request.node.get_closest_marker("fast_compile") is not None):
+        yield

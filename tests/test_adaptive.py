@@ -18,6 +18,9 @@ from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.estimators.adaptive import bucket_sizes
 from numpyro_subsample.estimators.lipschitz import lipschitz_constants
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 
 def poisson_model(X, y=None, subsample_size=50):
     beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))

@@ -12,6 +12,9 @@ from models import linreg_data, linreg_exact, linreg_model, logistic_data, logis
 
 from numpyro_subsample import MCMC, SGHMC, SGLD, RunDiagnosticsWarning, check_run, to_arviz
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 
 @pytest.fixture(scope="module")
 def logistic():

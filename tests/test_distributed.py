@@ -26,6 +26,9 @@ from numpyro_subsample.core.potential import ModelData, build_potential
 from numpyro_subsample.sgmcmc.distributed import shard_layout
 from numpyro_subsample.sgmcmc.shards import _full_plate_scale
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 SCRIPT = textwrap.dedent(
     r"""
     import os
@@ -44,12 +47,15 @@ SCRIPT = textwrap.dedent(
     from numpyro_subsample import ModelData, to_arviz
     from numpyro_subsample.sgmcmc.distributed import DistributedSGLD
 
+    # The programs here run for seconds but take longer to compile: compile them with most
+    # XLA optimisations off, except the long chain of the uniform estimator (run(optimise=))
+    jax.config.update("jax_disable_most_optimizations", True)
     out = {"devices": len(jax.devices())}
     X, y = linreg_data(N=4000, d=4, seed=3)
     mean, sd = linreg_exact(X, y)
     UNEQUAL = [500, 1500, 1200, 800]
 
-    def run(name, chains=32, seed=1, model_kwargs=None, ess=1600, **kw):
+    def run(name, chains=32, seed=1, model_kwargs=None, ess=1600, optimise=False, **kw):
         # Run long enough for an effective sample size ~ ess: the SGLD autocorrelation time
         # in steps is about 2/h with h = step_size, the time step in whitened coordinates
         # (AR(1) coefficient 1 − h), so SE(mean) ≈ sd/sqrt(ess) = 0.025 sd and 0.1 sd is 4 SE.
@@ -60,7 +66,9 @@ SCRIPT = textwrap.dedent(
         num_draws = int(np.ceil(steps / k.layout.cycle_length))
         m = MCMC(k, num_warmup=0, num_samples=num_draws, num_chains=chains,
                  chain_method="vectorized", progress_bar=False)
+        jax.config.update("jax_disable_most_optimizations", not optimise)
         m.run(jax.random.PRNGKey(seed), X, y, **(model_kwargs or {}))
+        jax.config.update("jax_disable_most_optimizations", True)
         b = np.asarray(m.get_samples()["beta"], np.float64)
         out[name] = {
             "z": ((b.mean(0) - mean) / sd).tolist(), "r": (b.std(0) / sd).tolist(),
@@ -101,7 +109,8 @@ SCRIPT = textwrap.dedent(
     # 4. uniform estimator, adaptive with the default q_s = N_s/N; its noise ~ N/n forces a
     # small step (n = 400 keeps it moderate; long trajectories would shrink it further)
     ku, _ = run("uniform_adaptive", ess=600, trajectory_length=4, shard_sizes=UNEQUAL,
-                estimator="uniform", proxy=proxy, seed=4, model_kwargs={"subsample_size": 400})
+                estimator="uniform", proxy=proxy, seed=4, model_kwargs={"subsample_size": 400},
+                optimise=True)
 
     # 5. unbiasedness over shard choice and minibatch, at a point 1.5 sd from the centre
     pot = k.potential

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import jax
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
@@ -17,6 +18,17 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("NUMPYRO_SUBSAMPLE_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    # smoke runs: their programs run briefly, so the kernel compiles them with most XLA
+    # optimisations off (as the tests marked fast_compile, conftest.py)
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+    # A persistent compilation cache for the kernel, one per notebook (a notebook may simulate
+    # another device count, see conftest.py): the programs that several of its runs compile
+    # alike (each kernel object traces its own) are compiled once.
+    cache = jax.config.jax_compilation_cache_dir
+    if cache:
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", f"{cache}-notebook-{path.stem}")
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=TIMEOUT, kernel_name="python3",

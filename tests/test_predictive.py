@@ -13,6 +13,9 @@ from numpyro.infer import MCMC, Predictive
 
 from numpyro_subsample import SGLD, predictive, to_arviz
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 N, n = 600, 40
 
 

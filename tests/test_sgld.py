@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from models import (
+    importance_moments,
     linreg_data,
     linreg_exact,
     linreg_model,
     logistic_data,
     logistic_hier_model,
-    nuts_reference,
-    standardised_errors,
+    moment_errors,
 )
 from numpyro.infer import MCMC
 
@@ -25,6 +25,9 @@ from numpyro_subsample import SGLD, to_arviz
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 HERE = os.path.dirname(__file__)
+
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +84,20 @@ def test_uniform_with_default_step_matches_exact_posterior(linreg):
     assert np.all(np.abs(beta.std(0) / sd - 1) < 0.2), beta.std(0) / sd
 
 
-def test_cv_matches_nuts_on_logistic_with_constrained_scale():
-    """Logistic regression with a HalfNormal scale: 0.2 sd in mean, 20% in sd vs full NUTS."""
+def test_cv_matches_exact_posterior_on_logistic_with_constrained_scale():
+    """Logistic regression with a HalfNormal scale: 0.2 sd in mean, 20% in sd vs the exact
+    posterior (importance sampling on NumPyro's density: with an effective sample size above
+    10^4 its Monte Carlo error is below 0.01 sd)."""
     X, y = logistic_data(N=2000, d=4, seed=2)
-    ref = nuts_reference("logistic_hier", X, y, num_warmup=400, num_samples=1000)
+    ref, ess = importance_moments(logistic_hier_model, X, y)
+    assert ess > 10_000, ess
     kernel = SGLD(logistic_hier_model, estimator="cv")
     mcmc = MCMC(kernel, num_warmup=500, num_samples=5000, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(2), X, y)
     samples = mcmc.get_samples()
     assert np.all(np.asarray(samples["tau"]) > 0)
-    err, ratio = standardised_errors(samples, ref)
+    err, ratio = moment_errors(samples, ref)
     assert np.all(np.abs(err) < 0.2), err
     assert np.all(np.abs(ratio - 1) < 0.2), ratio
     assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
@@ -220,7 +226,9 @@ def test_float64_with_x64_and_parallel_chains_on_two_devices():
         assert np.all(np.abs(err) < 0.15), err
         print("OK", mcmc.chain_method)
     """
-    out = _run_script(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    # most XLA optimisations off: the run is short, its compilation is not (conftest.py)
+    out = _run_script(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                             "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"})
     assert "OK parallel" in out
 
 

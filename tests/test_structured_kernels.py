@@ -40,6 +40,9 @@ from numpyro_subsample.proxies.lanczos import lanczos_eigh
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_rmatvec, whiten_solve
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 D = 6  # the conjugate model's dimension
 
 
@@ -201,10 +204,10 @@ def test_structured_proxy_matches_exact_posterior(linreg, cls, proxy, estimator)
         assert np.all(np.abs(zmean - mean) / sd < 0.03), (zmean - mean) / sd
 
 
-# --- (b) d = 2500: no d × d array ---------------------------------------------------------------
+# --- (b) d > MAX_DENSE_DIM: no d × d array ---------------------------------------------------
 
 
-def wide_model(X, y=None, subsample_size=500):
+def wide_model(X, y=None, subsample_size=60):
     """Linear regression with d = X.shape[1] coefficients, prior N(0, 1), noise sd 1."""
     beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
@@ -237,17 +240,19 @@ def test_the_jaxpr_check_finds_a_dense_factor():
     assert _square(jx, d) == [(d, d), (d, d)]
 
 
-def test_wide_model_runs_without_a_square_array():
-    """d = 2500 > MAX_DENSE_DIM, N = 2000: the default proxy is low-rank (k = 10 here, Fisher
-    curvature: one pass for its diagonal); preprocessing and 300 steps run, and no array with
-    two dimensions ≥ d appears in the preprocessed arrays, the chain's init and step, or the
-    Lanczos program of the noise."""
-    d, N = 2500, 2000
+def test_wide_model_runs_without_a_square_array(monkeypatch):
+    """d > MAX_DENSE_DIM (lowered to 200: the same code path as above 2000, at d = 300 > N =
+    250, so that only a d × d array has two dimensions ≥ d): the default proxy is low-rank
+    (k = 10 here, Fisher curvature: one pass for its diagonal); preprocessing and 300 steps
+    run, and no array with two dimensions ≥ d appears in the preprocessed arrays, the chain's
+    init and step, or the Lanczos program of the noise."""
+    monkeypatch.setattr(kernel_module, "MAX_DENSE_DIM", 200)
+    d, N = 300, 250
     rng = np.random.default_rng(0)
     X = jnp.asarray((3 * rng.normal(size=(N, d)) / np.sqrt(d)).astype(np.float32))
     y = jnp.asarray((X @ rng.normal(size=d) + rng.normal(size=N)).astype(np.float32))
     kernel = SGLD(wide_model, proxy_kwargs={"rank": 10, "curvature": "fisher"},
-                  chunk_size=1000)
+                  chunk_size=125)
     mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False, check=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     pre = kernel.preprocessed
@@ -269,7 +274,7 @@ def test_wide_model_runs_without_a_square_array():
     designs = jax.lax.map(lambda t: est.moments.design(est.params, t, data), thetas)
 
     def noise_program(operand, key):
-        return lanczos_eigh(NoiseOperator(est.moments, 1000), operand, key, d, 1, 20)
+        return lanczos_eigh(NoiseOperator(est.moments, 125), operand, key, d, 1, 20)
 
     jx = jax.make_jaxpr(noise_program)((est.params, thetas, designs, pre.scale_tril, data),
                                        jax.random.PRNGKey(2))

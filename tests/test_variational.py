@@ -12,6 +12,9 @@ from numpyro.infer.autoguide import AutoMultivariateNormal
 
 from numpyro_subsample import SGLD, ModelData, build_potential, fit_variational
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 
 @pytest.fixture(scope="module")
 def linreg():

@@ -21,6 +21,9 @@ from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.post.zv import unconstrained_draws
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 CHAINS = 10  # the "10 seeds": one chain per PRNG key, vectorised so it compiles once
 
 
