@@ -43,12 +43,14 @@ from numpyro_subsample.sgmcmc.kernel import (
     SGMCMCKernel,
     SGMCMCState,
 )
+from numpyro_subsample.sgmcmc.sgrld import SGRLD
 
 __all__ = [
     # kernels
     "SGLD",
     "SGHMC",
     "SGNHT",
+    "SGRLD",
     "SGMCMCKernel",
     "SGMCMCState",
     "Preprocessed",

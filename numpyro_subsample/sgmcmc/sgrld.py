@@ -1,0 +1,348 @@
+"""SGRLD: stochastic gradient Riemannian Langevin dynamics on the probability simplex.
+
+Patterson and Teh (2013), expanded-mean parameterisation with mirroring, for models whose
+latent sites are all global Dirichlet sites (outside the subsample plate), with the
+likelihood's gradient estimated from a uniform subsample (Welling and Teh 2011) or a
+stratified one over k-means clusters (CP-SGRLD, Fu and Zhang 2023, Eq. 10 and Sect. 4.3).
+The functional core (states, pure ``init_one`` and ``step``) is
+:mod:`numpyro_subsample.sgmcmc.simplex`; :class:`SGRLD` wraps it in the thin adapter of
+:mod:`numpyro_subsample.core.adapter`, so it runs under ``numpyro.infer.MCMC``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro import handlers
+from numpyro.distributions import Dirichlet, ExpandedDistribution, Independent
+
+from numpyro_subsample.core.adapter import SubsampleKernel
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK
+from numpyro_subsample.core.plates import (
+    check_plate_sizes,
+    first_indices,
+    in_plate,
+    set_plate_indices,
+)
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import STEP_RNG
+from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
+from numpyro_subsample.estimators.stratified import Strata, make_strata, stratified_design
+from numpyro_subsample.sgmcmc.simplex import (
+    SGRLDParams,
+    SGRLDState,
+    _Config,
+    datum_drifts,
+    drift_noise,
+    sgrld_programs,
+    to_simplex,
+)
+
+__all__ = ["SGRLD", "SGRLDPreprocessed", "check_simplex_model", "dirichlet_base"]
+
+_ALTERNATIVES = (
+    "SGRLD samples global Dirichlet sites only; for other continuous sites use SGLD, SGHMC or "
+    "SGNHT (which also take Dirichlet sites, through NumPyro's stick-breaking transform) or "
+    "EnergyConservingHMC."
+)
+
+
+class SGRLDPreprocessed(NamedTuple):
+    """Everything computed once per data set: the design of the subsample, the Dirichlet
+    concentrations α, the schedule (a, b, c), the strata (stratified estimator) and the
+    arrays the step reads (``params``)."""
+
+    potential: Potential
+    design: SamplingDesign
+    alpha: dict
+    step_size: float
+    schedule: tuple[float, float, float]
+    strata: Strata | None
+    data_passes: float
+    seconds: float
+    params: SGRLDParams
+
+
+def dirichlet_base(fn: Any) -> Dirichlet | None:
+    """The Dirichlet under ``expand``/``to_event`` wrappers (plates expand), or None."""
+    while isinstance(fn, (ExpandedDistribution, Independent)):
+        fn = fn.base_dist
+    return fn if type(fn) is Dirichlet else None
+
+
+def _distribution_name(fn: Any) -> str:
+    while isinstance(fn, (ExpandedDistribution, Independent)):
+        fn = fn.base_dist
+    return type(fn).__name__
+
+
+def check_simplex_model(model: Callable, data: ModelData) -> None:
+    """Raise ``ValueError`` naming the site unless every latent site is a Dirichlet outside
+    the subsample plate and every observed site lies inside it (abstract trace: no compile)."""
+    holder: dict = {}
+
+    def run(data):
+        args, kwargs = data.args_kwargs()
+        with check_plate_sizes(), first_indices():
+            holder["tr"] = handlers.trace(
+                handlers.seed(model, jnp.zeros(2, jnp.uint32))
+            ).get_trace(*args, **kwargs)
+        return jnp.zeros(())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jax.eval_shape(run, data)
+    tr = holder["tr"]
+    subsampled = {name for name, s in tr.items() if s["type"] == "plate"
+                  and s["args"][1] is not None and s["args"][0] > s["args"][1]}
+    for name, site in tr.items():
+        if site["type"] != "sample":
+            continue
+        inside = [f.name for f in site["cond_indep_stack"] if f.name in subsampled]
+        if site["is_observed"]:
+            if subsampled and not inside:
+                raise ValueError(
+                    f"Observed site '{name}' lies outside the subsample plate; SGRLD takes the "
+                    "likelihood from the sites inside the plate only. Move it into the plate."
+                )
+            continue
+        if inside and site["infer"].get("enumerate") == "parallel":
+            continue  # a discrete per-datum site, summed out of each datum's likelihood
+        if dirichlet_base(site["fn"]) is None:
+            raise ValueError(
+                f"Latent site '{name}' has distribution {_distribution_name(site['fn'])}. "
+                + _ALTERNATIVES
+            )
+        if inside:
+            raise ValueError(
+                f"Dirichlet site '{name}' lies inside the subsample plate '{inside[0]}'; SGRLD "
+                "samples global Dirichlet sites (outside the plate) only."
+            )
+
+
+@partial(jax.jit, static_argnums=0)
+def _site_values(potential: Potential, pi: dict, data: ModelData) -> tuple[dict, dict]:
+    """(α of every Dirichlet site broadcast to its shape, the draw's values: π and the
+    deterministic sites outside the plate) for simplex values ``pi``."""
+    args, kwargs = data.args_kwargs()
+    fn = set_plate_indices(potential.model, name=potential.plate.name, indices=jnp.arange(1))
+    fn = handlers.substitute(handlers.seed(fn, jnp.zeros(2, jnp.uint32)), data=pi)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = handlers.trace(fn).get_trace(*args, **kwargs)
+    alpha = {name: jnp.broadcast_to(dirichlet_base(tr[name]["fn"]).concentration,
+                                    jnp.shape(tr[name]["value"]))
+             for name in potential.latent_sites}
+    values = {name: s["value"] for name, s in tr.items()
+              if name in potential.latent_sites
+              or (s["type"] == "deterministic" and not in_plate(s, potential.plate.name))}
+    return alpha, values
+
+
+def _draw_values(potential: Potential, pi: dict, data: ModelData) -> dict:
+    return _site_values(potential, pi, data)[1]
+
+
+def _check_positive(name: str, value: Any, *, none: bool = False, zero: bool = False) -> None:
+    if value is None and none:
+        return
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not np.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"SGRLD: {name} must be a {'non-negative' if zero else 'positive'} "
+                         f"number{' or None' if none else ''}, got {value!r}.")
+
+
+class SGRLD(SubsampleKernel):
+    """Stochastic gradient Riemannian Langevin dynamics on the probability simplex
+    (Patterson and Teh 2013), expanded-mean parameterisation with mirroring.
+
+    Every latent site must be a global Dirichlet site (``Dirichlet``, expanded by plates or
+    ``expand(...).to_event(...)``; the last axis is the simplex); the likelihood is the
+    observed sites of ``numpyro.plate(name, N, subsample_size=n)``, n data per step. Each
+    Dirichlet(α) value π is carried as θ, θ_k ~ Gamma(α_k, 1), π = θ / Σθ, and moves by
+    θ ← |θ + (ε_t/2)(α − θ + θ ĝ) + sqrt(ε_t θ) ξ|
+    (:func:`~numpyro_subsample.sgmcmc.simplex.mirrored_langevin`). The draws (``get_samples``)
+    are the simplex values π under each site's name, with the deterministic sites outside the
+    plate. ``init_params``, if given, are simplex values per site.
+
+    Parameters
+    ----------
+    model
+        A NumPyro model as above.
+    step_size
+        a of ε_t = a (1 + t/b)^(−c), t the iteration (warmup included). ``None``: a from
+        one data pass at the prior mean (θ̄ = α, π̄ = α / Σα) so that the stationary variance
+        of a locally linear drift is inflated by about ``max_variance_inflation`` δ:
+        a = 4δ / max_k (1 + n_r / S_r + V_k / α_k), where the Euler step inflates by
+        ε λ / 4 for a relaxation rate λ (1 for the Gamma prior, n_r / S_r for the likelihood,
+        with S_r = Σ_k α_rk the prior mean of Σθ of simplex row r and n_r = Σ_i ⟨π̄, ∇_π log
+        p(x_i | π̄)⟩ its count), and the subsample adds ε V_k / (4 θ_k), V_k the design's
+        variance of θ_k ĝ_k (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`).
+    max_variance_inflation
+        δ of the default ``step_size`` (default 0.05).
+    schedule
+        ``"polynomial"`` (default; Patterson and Teh's decaying ε_t) or ``"constant"``
+        (ε_t = a).
+    decay_offset, decay_power
+        b (default 1000) and c (default 0.55, in (0.5, 1] as Σε_t = ∞, Σε_t² < ∞ ask) of the
+        polynomial schedule.
+    estimator
+        ``"uniform"`` (default; weights N/n, with or without replacement) or
+        ``"stratified"`` (Fu and Zhang 2023, Eq. 10: k-means strata, b_j of n_j drawn
+        without replacement, weights n_j / b_j, Neyman allocation of their Eq. 14; through
+        :func:`~numpyro_subsample.estimators.stratified.make_strata`).
+    replace
+        Uniform subsample with replacement (default) or without.
+    num_strata, kmeans_iters, strata_seed
+        k (default 10), Lloyd iterations and seed of the k-means of ``"stratified"``.
+    features
+        An (N, p) array to cluster for ``"stratified"``; default: the per-datum
+        θ ⊙ ∇_θ log p(x_i | π̄) at the prior mean π̄ (one data pass, N × d numbers; pass
+        smaller features, e.g. per-document word counts, when d is large).
+    chunk_size
+        Data per vmapped evaluation in the full-data passes.
+    seed
+        Seed of the preprocessing's model trace.
+    """
+
+    sample_field = "pi"
+    default_fields = ("pi", "diverging")
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        step_size: float | None = None,
+        max_variance_inflation: float = 0.05,
+        schedule: str = "polynomial",
+        decay_offset: float = 1000.0,
+        decay_power: float = 0.55,
+        estimator: str = "uniform",
+        replace: bool = True,
+        num_strata: int = 10,
+        features: Any = None,
+        kmeans_iters: int = 5,
+        strata_seed: int = 0,
+        chunk_size: int = DEFAULT_CHUNK,
+        seed: int = 0,
+    ) -> None:
+        if schedule not in ("polynomial", "constant"):
+            raise ValueError(f"SGRLD: schedule must be 'polynomial' or 'constant', got "
+                             f"{schedule!r}.")
+        if estimator not in ("uniform", "stratified"):
+            raise ValueError(f"SGRLD: estimator must be 'uniform' or 'stratified', got "
+                             f"{estimator!r}.")
+        _check_positive("step_size", step_size, none=True)
+        _check_positive("max_variance_inflation", max_variance_inflation)
+        _check_positive("decay_offset", decay_offset)
+        _check_positive("decay_power", decay_power, zero=True)
+        for name, v in (("num_strata", num_strata), ("kmeans_iters", kmeans_iters),
+                        ("chunk_size", chunk_size)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"SGRLD: {name} must be a positive integer, got {v!r}.")
+        super().__init__(model, seed=seed)
+        self._step_size = None if step_size is None else float(step_size)
+        self.max_variance_inflation = float(max_variance_inflation)
+        self.schedule = schedule
+        self.decay_offset, self.decay_power = float(decay_offset), float(decay_power)
+        self.estimator_name, self.replace = estimator, bool(replace)
+        self.num_strata, self.kmeans_iters = int(num_strata), int(kmeans_iters)
+        self.features, self.strata_seed = features, int(strata_seed)
+        self.chunk_size = int(chunk_size)
+
+    @property
+    def step_size(self) -> float:
+        """a, the initial step of the schedule in use."""
+        return self.preprocessed.step_size
+
+    @property
+    def strata(self) -> Strata | None:
+        """The strata of the stratified estimator (None for ``"uniform"``)."""
+        return self.preprocessed.strata
+
+    def get_diagnostics_str(self, state: SGRLDState) -> str:
+        return f"step size {float(np.asarray(state.step_size).max()):.2e}"
+
+    def potential_for(self, data: ModelData) -> Potential:
+        if data.signature() not in self._potentials:
+            check_simplex_model(self._model, data)
+        return super().potential_for(data)
+
+    def _preprocess(self, potential: Potential, data: ModelData) -> SGRLDPreprocessed:
+        t0 = time.perf_counter()
+        dtype = potential.init_theta.dtype
+        medians = potential.constrain(potential.unravel(potential.init_theta), data)
+        pi0 = {k: medians[k] for k in potential.latent_sites}
+        alpha = _site_values(potential, pi0, data)[0]
+        tilt = {k: v * jnp.linspace(1.0, 2.0, v.shape[-1], dtype=v.dtype) for k, v in pi0.items()}
+        alpha_tilted = _site_values(potential, to_simplex(tilt), data)[0]
+        for name in potential.latent_sites:
+            a = np.asarray(alpha[name])
+            if not np.array_equal(a, np.asarray(alpha_tilted[name])):
+                raise ValueError(
+                    f"The concentration of Dirichlet site '{name}' depends on other latent "
+                    "sites; SGRLD needs concentrations fixed by the data and constants."
+                )
+            if not (np.all(np.isfinite(a)) and np.all(a > 0)):
+                raise ValueError(f"Dirichlet site '{name}' has concentrations that are not "
+                                 "all positive and finite.")
+        alpha = {k: jnp.asarray(v, dtype) for k, v in alpha.items()}
+        pi_bar = to_simplex(alpha)
+        N, n = potential.num_data, potential.plate.subsample_size
+        passes, strata = 0.0, None
+        if self.estimator_name == "uniform":
+            design = uniform_design(N, n, self.replace, dtype)
+        else:
+            if self.features is None:
+                feats = np.asarray(datum_drifts(potential, pi_bar, data, self.chunk_size))
+                passes += 1.0
+            else:
+                feats = np.asarray(self.features)
+                feats = feats[:, None] if feats.ndim == 1 else feats
+                if feats.ndim != 2 or feats.shape[0] != N:
+                    raise ValueError(f"SGRLD: features must have shape (N, p) with N={N}, "
+                                     f"got {feats.shape}.")
+            if self.num_strata > n:
+                raise ValueError(f"SGRLD: num_strata={self.num_strata} exceeds the subsample "
+                                 f"size {n}; each stratum needs a draw per step.")
+            strata = make_strata(feats, self.num_strata, n,
+                                 kmeans_iters=self.kmeans_iters, seed=self.strata_seed)
+            design = stratified_design(strata, dtype)
+        a = self._step_size
+        if a is None:
+            moments = design.moments(design.params)
+            counts, noise = drift_noise(potential, pi_bar, data, moments, self.chunk_size)
+            passes += 1.0
+            flat = lambda t: np.concatenate([np.ravel(t[k]) for k in sorted(t)])  # noqa: E731
+            totals = flat({k: np.broadcast_to(np.sum(np.asarray(v), -1, keepdims=True), v.shape)
+                           for k, v in alpha.items()})
+            rate = 1.0 + np.abs(np.asarray(counts)) / totals + np.asarray(noise) / flat(alpha)
+            a = 4.0 * self.max_variance_inflation / float(np.max(rate))
+        b, c = (self.decay_offset, self.decay_power) if self.schedule == "polynomial" else (1, 0)
+        schedule = (float(a), float(b), float(c))
+        params = SGRLDParams(alpha, design.params, jnp.asarray(np.asarray(schedule, dtype)),
+                             jnp.asarray(np.asarray(passes, dtype)))
+        return SGRLDPreprocessed(potential, design, alpha, float(a), schedule, strata, passes,
+                                 time.perf_counter() - t0, params)
+
+    def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
+        del num_warmup
+        cfg = _Config(pre.potential, pre.design.draw, pre.design.size,
+                      "threefry2x32" if traced else STEP_RNG)
+        init_one, step = sgrld_programs(cfg)
+        return init_one, step, pre.params
+
+    def _state_axes(self) -> SGRLDState:
+        return SGRLDState(*([0] * len(SGRLDState._fields)))._replace(params=None)
+
+    def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
+        data = ModelData.from_args(model_args, model_kwargs)
+        return partial(_draw_values, self.potential_for(data), data=data)

@@ -1,0 +1,247 @@
+"""The functional core of SGRLD on the probability simplex (Patterson and Teh 2013).
+
+Expanded-mean parameterisation (Patterson and Teh 2013, Sect. 3-4): every Dirichlet(α) site
+π (the last axis is the simplex; any batch axes in front) is carried as unnormalised weights
+θ_k > 0, θ_k ~ Gamma(α_k, 1) independently, π = θ / Σ_k θ_k. With the metric
+G(θ)⁻¹ = diag(θ) the Langevin step with mirroring at 0 is
+
+    θ_k ← | θ_k + (ε/2) (α_k − θ_k + θ_k ĝ_k) + sqrt(ε θ_k) ξ_k |,    ξ_k ~ N(0, 1),
+
+where ĝ_k estimates ∂ log p(x | π) / ∂θ_k from a subsample. The likelihood's gradient G is
+taken by autodiff with respect to the constrained π; the chain rule through π = θ / Σθ gives
+
+    θ_k ∂L/∂θ_k = π_k (G_k − Σ_j π_j G_j),
+
+which for multinomial counts is Patterson and Teh's n_k − π_k n_·. The subsample enters through a
+:class:`~numpyro_subsample.estimators.selection.SamplingDesign` (uniform weights N/n, Welling
+and Teh 2011; stratified weights n_j/b_j, Fu and Zhang 2023, Eq. 10): the estimate is
+Σ_j w_j ∇ℓ_{i_j}, unbiased for the full-data sum. Everything is elementwise: no d × d array.
+
+The step size follows Patterson and Teh's schedule ε_t = a (1 + t/b)^(−c); c = 0 gives a
+constant step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache, partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data, scan_chunks
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import raw_key, split_step_key
+from numpyro_subsample.estimators.selection import DesignMoments
+
+__all__ = [
+    "SGRLDParams",
+    "SGRLDState",
+    "step_size_at",
+    "to_simplex",
+    "likelihood_grad",
+    "expanded_mean_grad",
+    "mirrored_langevin",
+    "datum_drifts",
+    "drift_noise",
+    "sgrld_programs",
+]
+
+
+class SGRLDParams(NamedTuple):
+    """The preprocessing's arrays read by the step: the Dirichlet concentrations α of every
+    site (broadcast to its shape), the design's arrays, the schedule (a, b, c) of
+    ε_t = a (1 + t/b)^(−c), and the data passes spent on the preprocessing."""
+
+    alpha: dict
+    design: Any
+    schedule: jax.Array
+    data_passes: jax.Array
+
+
+class SGRLDState(NamedTuple):
+    """State of an SGRLD chain.
+
+    ``pi``: the simplex values of every Dirichlet site (the draws); ``theta``: the
+    expanded-mean weights θ > 0, π = θ / Σθ; ``step_size``: the ε of the step that produced
+    this state; ``mirrored``: the coordinates reflected at 0 by that step; ``diverging``: that
+    step gave a non-finite θ and was rejected (the chain stays where it was);
+    ``subsample_size``: data per gradient estimate; ``data_passes``: cumulative data
+    evaluations / N, preprocessing included; ``params``: the preprocessing's arrays (shared by
+    vectorized chains).
+    """
+
+    i: jax.Array
+    pi: dict
+    theta: dict
+    step_size: jax.Array
+    mirrored: jax.Array
+    diverging: jax.Array
+    subsample_size: jax.Array
+    data_passes: jax.Array
+    rng_key: jax.Array
+    params: SGRLDParams
+
+
+def step_size_at(schedule: jax.Array, t: jax.Array) -> jax.Array:
+    """ε_t = a (1 + t/b)^(−c) for ``schedule = (a, b, c)`` (Patterson and Teh 2013)."""
+    a, b, c = schedule[0], schedule[1], schedule[2]
+    return a * (1.0 + t.astype(schedule.dtype) / b) ** (-c)
+
+
+def to_simplex(theta: dict) -> dict:
+    """π = θ / Σθ along the last axis of every site."""
+    return {k: v / jnp.sum(v, axis=-1, keepdims=True) for k, v in theta.items()}
+
+
+def likelihood_grad(
+    potential: Potential, pi: dict, idx: jax.Array, weights: jax.Array, data: ModelData
+) -> dict:
+    """G = ∇_π Σ_j w_j log p(x_{i_j} | π), summed over the observed sites of the plate, with
+    respect to the constrained simplex values ``pi`` (a dict of every latent site)."""
+    dtype = jax.tree.leaves(pi)[0].dtype
+
+    def total(p):
+        ll = potential.log_likelihood_at(p, idx, data)
+        return sum(jnp.dot(weights.astype(dtype), v.astype(dtype)) for v in ll.values())
+
+    return jax.grad(total)(pi)
+
+
+def expanded_mean_grad(pi: dict, grad_pi: dict) -> dict:
+    """θ ⊙ ∂L/∂θ = π ⊙ (G − ⟨π, G⟩) along the last axis (chain rule through π = θ / Σθ)."""
+    return {
+        k: p * (grad_pi[k] - jnp.sum(p * grad_pi[k], axis=-1, keepdims=True))
+        for k, p in pi.items()
+    }
+
+
+def mirrored_langevin(
+    key: jax.Array, theta: dict, alpha: dict, lik_drift: dict, eps: jax.Array
+) -> tuple[dict, jax.Array]:
+    """One step θ ← |θ + (ε/2)(α − θ + θ ĝ) + sqrt(εθ) ξ| (Patterson and Teh 2013, Sect. 4).
+
+    ``lik_drift`` is θ ⊙ ĝ. Returns the new θ (floored at the dtype's smallest normal number,
+    so that π stays defined after an underflow) and the number of coordinates mirrored.
+    """
+    names = sorted(theta)
+    keys = jax.random.split(key, len(names))
+    out, mirrored = {}, jnp.zeros((), jnp.int32)
+    for k, name in zip(keys, names, strict=True):
+        t = theta[name]
+        xi = jax.random.normal(k, t.shape, t.dtype)
+        prop = t + 0.5 * eps * (alpha[name] - t + lik_drift[name]) + jnp.sqrt(eps * t) * xi
+        mirrored = mirrored + jnp.sum(prop < 0).astype(jnp.int32)
+        out[name] = jnp.maximum(jnp.abs(prop), jnp.finfo(t.dtype).tiny)
+    return out, mirrored
+
+
+def _datum_terms(potential: Potential, pi: dict, data: ModelData) -> Callable:
+    """``one(i) -> (h_i, c_i)``: datum i's θ ⊙ ∇_θ log p(x_i | π) and its count
+    ⟨π, ∇_π log p(x_i | π)⟩ per simplex row (broadcast along the row), both flattened over
+    the sites in sorted order."""
+    dtype = jax.tree.leaves(pi)[0].dtype
+
+    def one(i):
+        g = likelihood_grad(potential, pi, i[None], jnp.ones((1,), dtype), data)
+        h = expanded_mean_grad(pi, g)
+        count = {k: jnp.broadcast_to(jnp.sum(pi[k] * g[k], -1, keepdims=True), pi[k].shape)
+                 for k in pi}
+        flat = lambda t: jnp.concatenate([t[k].reshape(-1) for k in sorted(t)])  # noqa: E731
+        return flat(h), flat(count)
+
+    return one
+
+
+@partial(jax.jit, static_argnums=(0, 3))
+def datum_drifts(potential: Potential, pi: dict, data: ModelData,
+                 chunk_size: int = DEFAULT_CHUNK) -> jax.Array:
+    """Per-datum h_i = θ ⊙ ∇_θ log p(x_i | π) at ``pi``, flattened over the sites in sorted
+    order: (N, d), one data pass (the default features of the stratified estimator)."""
+    one = _datum_terms(potential, pi, data)
+    return map_data(jax.vmap(lambda i: one(i)[0]), potential.num_data, chunk_size)
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: DesignMoments,
+                chunk_size: int = DEFAULT_CHUNK) -> tuple[jax.Array, jax.Array]:
+    """(Σ_i c_i, diag Cov[Σ_j w_j h_{i_j}]) at ``pi`` (see :func:`_datum_terms`), the
+    covariance from the design's second moments (one data pass, no N × d array)."""
+    one = _datum_terms(potential, pi, data)
+    N, d = potential.num_data, sum(int(np.prod(v.shape)) for v in pi.values())
+    dtype = jax.tree.leaves(pi)[0].dtype
+    groups = 1 if moments.labels is None else int(moments.group_weight.shape[0])
+    a = jnp.broadcast_to(jnp.asarray(moments.datum_weight, dtype), (N,))
+
+    def chunk(idx, mask):
+        h, c = jax.vmap(one)(idx)
+        m = mask.astype(dtype)[:, None]
+        lab = jnp.zeros(idx.shape, jnp.int32) if moments.labels is None else moments.labels[idx]
+        return (jnp.sum(c * m, 0), jnp.sum(a[idx][:, None] * m * h * h, 0),
+                jax.ops.segment_sum(h * m, lab, groups))
+
+    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((groups, d), dtype))
+    counts, s1, sums = scan_chunks(chunk, N, chunk_size, zero)
+    weight = jnp.broadcast_to(jnp.asarray(moments.group_weight, dtype), (groups,))
+    return counts, s1 - weight @ (sums * sums)
+
+
+class _Config(NamedTuple):
+    """Static configuration of the compiled step (hashable; equal configs share code)."""
+
+    potential: Potential
+    draw: Callable  # SamplingDesign.draw
+    size: int
+    rng_impl: str
+
+
+@lru_cache(maxsize=64)
+def sgrld_programs(cfg: _Config) -> tuple[Callable, Callable]:
+    """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)``.
+
+    ``init_one`` draws θ from its Gamma(α, 1) prior; given ``init_params`` (simplex values
+    per site) it keeps the drawn totals Σθ and sets θ = π · Σθ.
+    """
+    pot, draw, size = cfg.potential, cfg.draw, cfg.size
+    inv_n = 1.0 / pot.num_data
+
+    def step(state: SGRLDState, data: ModelData) -> SGRLDState:
+        p = state.params
+        key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
+        eps = step_size_at(p.schedule, state.i)
+        idx, w = draw(p.design, k_est)
+        drift = expanded_mean_grad(state.pi, likelihood_grad(pot, state.pi, idx, w, data))
+        theta, mirrored = mirrored_langevin(k_dyn, state.theta, p.alpha, drift, eps)
+        pi = to_simplex(theta)
+        ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(pi)]))
+        keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+        return SGRLDState(
+            state.i + 1, jax.tree.map(keep, pi, state.pi),
+            jax.tree.map(keep, theta, state.theta), eps, mirrored, ~ok,
+            jnp.asarray(size, jnp.int32), state.data_passes + size * inv_n, key, p,
+        )
+
+    def init_one(rng_key, init_params, data, params: SGRLDParams) -> SGRLDState:
+        del data
+        k_theta, key = jax.random.split(rng_key)
+        names = sorted(params.alpha)
+        theta = {}
+        for k, name in zip(jax.random.split(k_theta, len(names)), names, strict=True):
+            a = params.alpha[name]
+            t = jnp.maximum(jax.random.gamma(k, a, dtype=a.dtype), jnp.finfo(a.dtype).tiny)
+            if init_params is not None:
+                given = jnp.asarray(init_params[name], a.dtype)
+                t = jnp.maximum(given * jnp.sum(t, -1, keepdims=True), jnp.finfo(a.dtype).tiny)
+            theta[name] = t
+        dtype = params.schedule.dtype
+        return SGRLDState(
+            jnp.zeros((), jnp.int32), to_simplex(theta), theta,
+            step_size_at(params.schedule, jnp.zeros((), jnp.int32)),
+            jnp.zeros((), jnp.int32), jnp.zeros((), bool), jnp.asarray(size, jnp.int32),
+            params.data_passes.astype(dtype), raw_key(key), params,
+        )
+
+    return init_one, step

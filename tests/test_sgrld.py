@@ -1,0 +1,240 @@
+"""SGRLD on the probability simplex (Patterson and Teh 2013) against closed-form posteriors.
+
+Dirichlet(α) prior, categorical data: the posterior is Dirichlet(α + counts), with mean
+m_k = a_k / a_0 and sd sqrt(m_k (1 − m_k) / (a_0 + 1)), a = α + counts, a_0 = Σ a_k.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.diagnostics import effective_sample_size
+from numpyro.infer import MCMC
+
+from numpyro_subsample import SGRLD
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.sgmcmc.simplex import drift_noise, expanded_mean_grad, likelihood_grad
+
+HERE = os.path.dirname(__file__)
+V, N = 5, 5000
+PROBS = np.array([0.4, 0.25, 0.2, 0.1, 0.05])
+
+
+def categorical_model(y, n=100):
+    pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(V)))
+    with numpyro.plate("data", y.shape[0], subsample_size=n) as idx:
+        numpyro.sample("y", dist.Categorical(probs=pi), obs=y[idx])
+
+
+def dirichlet_posterior(alpha, counts):
+    a = alpha + counts
+    m = a / a.sum(-1, keepdims=True)
+    return m, np.sqrt(m * (1 - m) / (a.sum(-1, keepdims=True) + 1))
+
+
+@pytest.fixture(scope="module")
+def categorical_data():
+    y = np.random.default_rng(0).choice(V, size=N, p=PROBS).astype(np.int32)
+    return y, dirichlet_posterior(np.ones(V), np.bincount(y, minlength=V))
+
+
+def check_moments(draws, mean, sd):
+    """Posterior means within 0.15 sd and sds within 20 %, with an ESS of at least 400 in
+    every coordinate: the Monte Carlo error of a mean is then ≤ sd/20 (0.15 sd is 3 of
+    them) and of an sd ≤ 3.5 % (20 % covers that plus the step's variance inflation, a few
+    percent at the steps used here)."""
+    ess = effective_sample_size(draws)
+    flat = draws.reshape((-1,) + draws.shape[2:])
+    z = (flat.mean(0) - mean) / sd
+    ratio = flat.std(0) / sd
+    assert np.all(ess >= 400), ess
+    assert np.all(np.abs(z) < 0.15), z
+    assert np.all(np.abs(ratio - 1) < 0.2), ratio
+
+
+# uniform: the subsample noise inflates the variance by ε N² (1 − π) / (4 n Σθ) (Euler step
+# of the linearised drift), 2-4 % at n = 1000, ε = 4e-5; stratified on the default features
+# (one stratum per category) has no subsample noise, so a 10× smaller subsample and a larger
+# step (inflation ε N / (4 Σθ) ≈ 3 %) mix faster
+@pytest.mark.parametrize(
+    "estimator, n, eps, chains",
+    [("uniform", 1000, 4e-5, 16), ("stratified", 100, 1e-4, 8)],
+)
+def test_dirichlet_categorical_posterior(categorical_data, estimator, n, eps, chains):
+    y, (mean, sd) = categorical_data
+    kernel = SGRLD(categorical_model, step_size=eps, schedule="constant", estimator=estimator,
+                   num_strata=V)
+    mcmc = MCMC(kernel, num_warmup=1000, num_samples=5000, num_chains=chains,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), y, n=n)
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["pi"])
+    assert draws.dtype == np.float32 and draws.shape == (chains, 5000, V)
+    check_moments(draws, mean, sd)
+    if estimator == "stratified":
+        assert sorted(kernel.strata.sizes) == sorted(np.bincount(y, minlength=V))
+
+
+def test_batched_rows_posterior():
+    """K = 3 Dirichlet rows over V = 4 (``expand([K]).to_event(1)``); datum i picks the
+    known row r_i and category c_i, so row k's posterior is Dirichlet(α + counts of row k).
+    Stratified on the default features: one stratum per (row, category), no subsample
+    noise; inflation ε n_k / (4 Σθ_k) ≈ 2.5 % at ε = 4e-4, n_k ≈ 1000, E[1/Σθ_k] = 1/4."""
+    K, V4, n_data = 3, 4, 3000
+    rng = np.random.default_rng(2)
+    probs = rng.dirichlet(np.ones(V4), size=K)
+    row = rng.integers(0, K, n_data).astype(np.int32)
+    cat = np.array([rng.choice(V4, p=probs[r]) for r in row], np.int32)
+    alpha = np.array([0.5, 1.0, 2.0, 1.5])
+
+    def model(row, cat):
+        pi = numpyro.sample("pi", dist.Dirichlet(jnp.asarray(alpha)).expand([K]).to_event(1))
+        with numpyro.plate("data", row.shape[0], subsample_size=48) as idx:
+            numpyro.sample("c", dist.Categorical(probs=pi[row[idx]]), obs=cat[idx])
+
+    counts = np.zeros((K, V4))
+    np.add.at(counts, (row, cat), 1)
+    mean, sd = dirichlet_posterior(alpha, counts)
+    kernel = SGRLD(model, step_size=4e-4, schedule="constant", estimator="stratified",
+                   num_strata=K * V4)
+    mcmc = MCMC(kernel, num_warmup=1000, num_samples=5000, num_chains=8,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(3), row, cat)
+    check_moments(np.asarray(mcmc.get_samples(group_by_chain=True)["pi"]), mean, sd)
+
+
+def test_draws_stay_on_simplex_with_mirroring():
+    """A plate of K Dirichlet rows with small α and a large step: the mirroring step fires
+    (counted in ``mirrored``) and every draw is still non-negative and sums to 1."""
+    K = 3
+
+    def model(y):
+        with numpyro.plate("topics", K):
+            pi = numpyro.sample("pi", dist.Dirichlet(0.1 * jnp.ones(V)))
+        with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+            numpyro.sample("y", dist.Categorical(probs=pi[idx % K]), obs=y[idx])
+
+    y = np.random.default_rng(4).choice(V, size=600, p=PROBS).astype(np.int32)
+    mcmc = MCMC(SGRLD(model, step_size=0.5, decay_power=0.3), num_warmup=0, num_samples=500,
+                num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(5), y, extra_fields=("mirrored",))
+    pi = np.asarray(mcmc.get_samples()["pi"])
+    assert pi.shape == (1000, K, V)
+    assert np.all(pi >= 0) and np.all(np.isfinite(pi))
+    np.testing.assert_allclose(pi.sum(-1), 1.0, atol=1e-5)
+    assert int(np.sum(mcmc.get_extra_fields()["mirrored"])) > 100
+
+
+def mixture_model(y, n=50):
+    pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(3)))
+    comps = dist.Normal(jnp.array([-2.0, 0.0, 2.0]), 1.0)
+    with numpyro.plate("data", y.shape[0], subsample_size=n) as idx:
+        numpyro.sample("y", dist.MixtureSameFamily(dist.Categorical(probs=pi), comps),
+                       obs=y[idx])
+
+
+def test_expanded_mean_gradient_closed_form(categorical_data):
+    """θ ∂L/∂θ for categorical counts is n_k − π_k N (Patterson and Teh 2013)."""
+    y, _ = categorical_data
+    pre = SGRLD(categorical_model, step_size=1e-4).preprocess((y,))
+    pi = {"pi": jnp.asarray([0.3, 0.3, 0.2, 0.1, 0.1])}
+    g = likelihood_grad(pre.potential, pi, jnp.arange(N), jnp.ones(N), ModelData.from_args((y,)))
+    drift = np.asarray(expanded_mean_grad(pi, g)["pi"])
+    exact = np.bincount(y, minlength=V) - np.asarray(pi["pi"]) * N
+    np.testing.assert_allclose(drift, exact, rtol=1e-4, atol=1e-2)
+
+
+def test_gradient_estimator_unbiased():
+    """At a fixed π the mean of the subsample estimates over M = 4000 minibatches equals the
+    full-data θ ⊙ ∇_θ L within 4 Monte Carlo standard errors, and their variance equals the
+    design's (``drift_noise``), for the uniform and the stratified design (clustered on y);
+    stratifying on y lowers the variance."""
+    y = np.random.default_rng(6).normal(np.array([-2.0, 0.0, 2.0])[
+        np.random.default_rng(7).choice(3, 2000, p=[0.5, 0.3, 0.2])], 1.0).astype(np.float32)
+    data = ModelData.from_args((y,))
+    pi = {"pi": jnp.asarray([0.5, 0.3, 0.2])}
+    keys = jax.random.split(jax.random.PRNGKey(8), 4000)
+    variances = {}
+    for estimator in ("uniform", "stratified"):
+        pre = SGRLD(mixture_model, step_size=1e-4, estimator=estimator, features=y,
+                    num_strata=10).preprocess((y,))
+        pot, design = pre.potential, pre.design
+        full = expanded_mean_grad(
+            pi, likelihood_grad(pot, pi, jnp.arange(y.shape[0]), jnp.ones(y.shape[0]), data))
+
+        @jax.jit
+        def estimates(keys, data, params):
+            def one(key):
+                idx, w = design.draw(params, key)
+                return expanded_mean_grad(pi, likelihood_grad(pot, pi, idx, w, data))["pi"]
+            return jax.vmap(one)(keys)
+
+        draws = np.asarray(estimates(keys, data, design.params), np.float64)
+        se = draws.std(0) / np.sqrt(draws.shape[0])
+        assert np.all(se > 0)
+        assert np.all(np.abs(draws.mean(0) - np.asarray(full["pi"])) < 4 * se), (
+            estimator, draws.mean(0), full["pi"], se)
+        variances[estimator] = draws.var(0).sum()
+        # the design's exact variance (the default step-size rule's input): Monte Carlo
+        # relative error of a variance from 4000 draws is about sqrt(2/4000) = 2 %
+        exact = np.asarray(drift_noise(pot, pi, data, design.moments(design.params))[1])
+        np.testing.assert_allclose(draws.var(0), exact, rtol=0.12)
+    assert variances["stratified"] < 0.5 * variances["uniform"], variances
+
+
+def test_non_dirichlet_site_raises(categorical_data):
+    y, _ = categorical_data
+
+    def model(y):
+        numpyro.sample("pi", dist.Dirichlet(jnp.ones(V)))
+        numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+            numpyro.sample("y", dist.Categorical(logits=jnp.zeros(V)), obs=y[idx])
+
+    mcmc = MCMC(SGRLD(model), num_warmup=10, num_samples=10, progress_bar=False)
+    with pytest.raises(ValueError, match=r"'mu' has distribution Normal.*SGLD"):
+        mcmc.run(jax.random.PRNGKey(0), y)
+
+
+def test_same_key_same_draws(categorical_data):
+    y, _ = categorical_data
+
+    def run(seed):
+        mcmc = MCMC(SGRLD(categorical_model, estimator="stratified", num_strata=V),
+                    num_warmup=50, num_samples=200, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(seed), y)
+        return np.asarray(mcmc.get_samples()["pi"])
+
+    first = run(0)
+    np.testing.assert_array_equal(first, run(0))
+    assert not np.array_equal(first, run(1))
+
+
+def test_float64_under_x64():
+    code = """
+        import conftest  # noqa: F401  (the tests' compilation cache)
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import numpy as np
+        from numpyro.infer import MCMC
+        from test_sgrld import categorical_model
+        y = np.random.default_rng(0).choice(5, size=500).astype(np.int32)
+        from numpyro_subsample import SGRLD
+        mcmc = MCMC(SGRLD(categorical_model), num_warmup=10, num_samples=50,
+                    progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), y, n=20)
+        pi = np.asarray(mcmc.get_samples()["pi"])
+        assert pi.dtype == np.float64, pi.dtype
+        assert np.allclose(pi.sum(-1), 1.0, atol=1e-12)
+        print("OK")
+    """
+    env = {**os.environ, "PYTHONPATH": HERE}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
