@@ -1,0 +1,677 @@
+"""Bayesian probabilistic matrix factorisation: SGLD-CV against SGLD at equal wall time.
+
+Paper 002's BPMF experiment (Baker, Fearnhead, Fox and Nemeth 2019, "Control variates for
+stochastic gradient MCMC", Sect. 5.2 of our copy, Figs. 3-4: MovieLens ml-100k, D = 20,
+minibatches of 5000, the formulation of Chen et al. 2014 with Gaussian-Wishart hyperpriors
+updated by Gibbs steps) on a synthetic low-rank rating matrix, with fixed prior precisions
+instead of the hyperpriors:
+
+    U_l ~ N(0, s² I_D)  (l = 1..L users),   V_m ~ N(0, s² I_D)  (m = 1..M items),
+    r_k | U, V ~ N(U_{l_k}ᵀ V_{m_k}, σ²)      for the training ratings k (the data plate),
+
+s = D^{-1/4} (so that E (U_lᵀV_m)² = 1) and σ = 0.5, the values that generated the data: true
+factors U*, V* drawn from the priors, a fraction ``--density`` of the L × M entries observed
+(uniformly, without repetition), r = U*ᵀV* + σ ε; ``--test-frac`` of the observed ratings held
+out. About 40 training ratings per user and 80 per item at both sizes. d = (L + M)·D is above
+the dense-proxy limit, so ``proxy="laplace"`` is fitted as the structured low-rank proxy
+(``sgmcmc.preprocess``, rank 20) from ``init_theta`` = 0.1·N(0, I) (the prior median U = V = 0
+is a saddle of the posterior), with the curvature of ``--proxies``: ``fisher`` (the package's
+choice above d = 2000, the empirical Fisher) or ``hessian`` (Hessian, Hutchinson diagonal).
+Subsample size n = 1000 (``--subsample-size``; 4-5 % of the training ratings, the paper's
+5000 of 10^5 is 5 %): the step's O(d·k) whitening dominates its cost below n ≈ 1000, the
+gradient above, and the step the noise rule allows grows like n.
+
+Rows, per proxy (``numpyro_subsample.SGLD`` with the package's defaults otherwise:
+preconditioning by the proxy, chains started at proxy draws, step size from the measured
+gradient noise):
+
+- SGLD-CV (``estimator="cv"``) and SGLD (``estimator="uniform"``), default steps;
+- both at common steps h = m·h_CV for the multipliers m of ``--step-multipliers`` (default
+  10 with ``--quick``, none otherwise; ``kernel.with_step_size``: the preprocessing is shared
+  and its time charged again);
+- ZV post-processing of the predictions (Baker et al. 2019, Sect. 4, Eq. 14) with degree 1:
+  the package's ``post.zv.zv_fit`` on the default runs' draws (it regresses on all d gradient
+  coordinates; its result or the error it raises is recorded), and a local version: each test
+  prediction g = U_lᵀV_m corrected with the 2D stored gradient coordinates of U_l and V_m (a
+  subset of the degree-1 control variates, still zero-mean), β by least squares on the
+  window's draws, post-processing time added;
+- the proxy alone: predictions at its centre θ̂ (Adam + L-BFGS, the MAP the package finds)
+  and the mean over ``--proxy-draws`` draws from N(θ̂, Σ̂), timed as the fit inside the
+  SGLD-CV preprocessing plus the predictions;
+- MAP by alternating least squares (exact ridge solves per user and item, until the relative
+  change of the log posterior is below 1e-7) and, as the reference posterior-mean RMSE, the
+  exact blocked Gibbs sampler of BPMF (Salakhutdinov and Mnih 2008; Gaussian conditionals per
+  user and item, full data per sweep, from a random start).
+
+Each SG kernel runs in a fresh Python process (no compiled program shared), as one
+``numpyro.infer.MCMC`` run of ``--chains`` vectorised chains × ``--steps`` steps (no warm-up),
+``--draws`` states kept per chain. Wall time = setup (kernel construction and preprocessing:
+proxy fit, noise measurement, step size, with compilation) + the chain's compilation +
+sampling; kept draw j of S is stamped setup + compile + (j + 1)/S × sampling seconds (the
+compiled loop costs the same per step); CPU seconds of the process likewise. Metric at a
+checkpoint: RMSE on the test ratings of the posterior-mean prediction, the mean of U_lᵀV_m over
+the last half of the draws so far, pooled over chains (the window of ``bench_paper002.py``).
+Equal budgets, per proxy: B (wall) and B_cpu (CPU) = the smaller totals of its default SGLD-CV
+and SGLD rows. Warnings raised are recorded per row (``RunDiagnosticsWarning`` from
+``post.checks.check_run``, called after the timed run).
+
+    python benchmarks/bench_bpmf.py           # 450 x 225, 20 % observed, 10^5 steps
+    python benchmarks/bench_bpmf.py --quick   # 300 x 150, 30 % observed, 2·10^4 steps
+
+Writes ``benchmarks/results/bench_bpmf[_quick].json`` and a markdown section (stdout and
+``--md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runs import fmt, json_default  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIGMA = 0.5
+ESTIMATORS = {"SGLD-CV": "cv", "SGLD": "uniform"}
+#: the structured proxy's curvature: the package's choice above MAX_DENSE_DIM (empirical
+#: Fisher), or the Hessian with a Hutchinson diagonal (``proxy_kwargs``)
+PROXIES = {"fisher": {}, "hessian": {"curvature": "hessian", "diagonal": "hutchinson"}}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- data and model -------------------------------------------------------------------------------
+def make_data(L: int, M: int, D: int, density: float, test_frac: float, seed: int) -> dict:
+    """Synthetic ratings (module docstring): train/test (user, item, rating) and the truth."""
+    rng = np.random.default_rng(seed)
+    s = D**-0.25
+    U, V = s * rng.normal(size=(L, D)), s * rng.normal(size=(M, D))
+    num = int(round(density * L * M))
+    flat = rng.choice(L * M, num, replace=False)
+    users, items = flat // M, flat % M
+    r = np.sum(U[users] * V[items], 1) + SIGMA * rng.normal(size=num)
+    perm = rng.permutation(num)
+    te, tr = perm[: int(round(test_frac * num))], perm[int(round(test_frac * num)):]
+    return {"L": L, "M": M, "D": D, "s": s, "U": U, "V": V,
+            "u_tr": users[tr].astype(np.int32), "v_tr": items[tr].astype(np.int32),
+            "r_tr": r[tr], "u_te": users[te].astype(np.int32),
+            "v_te": items[te].astype(np.int32), "r_te": r[te]}
+
+
+def bpmf_model(users, items, ratings=None, num_users: int = 100, num_items: int = 100,
+               rank: int = 10, subsample_size: int = 1000) -> None:
+    """U, V with N(0, s²) priors, s = rank^{-1/4}; ratings N(U_lᵀV_m, σ²) in the data plate."""
+    s = rank**-0.25
+    U = numpyro.sample("U", dist.Normal(0.0, s).expand([num_users, rank]).to_event(2))
+    V = numpyro.sample("V", dist.Normal(0.0, s).expand([num_items, rank]).to_event(2))
+    with numpyro.plate("data", users.shape[0], subsample_size=subsample_size) as idx:
+        mean = jnp.sum(U[users[idx]] * V[items[idx]], -1)
+        numpyro.sample("r", dist.Normal(mean, SIGMA),
+                       obs=None if ratings is None else ratings[idx])
+
+
+def model_inputs(dd: dict, n: int) -> tuple[tuple, dict]:
+    f = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    args = (jnp.asarray(dd["u_tr"]), jnp.asarray(dd["v_tr"]), jnp.asarray(dd["r_tr"], f))
+    return args, {"num_users": dd["L"], "num_items": dd["M"], "rank": dd["D"],
+                  "subsample_size": n}
+
+
+@jax.jit
+def predict(U, V, users, items):
+    """U_lᵀV_m for the pairs, for draws with leading axes: U (..., L, D) -> (..., T)."""
+    return jnp.sum(U[..., users, :] * V[..., items, :], -1)
+
+
+def rmse(pred: np.ndarray, r: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((np.asarray(pred, np.float64) - r) ** 2)))
+
+
+def window_rmse(pred: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """RMSE after each draw j of the mean over draws ⌊j/2⌋..j; ``pred`` (C, S, T)."""
+    C, S, _ = pred.shape
+    cs = np.concatenate([np.zeros((1,) + pred.shape[2:]),
+                         np.cumsum(np.asarray(pred, np.float64).sum(0), 0)])
+    j = np.arange(S)
+    lo = j // 2
+    out = np.empty(S)
+    for k in range(S):
+        out[k] = rmse((cs[k + 1] - cs[lo[k]]) / (C * (k + 1 - lo[k])), r)
+    return out
+
+
+# -- ZV on the test predictions -------------------------------------------------------------------
+@jax.jit
+def _zv_pairs(P, GU, GV, users, items):
+    """Per test pair t: ZV mean of g = P[:, t] with covariates (∇_{U_l} log π, ∇_{V_m} log π)
+    over the M pooled draws (β = Var(u)⁻¹Cov(u, g), standardised least squares with a 1e-8
+    ridge), Var g and Var(g − uᵀβ)."""
+    X = jnp.concatenate([GU[:, users, :], GV[:, items, :]], -1)  # (M, T, 2D)
+    Xc = X - X.mean(0)
+    gc = P - P.mean(0)
+    sd = jnp.sqrt(jnp.mean(Xc**2, 0)) + 1e-30
+    Z = Xc / sd
+    A = jnp.einsum("mtk,mtl->tkl", Z, Z) / Z.shape[0]
+    b = jnp.einsum("mtk,mt->tk", Z, gc) / Z.shape[0]
+    A = A + 1e-8 * jnp.eye(A.shape[-1])
+    beta = jnp.linalg.solve(A, b[..., None])[..., 0] / sd
+    res = gc - jnp.einsum("mtk,tk->mt", Xc, beta)
+    zv = P.mean(0) - jnp.einsum("tk,tk->t", X.mean(0), beta)
+    return zv, jnp.var(P, 0), jnp.var(res, 0)
+
+
+def zv_local(P: np.ndarray, grad_U: np.ndarray, grad_V: np.ndarray, users, items,
+             chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """ZV-corrected predictions (T,) and variance reductions Var g / Var g̃ (T,), chunked
+    over the test pairs; inputs pooled over chains: P (M, T), grad_U (M, L, D)."""
+    T = P.shape[1]
+    zv, vr = np.empty(T), np.empty(T)
+    GU, GV = jnp.asarray(grad_U), jnp.asarray(grad_V)
+    for a in range(0, T, chunk):
+        b = min(a + chunk, T)
+        pad = chunk - (b - a)
+        idx = np.concatenate([np.arange(a, b), np.full(pad, b - 1)])
+        m, vg, vres = _zv_pairs(jnp.asarray(P[:, idx]), GU, GV, jnp.asarray(users[idx]),
+                                jnp.asarray(items[idx]))
+        zv[a:b] = np.asarray(m)[: b - a]
+        vr[a:b] = (np.asarray(vg) / np.maximum(np.asarray(vres), 1e-30))[: b - a]
+    return zv, vr
+
+
+# -- the SG workers (one fresh process per estimator) -------------------------------------------
+def _warning_texts(caught) -> list[str]:
+    counts: dict[str, int] = {}
+    for w in caught:
+        k = f"{w.category.__name__}: {' '.join(str(w.message).split())}"
+        counts[k] = counts.get(k, 0) + 1
+    return [k + (f" (x{c})" if c > 1 else "") for k, c in counts.items()]
+
+
+def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: dict) -> dict:
+    """One timed MCMC run of ``kernel`` (preprocessed in ``prep`` = (wall, CPU) seconds), its
+    RMSE curve, ZV and checks."""
+    from numpyro.infer import MCMC
+
+    from numpyro_subsample.compare import CompileTimer
+    from numpyro_subsample.compare.checks import CHECK_FIELDS
+    from numpyro_subsample.post.checks import check_run
+
+    steps, S = spec["steps"], spec["draws"]
+    prep_s, prep_cpu = prep
+    row = {**extra, "steps": steps, "chains": spec["chains"], "prep_s": prep_s,
+           "prep_cpu_s": prep_cpu}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, num_chains=spec["chains"],
+                    thinning=steps // S, chain_method="vectorized", progress_bar=False)
+        with CompileTimer() as ct:
+            t0, c0 = time.perf_counter(), time.process_time()
+            mcmc.run(jax.random.PRNGKey(spec["seed"]), *args,
+                     extra_fields=("data_passes", "grad"), **kwargs)
+            draws = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+            run_s, run_cpu = time.perf_counter() - t0, time.process_time() - c0
+        sampling_s = run_s - ct.seconds
+        ef = mcmc.get_extra_fields(group_by_chain=True)
+        passes = np.asarray(ef["data_passes"], np.float64).max(0)
+        grad = np.asarray(ef["grad"])
+        row["divergences"] = int(np.sum(np.asarray(ef.get("diverging", 0))))
+        rc = check_run(mcmc, warn=True)
+    row["warnings"] = _warning_texts(caught)
+    row["checks"] = {f: getattr(rc, f) for f in CHECK_FIELDS}
+    S = passes.shape[0]
+    times = prep_s + ct.seconds + sampling_s * np.arange(1, S + 1) / S
+    cpu_times = prep_cpu + run_cpu * (times - prep_s) / run_s  # CPU spread like the wall time
+    u_te, v_te, r_te = dd["u_te"], dd["v_te"], dd["r_te"]
+    P = np.asarray(predict(jnp.asarray(draws["U"]), jnp.asarray(draws["V"]),
+                           jnp.asarray(u_te), jnp.asarray(v_te)))
+    row.update(chain_compile_s=ct.seconds, sampling_s=sampling_s, wall_s=prep_s + run_s,
+               cpu_s=prep_cpu + run_cpu, cpu_times=cpu_times,
+               step_size=float(kernel.step_size), times=times, passes=passes,
+               rmse=window_rmse(P, r_te), steps_per_s=spec["chains"] * steps / sampling_s)
+    # ZV at checkpoints: the draws of the window ⌊j/2⌋..j
+    pot = kernel.preprocessed.potential
+    C = grad.shape[0]
+    g = jax.vmap(pot.unravel)(jnp.asarray(grad.reshape(C * S, -1)))
+    gU = np.asarray(g["U"]).reshape(C, S, *draws["U"].shape[2:])
+    gV = np.asarray(g["V"]).reshape(C, S, *draws["V"].shape[2:])
+    zv_at = np.unique(np.linspace(S // spec["zv_points"], S, spec["zv_points"]).astype(int) - 1)
+    zv_rows = []
+    for j in zv_at:
+        sl = slice(j // 2, j + 1)
+        t0 = time.perf_counter()
+        m, vr = zv_local(P[:, sl].reshape(-1, P.shape[-1]),
+                         gU[:, sl].reshape(-1, *gU.shape[2:]),
+                         gV[:, sl].reshape(-1, *gV.shape[2:]), u_te, v_te)
+        zv_s = time.perf_counter() - t0
+        zv_rows.append({"draw": int(j), "time": float(times[j]) + zv_s, "zv_s": zv_s,
+                        "cpu_time": float(cpu_times[j]) + zv_s,
+                        "rmse": rmse(m, r_te), "raw_rmse": float(row["rmse"][j]),
+                        "median_vr": float(np.median(vr)), "passes": float(passes[j])})
+    row["zv"] = zv_rows
+    if "multiplier" not in extra:
+        row["zv_package"] = _package_zv(mcmc, u_te, v_te, r_te)
+    return row
+
+
+def _package_zv(mcmc, u_te, v_te, r_te) -> dict:
+    """The package's ZV degree 1 (``post.zv.zv_fit``) of the test predictions over all the
+    run's draws: its result, or the error it raises."""
+    from numpyro_subsample.post.zv import zv_fit
+
+    users, items = jnp.asarray(u_te), jnp.asarray(v_te)
+    out: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        try:
+            res = zv_fit(mcmc, lambda z: predict(z["U"], z["V"], users, items), 1)
+            out.update(rmse=rmse(res.mean, r_te), raw_rmse=rmse(res.raw_mean, r_te),
+                       median_vr=float(np.nanmedian(np.asarray(res.variance_reduction))))
+        except Exception as err:  # noqa: BLE001 - recorded, the benchmark goes on
+            out["error"] = f"{type(err).__name__}: {' '.join(str(err).split())}"
+        out["seconds"] = time.perf_counter() - t0
+    out["warnings"] = _warning_texts(caught)
+    return out
+
+
+def _worker(spec: dict) -> None:
+    """SGLD with one estimator: default run, runs at common steps, and (SGLD-CV) the proxy
+    alone; writes a JSON of rows to ``spec["out"]``."""
+    from numpyro_subsample import SGLD
+    from numpyro_subsample.compare import CompileTimer
+
+    dd = make_data(spec["L"], spec["M"], spec["D"], spec["density"], spec["test_frac"],
+                   spec["seed"])
+    args, kwargs = model_inputs(dd, spec["subsample_size"])
+    est, variant = ESTIMATORS[spec["method"]], spec["proxy"]
+    name = f"{spec['method']} [{variant}]"
+    d = (dd["L"] + dd["M"]) * dd["D"]
+    theta0 = 0.1 * jax.random.normal(jax.random.PRNGKey(spec["seed"] + 1), (d,))
+    rows = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with CompileTimer() as ct:
+            t0, c0 = time.perf_counter(), time.process_time()
+            kernel = SGLD(bpmf_model, estimator=est,
+                          proxy_kwargs={"init_theta": theta0, **PROXIES[variant]},
+                          seed=spec["seed"], progress_bar=False)
+            kernel.preprocess(args, kwargs)
+            prep = (time.perf_counter() - t0, time.process_time() - c0)
+    prep_warnings = _warning_texts(caught)
+    pre = kernel.preprocessed
+    info = pre.proxy.info
+    common = {"estimator": est, "proxy": variant, "prep_compile_s": ct.seconds,
+              "noise": float(pre.noise),
+              "proxy_info": {k: info.get(k) for k in (
+                  "structure", "rank", "curvature", "converged", "lbfgs_iterations",
+                  "newton_decrement", "complement_curvature", "passes")},
+              "whitened_curvature_mu": float(info["ritz_values"][info["rank"]]
+                                             / max(info["complement_curvature"], 1e-30)),
+              "proxy_s": float(pre.proxy.seconds), "preprocessing_passes": float(pre.data_passes)}
+    log(f"[{name}] prep {prep[0]:.0f} s, h = {kernel.step_size:.3g}, noise v = {pre.noise:.3g}")
+    row = _sg_run(kernel, args, kwargs, spec, dd, prep,
+                  {"method": f"{name} (default h)", **common})
+    row["warnings"] = prep_warnings + row["warnings"]
+    rows.append(row)
+    log(f"    rmse {row['rmse'][-1]:.4f} at {row['wall_s']:.0f} s")
+    h_ref = spec.get("h_cv") or kernel.step_size
+    for mult in spec["multipliers"]:
+        h = mult * h_ref
+        k2 = kernel.with_step_size(h)
+        # with_step_size copies the kernel through SubsampleKernel.__getstate__, which drops the
+        # cached data and potentials, so its first run would redo the whole preprocessing
+        # (reported with the results); restored here so that the copy shares it as documented
+        k2._pre_data, k2._potentials = kernel._pre_data, kernel._potentials
+        row = _sg_run(k2, args, kwargs, spec, dd, prep,
+                      {"method": f"{name}, h = {mult:g}·h_CV", **common, "multiplier": mult})
+        rows.append(row)
+        log(f"    h = {h:.3g}: rmse {row['rmse'][-1]:.4f} at {row['wall_s']:.0f} s")
+    if est == "cv":
+        rows += _proxy_rows(kernel, dd, spec, prep_warnings)
+    out = {"rows": rows, "h_default": float(kernel.step_size)}
+    Path(spec["out"]).write_text(json.dumps(out, default=json_default))
+
+
+def _proxy_rows(kernel, dd: dict, spec: dict, prep_warnings) -> list[dict]:
+    """The proxy of the SGLD-CV kernel alone: predictions at θ̂ and over draws from it."""
+    from numpyro_subsample.proxies.covariance import scale_matvec
+
+    prox, pot = kernel.proxy, kernel.preprocessed.potential
+    u_te, v_te, r_te = (jnp.asarray(dd[k]) for k in ("u_te", "v_te", "r_te"))
+    base = {"proxy_s": float(prox.seconds), "data_passes": float(prox.num_data_passes),
+            "warnings": [w for w in prep_warnings if "ProxyFit" in w]}
+    t0 = time.perf_counter()
+    c = pot.unravel(prox.centre)
+    variant = spec["proxy"]
+    base["proxy"] = variant
+    centre = {**base, "method": f"proxy [{variant}] centre θ̂ (Adam + L-BFGS MAP)",
+              "rmse_final": rmse(predict(c["U"], c["V"], u_te, v_te), np.asarray(r_te))}
+    centre["wall_s"] = float(prox.seconds) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    K, batch = spec["proxy_draws"], 100
+
+    @jax.jit
+    def batch_pred(key, centre, op, users, items):
+        xi = jax.random.normal(key, (batch, centre.shape[0]), centre.dtype)
+        z = jax.vmap(pot.unravel)(centre + jax.vmap(lambda x: scale_matvec(op, x))(xi))
+        return jnp.sum(predict(z["U"], z["V"], users, items), 0)
+
+    total = sum(batch_pred(k, prox.centre, prox.cov_op, u_te, v_te)
+                for k in jax.random.split(jax.random.PRNGKey(spec["seed"] + 2), K // batch))
+    draws = {**base, "method": f"proxy [{variant}] alone, mean over {K} draws N(θ̂, Σ̂)",
+             "rmse_final": rmse(total / (K // batch * batch), np.asarray(r_te))}
+    draws["wall_s"] = float(prox.seconds) + time.perf_counter() - t0
+    return [centre, draws]
+
+
+def run_worker(spec: dict, tmp: Path) -> dict:
+    """``_worker(spec)`` in a fresh interpreter; returns its JSON or raises."""
+    spec = {**spec, "out": str(tmp / f"{spec['method']}_{spec['proxy']}.json")}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
+                           json.dumps(spec)], capture_output=True, text=True, check=False)
+    sys.stderr.write("".join(ln + "\n" for ln in proc.stderr.splitlines()
+                             if ln.startswith(("[", "    "))))
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(Path(spec["out"]).read_text())
+
+
+# -- ALS MAP and the Gibbs reference --------------------------------------------------------------
+def _ridge_side(rows, cols, r, other, nrows: int, s: float):
+    """Per row: precision Λ = Σ other_c other_cᵀ/σ² + I/s² and b = Σ r other_c/σ²."""
+    o = other[cols]
+    A = jax.ops.segment_sum(o[:, :, None] * o[:, None, :], rows, nrows) / SIGMA**2
+    b = jax.ops.segment_sum(o * r[:, None], rows, nrows) / SIGMA**2
+    return A + jnp.eye(other.shape[1]) / s**2, b
+
+
+def _log_post(U, V, u, v, r, s):
+    res = r - jnp.sum(U[u] * V[v], -1)
+    return -0.5 * jnp.sum(res**2) / SIGMA**2 - 0.5 * (jnp.sum(U**2) + jnp.sum(V**2)) / s**2
+
+
+def als_map(dd: dict, seed: int, max_sweeps: int = 200, tol: float = 1e-7) -> dict:
+    """MAP by alternating exact ridge solves (module docstring), wall time incl. compile."""
+    L, M, D, s = dd["L"], dd["M"], dd["D"], dd["s"]
+    u, v, r = jnp.asarray(dd["u_tr"]), jnp.asarray(dd["v_tr"]), jnp.asarray(dd["r_tr"])
+
+    @jax.jit
+    def sweep(U, V, u, v, r):
+        A, b = _ridge_side(u, v, r, V, L, s)
+        U = jnp.linalg.solve(A, b[..., None])[..., 0]
+        A, b = _ridge_side(v, u, r, U, M, s)
+        V = jnp.linalg.solve(A, b[..., None])[..., 0]
+        return U, V, _log_post(U, V, u, v, r, s)
+
+    t0 = time.perf_counter()
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 1))
+    U, V = 0.1 * jax.random.normal(k1, (L, D)), 0.1 * jax.random.normal(k2, (M, D))
+    last, sweeps = -np.inf, 0
+    while sweeps < max_sweeps:
+        U, V, lp = sweep(U, V, u, v, r)
+        sweeps, lp = sweeps + 1, float(lp)
+        if abs(lp - last) <= tol * abs(lp):
+            break
+        last = lp
+    wall = time.perf_counter() - t0
+    pred = predict(U, V, jnp.asarray(dd["u_te"]), jnp.asarray(dd["v_te"]))
+    return {"method": f"MAP by ALS ({sweeps} sweeps)", "wall_s": wall,
+            "data_passes": 2.0 * sweeps, "rmse_final": rmse(pred, dd["r_te"]),
+            "log_post": lp, "warnings": []}
+
+
+def gibbs(dd: dict, seed: int, sweeps: int) -> dict:
+    """Blocked Gibbs for the fixed-precision BPMF: U_l | V and V_m | U exact Gaussians."""
+    from numpyro_subsample.compare import CompileTimer
+
+    L, M, D, s = dd["L"], dd["M"], dd["D"], dd["s"]
+    u, v, r = jnp.asarray(dd["u_tr"]), jnp.asarray(dd["v_tr"]), jnp.asarray(dd["r_tr"])
+    u_te, v_te = jnp.asarray(dd["u_te"]), jnp.asarray(dd["v_te"])
+
+    def draw(key, A, b):
+        C = jnp.linalg.cholesky(A)
+        mean = jax.scipy.linalg.cho_solve((C, True), b[..., None])[..., 0]
+        z = jax.random.normal(key, b.shape, b.dtype)
+        return mean + jax.scipy.linalg.solve_triangular(
+            jnp.swapaxes(C, -1, -2), z[..., None], lower=False)[..., 0]
+
+    @jax.jit
+    def chain(key, U, V, u, v, r, u_te, v_te):
+        def body(carry, k):
+            U, V = carry
+            ku, kv = jax.random.split(k)
+            U = draw(ku, *_ridge_side(u, v, r, V, L, s))
+            V = draw(kv, *_ridge_side(v, u, r, U, M, s))
+            return (U, V), predict(U, V, u_te, v_te)
+
+        return jax.lax.scan(body, (U, V), jax.random.split(key, sweeps))[1]
+
+    k0, k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 3), 3)
+    with CompileTimer() as ct:
+        t0 = time.perf_counter()
+        U, V = 0.1 * jax.random.normal(k1, (L, D)), 0.1 * jax.random.normal(k2, (M, D))
+        P = np.asarray(chain(k0, U, V, u, v, r, u_te, v_te))
+        wall = time.perf_counter() - t0
+    times = ct.seconds + (wall - ct.seconds) * np.arange(1, sweeps + 1) / sweeps
+    curve = window_rmse(P[None], dd["r_te"])
+    return {"method": f"exact blocked Gibbs, {sweeps} sweeps (reference)", "wall_s": wall,
+            "compile_s": ct.seconds, "data_passes": 2.0 * sweeps, "rmse_final": curve[-1],
+            "times": times, "rmse": curve, "passes": 2.0 * np.arange(1, sweeps + 1),
+            "warnings": []}
+
+
+# -- report ---------------------------------------------------------------------------------------
+def at_budget(row: dict, B: float, clock: str = "times") -> dict:
+    """The row's state at wall (``clock="times"``) or CPU (``"cpu_times"``) time B: its last
+    checkpoint stamped ≤ B (empty if none)."""
+    t = np.asarray(row[clock])
+    k = int(np.searchsorted(t, B, side="right")) - 1
+    if k < 0:
+        return {}
+    out = {"rmse": float(row["rmse"][k]), "passes": float(row["passes"][k]),
+           "time": float(t[k]), "draw": k}
+    key = "time" if clock == "times" else "cpu_time"
+    zv = [z for z in row.get("zv", []) if z[key] <= B]
+    if zv:
+        out["zv"] = zv[-1]
+    return out
+
+
+def _warn_cell(row: dict, limit: int = 400) -> str:
+    w = "; ".join(row.get("warnings", [])).replace("|", "/")
+    return (w[: limit - 1] + "…" if len(w) > limit else w) or "none"
+
+
+def markdown(res: dict, cmd: str) -> str:
+    cfg, budgets = res["config"], res["budgets"]
+    out = ["## BPMF: SGLD-CV against SGLD at equal wall time (`bench_bpmf.py`)", "",
+           f"Command: `{cmd}` ({res['date']}). Machine: {res['machine']}; load average at "
+           f"start {res['load_start']}, at end {res['load_end']}. Total {res['total_s']:.0f} s.",
+           "",
+           f"Synthetic ratings: L = {cfg['L']} users × M = {cfg['M']} items, rank D = "
+           f"{cfg['D']}, {100 * cfg['density']:g} % observed ({cfg['num_ratings']} ratings), "
+           f"σ = {SIGMA}, {cfg['N_train']} training and {cfg['N_test']} test ratings; "
+           f"d = {cfg['d']}; fixed prior precisions (s = D^-1/4, not the paper's "
+           f"Gaussian-Wishart hyperpriors); n = {cfg['subsample_size']} per step; "
+           f"{cfg['chains']} chains × {cfg['steps']} steps, {cfg['draws']} kept per chain. "
+           f"Test RMSE of the truth U*ᵀV*: {res['oracle_rmse']:.4f}; of predicting 0: "
+           f"{res['zero_rmse']:.4f}.", "",
+           "Equal budgets per proxy: wall B and CPU B_cpu = the smaller totals of its two "
+           "default SG rows (" + "; ".join(f"{v}: B = {b[0]:.1f} s, B_cpu = {b[1]:.1f} s"
+                                           for v, b in budgets.items())
+           + "). RMSE of the posterior-mean prediction (window: last half of the draws so far) "
+           "at the last checkpoint within the budget; – if none. Proxy [fisher]: the package's "
+           "default above d = 2000 (empirical Fisher curvature); [hessian]: `proxy_kwargs="
+           "{'curvature': 'hessian', 'diagonal': 'hutchinson'}`.", "",
+           "| method | RMSE at B | steps by B | RMSE at B_cpu | RMSE at end | wall s | CPU s "
+           "| setup s | sampling s | data passes (end) | step h | warnings |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["sg_rows"]:
+        B, Bc = budgets[r["proxy"]]
+        b, bc = at_budget(r, B), at_budget(r, Bc, "cpu_times")
+        steps_b = (b["draw"] + 1) * r["steps"] // len(r["times"]) if b else 0
+        setup = r["prep_s"] + r["chain_compile_s"]
+        out.append(
+            f"| {r['method']} | {fmt(b.get('rmse'), '.4f')} | {steps_b} | "
+            f"{fmt(bc.get('rmse'), '.4f')} | {float(r['rmse'][-1]):.4f} | {r['wall_s']:.1f} | "
+            f"{r['cpu_s']:.1f} | {setup:.1f} | {r['sampling_s']:.1f} | "
+            f"{float(r['passes'][-1]):.0f} | {r['step_size']:.3g} | {_warn_cell(r)} |")
+    for r in res["sg_rows"]:
+        B, Bc = budgets[r["proxy"]]
+        z, zc, zl = (at_budget(r, B).get("zv"), at_budget(r, Bc, "cpu_times").get("zv"),
+                     r["zv"][-1])
+        out.append(
+            f"| {r['method']} + local ZV-1 | {fmt(z['rmse'] if z else None, '.4f')} | – | "
+            f"{fmt(zc['rmse'] if zc else None, '.4f')} | {zl['rmse']:.4f} | {zl['time']:.1f} | "
+            f"{zl['cpu_time']:.1f} | – | – | {zl['passes']:.0f} | {r['step_size']:.3g} | "
+            f"median Var g / Var g̃ {fmt(z['median_vr'] if z else None, '.2f')} at B, "
+            f"{zl['median_vr']:.2f} at end |")
+    B_all = min(b[0] for b in budgets.values())
+    for r in res["other_rows"]:
+        B = budgets[r["proxy"]][0] if "proxy" in r else B_all
+        b = at_budget(r, B) if "times" in r else {}
+        rb = (fmt(b.get("rmse"), ".4f") if "times" in r
+              else (f"{r['rmse_final']:.4f}" if r["wall_s"] <= B else "–"))
+        out.append(f"| {r['method']} | {rb} | – | – | {r['rmse_final']:.4f} | "
+                   f"{r['wall_s']:.1f} | – | – | – | {fmt(r.get('data_passes'), '.0f')} | – | "
+                   f"{_warn_cell(r)} |")
+    zp = next(r["zv_package"] for r in res["sg_rows"] if "zv_package" in r)
+    zp_text = (f"raised {zp['error']}" if "error" in zp else
+               f"ran: RMSE {zp['rmse']:.4f} (raw {zp['raw_rmse']:.4f}), median Var g / Var g̃ "
+               f"{zp['median_vr']:.3g}, {zp['seconds']:.1f} s")
+    out.append(f"| ZV degree 1, package (`post.zv.zv_fit` on the first default run's draws) | "
+               f"{zp_text.replace('|', '/')} | | | | | | | | | | |")
+    out += ["", "Setup = kernel construction + preprocessing + chain compilation; rows at a "
+            "common step h = m·h_CV share the preprocessing of their estimator's default row "
+            "and are charged its time. CPU s: process CPU seconds (the machine is shared; "
+            "CPU time does not count the time other processes held the cores). Local ZV-1: "
+            "per test rating, the 2D gradient coordinates of U_l and V_m as control variates "
+            "(module docstring); its times add the post-processing. Proxy and MAP rows: "
+            "predictions at a point or averaged over independent proxy draws (no chain).", ""]
+    for r in res["sg_rows"]:
+        if "(default h)" in r["method"]:
+            pi = r["proxy_info"]
+            out.append(f"- {r['method']}: measured noise v = {r['noise']:.3g} (largest "
+                       f"eigenvalue, whitened), whitened curvature μ = "
+                       f"{r['whitened_curvature_mu']:.2f}; preprocessing {r['prep_s']:.1f} s "
+                       f"wall, {r['prep_cpu_s']:.1f} s CPU ({r['preprocessing_passes']:.0f} "
+                       f"data passes; proxy fit {r['proxy_s']:.1f} s, L-BFGS "
+                       f"{pi['lbfgs_iterations']} iterations, converged {pi['converged']}, "
+                       f"Newton decrement {pi['newton_decrement']:.3g}); "
+                       f"{r['steps_per_s']:.0f} chain-steps/s; run checks: min bulk ESS "
+                       f"{r['checks']['min_ess_bulk']:.0f}, max R-hat "
+                       f"{r['checks']['max_rhat']:.2f}.")
+    curve = ["", "RMSE against wall time (s):"]
+    grid = np.linspace(B_all / 5, max(b[0] for b in budgets.values()), 6)
+    for r in res["sg_rows"] + [x for x in res["other_rows"] if "times" in x]:
+        vals = [at_budget(r, t).get("rmse") for t in grid]
+        curve.append(f"- {r['method']}: " + ", ".join(
+            f"{t:.0f}: {fmt(v, '.4f')}" for t, v in zip(grid, vals, strict=True)))
+    return "\n".join(out + curve) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--users", type=int, default=None)
+    p.add_argument("--items", type=int, default=None)
+    p.add_argument("--rank", type=int, default=10)
+    p.add_argument("--density", type=float, default=None)
+    p.add_argument("--test-frac", type=float, default=0.15)
+    p.add_argument("--subsample-size", type=int, default=1000)
+    p.add_argument("--chains", type=int, default=4)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--draws", type=int, default=400, help="kept per chain")
+    p.add_argument("--step-multipliers", type=float, nargs="*", default=None,
+                   help="default: 10 with --quick, none otherwise")
+    p.add_argument("--proxies", nargs="+", choices=sorted(PROXIES), default=["fisher", "hessian"])
+    p.add_argument("--zv-points", type=int, default=8)
+    p.add_argument("--proxy-draws", type=int, default=1000)
+    p.add_argument("--gibbs-sweeps", type=int, default=400)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--md", default="/tmp/scratch/bpmf/bpmf_results.md")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        _worker(json.loads(a.worker))
+        return 0
+    L = a.users or (300 if a.quick else 450)
+    M = a.items or (150 if a.quick else 225)
+    density = a.density or (0.3 if a.quick else 0.2)
+    steps = a.steps or (20_000 if a.quick else 100_000)
+    if a.step_multipliers is None:
+        a.step_multipliers = [10.0] if a.quick else []
+    steps -= steps % a.draws
+    dd = make_data(L, M, a.rank, density, a.test_frac, a.seed)
+    cfg = {"L": L, "M": M, "D": a.rank, "density": density, "test_frac": a.test_frac,
+           "num_ratings": len(dd["r_tr"]) + len(dd["r_te"]), "N_train": len(dd["r_tr"]),
+           "N_test": len(dd["r_te"]), "d": (L + M) * a.rank, "subsample_size": a.subsample_size,
+           "chains": a.chains, "steps": steps, "draws": a.draws,
+           "step_multipliers": a.step_multipliers}
+    res = {"date": time.strftime("%Y-%m-%d %H:%M"),
+           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+                      f"(shared, `nice -n 19`), JAX {jax.__version__} on "
+                      f"{jax.default_backend()}, float"
+                      f"{64 if jax.config.jax_enable_x64 else 32}",
+           "load_start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+           "args": vars(a), "config": cfg,
+           "oracle_rmse": rmse(np.sum(dd["U"][dd["u_te"]] * dd["V"][dd["v_te"]], 1),
+                               dd["r_te"]),
+           "zero_rmse": rmse(np.zeros_like(dd["r_te"]), dd["r_te"])}
+    log(f"BPMF {L} x {M}, D = {a.rank}: N_train = {cfg['N_train']}, d = {cfg['d']}")
+    t0 = time.perf_counter()
+    spec = {"L": L, "M": M, "D": a.rank, "density": density, "test_frac": a.test_frac,
+            "seed": a.seed, "subsample_size": a.subsample_size, "chains": a.chains,
+            "steps": steps, "draws": a.draws, "multipliers": a.step_multipliers,
+            "zv_points": a.zv_points, "proxy_draws": a.proxy_draws}
+    sg_rows, other = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in a.proxies:
+            cv = run_worker({**spec, "method": "SGLD-CV", "proxy": variant}, Path(tmp))
+            sgld = run_worker({**spec, "method": "SGLD", "proxy": variant,
+                               "h_cv": cv["h_default"]}, Path(tmp))
+            sg_rows += [r for r in cv["rows"] + sgld["rows"] if "times" in r]
+            other += [r for r in cv["rows"] if "times" not in r]
+    sg_rows.sort(key=lambda r: (a.proxies.index(r["proxy"]), r.get("multiplier", 0),
+                                r["estimator"] != "cv"))
+    log("[MAP] ALS")
+    other.append(als_map(dd, a.seed))
+    log(f"[Gibbs] {a.gibbs_sweeps} sweeps")
+    other.append(gibbs(dd, a.seed, a.gibbs_sweeps))
+    res["sg_rows"], res["other_rows"] = sg_rows, other
+    res["budgets"] = {v: [min(r[k] for r in sg_rows if r["proxy"] == v and "multiplier" not in r)
+                          for k in ("wall_s", "cpu_s")] for v in a.proxies}
+    res["total_s"] = time.perf_counter() - t0
+    res["load_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    RESULTS.mkdir(exist_ok=True)
+    out = Path(a.out) if a.out else RESULTS / f"bench_bpmf{'_quick' if a.quick else ''}.json"
+    out.write_text(json.dumps(res, indent=1, default=json_default))
+    cmd = "python benchmarks/bench_bpmf.py " + " ".join(argv if argv else sys.argv[1:])
+    md = markdown(res, cmd.strip())
+    print(md)
+    if a.md:
+        Path(a.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.md).write_text(md)
+    log(f"wrote {out} ({res['total_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
