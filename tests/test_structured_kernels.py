@@ -88,11 +88,12 @@ def test_whitening_dispatch_matches_the_explicit_square_root(small_fit):
     np.testing.assert_allclose(whiten_solve(tril, whiten_matvec(tril, x)), x, **tol)
 
 
-@pytest.mark.parametrize("name", ["cv", "cv-stratified"])
+@pytest.mark.parametrize("name", ["cv", "cv-stratified", "cv-preferential", "uniform"])
 def test_lanczos_noise_equals_the_dense_covariance(small_fit, name):
     """With d Lanczos iterations (the whole Krylov space) the largest Ritz value of the mean
     noise covariance equals eigh of the dense mean over the same proxy draws (float32 sums
-    over N = 5000 data: 1e-4 relative); the stratified case has groups (Σ_g c_g U_g U_gᵀ)."""
+    over N = 5000 data: 1e-4 relative); the stratified case has groups (Σ_g c_g U_g U_gᵀ), the
+    preferential one per-datum weights a_i, the uniform one no control variate."""
     pot, data, sp, L = small_fit
     est = configure_estimator(name, pot, data, sp, rng_key=jax.random.PRNGKey(3),
                               num_strata=4) if name == "cv-stratified" else (
@@ -107,7 +108,7 @@ def test_lanczos_noise_equals_the_dense_covariance(small_fit, name):
     ref = np.linalg.eigvalsh(covs.mean(0))
     np.testing.assert_allclose(got.largest, ref[-1], rtol=1e-4)
     np.testing.assert_allclose(np.sort(got.ritz_values), ref, rtol=1e-3, atol=1e-4 * ref[-1])
-    assert got.data_passes == 8 * D
+    assert got.data_passes == 8 * 2 * D  # two passes per Lanczos iteration and draw
 
 
 def test_monte_carlo_fallback_uses_the_gram_matrix(small_fit):

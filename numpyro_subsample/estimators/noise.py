@@ -149,8 +149,8 @@ def whitened_noise(
     Exact (module docstring) when the estimator states its second moments, else a Monte
     Carlo estimate from ``num_draws`` subsamples per point. With a structured L (and Lp) the
     figure is matrix-free (module docstring; ``lanczos_iterations``, default
-    :data:`~numpyro_subsample.estimators.noise_matrix_free.NOISE_LANCZOS_ITERATIONS`, data
-    passes per draw) and the centre is not evaluated. Memory: O(d² + num_points · d) float64
+    :data:`~numpyro_subsample.estimators.noise_matrix_free.NOISE_LANCZOS_ITERATIONS`, two
+    data passes each per draw) and the centre is not evaluated. Memory: O(d² + num_points · d) float64
     numbers kept, and ``num_points`` · d² in the working dtype while it runs (dense); no d × d
     array (structured).
     """

@@ -4,12 +4,13 @@ With L a :class:`~numpyro_subsample.proxies.covariance.StructuredCovariance` (la
 largest eigenvalue v of the mean noise covariance V̄ = mean_p V_p over the proxy draws
 (:mod:`numpyro_subsample.estimators.noise`) comes from Lanczos
 (:func:`~numpyro_subsample.proxies.lanczos.lanczos_eigh`, :data:`NOISE_LANCZOS_ITERATIONS`
-iterations), each product V̄ x = mean_p [Σ_i a_i u_i (u_iᵀ x) − Σ_g c_g U_g (U_gᵀ x)] one chunked
-pass over the data at every draw (u_i = Lᵀ r_i recomputed, O(chunk · d + G · d) memory; the
-formula is that of :mod:`numpyro_subsample.estimators.noise_covariance`). The Ritz value is a
-lower bound of v that is close to it when the top of the spectrum is separated (Golub and Van
-Loan 2013, Sect. 10.1). The Monte Carlo fallback takes v from the Gram matrix of the centred
-whitened draws (size P·num_draws, not d).
+iterations). A product V̄ x = mean_p [Σ_i a_i u_i (u_iᵀ x) − Σ_g c_g U_g (U_gᵀ x)] (u_i = Lᵀ r_i,
+the formula of :mod:`numpyro_subsample.estimators.noise_covariance`) costs two chunked passes
+over the data at every draw and never forms a per-datum gradient vector
+(:class:`NoiseOperator`): time O(N · cost_i + d·k), memory O(N + chunk + d·k). The Ritz value is
+a lower bound of v that is close to it when the top of the spectrum is separated (Golub and
+Van Loan 2013, Sect. 10.1). The Monte Carlo fallback takes v from the Gram matrix of the
+centred whitened draws (size P·num_draws, not d).
 """
 
 from __future__ import annotations
@@ -21,22 +22,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, chunk_at, chunk_count, scan_chunks
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimator
 from numpyro_subsample.proxies.lanczos import lanczos_eigh
-from numpyro_subsample.proxies.whitening import Scale, whiten_rmatvec
+from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec
 
 __all__ = ["NOISE_LANCZOS_ITERATIONS", "NoiseOperator", "matrix_free_noise"]
 
-#: Lanczos iterations (data passes per proxy draw) for the largest eigenvalue of the noise
-#: covariance under a structured whitening (module docstring); capped at d.
-NOISE_LANCZOS_ITERATIONS = 20
-
-
-def _datum_grads(potential, theta, idx, data):
-    one = lambda i: jax.grad(lambda t: potential.data_terms(t, i[None], data)[0])(theta)  # noqa: E731
-    return jax.vmap(one)(idx)
+#: Lanczos iterations (two data passes each, per proxy draw) for the largest eigenvalue of the
+#: noise covariance under a structured whitening (module docstring); capped at d.
+NOISE_LANCZOS_ITERATIONS = 10
 
 
 @partial(jax.jit, static_argnames=("moments",))
@@ -46,11 +42,17 @@ def _designs_at(moments: EstimatorMoments, params, thetas, data):
 
 
 class NoiseOperator(NamedTuple):
-    """x ↦ V̄ x = mean over the points of Cov[Lᵀ g(θ_p)] x, one data pass per point (module
-    docstring), as a hashable matvec for
-    :func:`~numpyro_subsample.proxies.lanczos.lanczos_eigh`; ``operand = (params, thetas,
-    designs, scale, data)`` with ``designs`` the stacked :class:`DesignMoments` at the
-    points."""
+    """x ↦ V̄ x = mean over the points of Cov[Lᵀ g(θ_p)] x (module docstring), as a hashable
+    matvec for :func:`~numpyro_subsample.proxies.lanczos.lanczos_eigh`; ``operand = (params,
+    thetas, designs, scale, data)`` with ``designs`` the stacked :class:`DesignMoments` at the
+    points.
+
+    Two data passes per point and no per-datum gradient vector: with y = L x the projections
+    u_iᵀ x = r_iᵀ y are per-datum directional derivatives (one forward-mode pass), and
+    Σ_i a_i u_i (u_iᵀ x) − Σ_g c_g U_g (U_gᵀ x) = Lᵀ ∇_θ Σ_i w_i f_i, with the fixed weights
+    w_i = a_i s_i − c_g t_g (s_i = r_iᵀ y, t_g = Σ_{i∈g} s_i), is one gradient of a weighted
+    sum (the second pass; at the centre too for the control variate's residuals).
+    """
 
     moments: EstimatorMoments
     chunk_size: int = DEFAULT_CHUNK
@@ -59,31 +61,49 @@ class NoiseOperator(NamedTuple):
         params, thetas, designs, scale, data = operand
         potential = self.moments.potential
         cv = self.moments.control_variate(params)
+        num_data = potential.num_data
+        chunk, num_chunks = chunk_count(num_data, self.chunk_size)
+        y = whiten_matvec(scale, x)
+
+        def slopes(theta, idx):  # r_iᵀ y for the chunk (without the control variate's part)
+            return jax.jvp(lambda t: potential.data_terms(t, idx, data), (theta,), (y,))[1]
+
+        def weighted_grad(theta, idx, w):  # Σ_chunk w_i ∇f_i(θ)
+            return jax.grad(lambda t: jnp.dot(w, potential.data_terms(t, idx, data)))(theta)
 
         def at_point(args):
             theta, m = args
-            c = jnp.atleast_1d(m.group_weight).astype(theta.dtype)
-            num_groups = c.shape[0]
 
-            def chunk_fn(idx, mask):
-                r = _datum_grads(potential, theta, idx, data)
+            def s_chunk(c):
+                idx, mask = chunk_at(c, chunk, num_data)
+                s = slopes(theta, idx)
                 if cv is not None:
-                    r = r - (cv.datum_grads[idx] if cv.datum_grads is not None
-                             else _datum_grads(potential, cv.centre, idx, data))
-                u = jnp.where(mask[:, None], whiten_rmatvec(scale, r), 0.0)
-                a = m.datum_weight if jnp.ndim(m.datum_weight) == 0 else m.datum_weight[idx]
-                au = jnp.reshape(a, (-1,)).astype(u.dtype) * (u @ x)
-                if m.labels is None:
-                    sums = u.sum(0)[None]
-                else:
-                    sums = jax.ops.segment_sum(u, m.labels[idx], num_groups)
-                return au @ u, sums
+                    s = s - (cv.datum_grads[idx] @ y if cv.datum_grads is not None
+                             else slopes(cv.centre, idx))
+                return jnp.where(mask, s, 0.0)
 
-            init = (jnp.zeros_like(x), jnp.zeros((num_groups, x.shape[0]), x.dtype))
-            first, sums = scan_chunks(chunk_fn, potential.num_data, self.chunk_size, init)
-            return first - (c * (sums @ x)) @ sums
+            s = jax.lax.map(s_chunk, jnp.arange(num_chunks, dtype=jnp.int32)).reshape(-1)
+            s = s[:num_data]
+            a = jnp.broadcast_to(jnp.asarray(m.datum_weight, s.dtype), s.shape)
+            c = jnp.atleast_1d(m.group_weight).astype(s.dtype)
+            if m.labels is None:
+                w = a * s - c[0] * jnp.sum(s)
+            else:
+                t = jax.ops.segment_sum(s, m.labels, c.shape[0])
+                w = a * s - (c * t)[m.labels]
 
-        return jnp.mean(jax.lax.map(at_point, (thetas, designs)), axis=0)
+            def g_chunk(idx, mask):
+                wi = jnp.where(mask, w[idx], 0.0)
+                g = weighted_grad(theta, idx, wi)
+                if cv is not None:
+                    g = g - (wi @ cv.datum_grads[idx] if cv.datum_grads is not None
+                             else weighted_grad(cv.centre, idx, wi))
+                return g
+
+            return scan_chunks(g_chunk, num_data, self.chunk_size, jnp.zeros_like(theta))
+
+        total = jnp.mean(jax.lax.map(at_point, (thetas, designs)), axis=0)
+        return whiten_rmatvec(scale, total)
 
 
 def _structured_exact(estimator, thetas, scale, key, data, chunk_size, num_iter):
@@ -97,7 +117,7 @@ def _structured_exact(estimator, thetas, scale, key, data, chunk_size, num_iter)
         (estimator.params, thetas, designs, scale, data), key, d, 1, m, thetas.dtype,
     )
     P = thetas.shape[0]
-    passes = P * (m + float(moments.passes_per_point))
+    passes = P * (2 * m + float(moments.passes_per_point))
     return np.asarray(res.ritz_values, np.float64), passes
 
 
