@@ -17,10 +17,12 @@ from typing import Any, NamedTuple
 
 import arviz as az
 import numpy as np
+from scipy.stats import chi2
 
 from numpyro_subsample.core.sites import coordinate_names, site_label
 
 __all__ = [
+    "rhat_thresholds",
     "BiasCheck",
     "RunCheck",
     "RunDiagnosticsWarning",
@@ -114,6 +116,25 @@ def _per_coordinate(fn, x: np.ndarray, **kwargs) -> np.ndarray:
         return np.asarray(fn(ds, **kwargs)["x"].values, np.float64).reshape(-1)
 
 
+def rhat_thresholds(ess_bulk: np.ndarray, chains: int, draws: int, max_rhat: float = 1.01,
+                    level: float = 0.01) -> np.ndarray:
+    """Per-coordinate split R-hat thresholds: ``max_rhat``, raised to the (1 − level/d)
+    quantile of split R-hat over chains that sample one distribution (Bonferroni over the d
+    coordinates), so that a long well-mixed run of many coordinates does not warn by chance.
+    ``ess_bulk``: the sum over chains of each chain's own bulk ESS (:func:`check_run`).
+
+    For M = 2·``chains`` split chains of ``draws``/2 draws and a bulk ESS S per coordinate,
+    R̂² = 1 + (B/W − 1)/n with B/W ≈ (n/n_e)·F, F ~ χ²_{M−1}/(M−1) and n_e = S/M (Vehtari
+    et al. 2021, Sect. 3-4): the quantile is sqrt(1 + F_q/n_e − 1/n).
+    """
+    ess = np.asarray(ess_bulk, np.float64)
+    m = 2 * int(chains)
+    n = max(int(draws) // 2, 1)
+    f = chi2.isf(level / max(ess.size, 1), m - 1) / (m - 1)
+    n_e = np.maximum(np.nan_to_num(ess, nan=1.0) / m, 1.0)
+    return np.maximum(max_rhat, np.sqrt(np.maximum(1.0 + f / n_e - 1.0 / n, 1.0)))
+
+
 def _failures(mcmc) -> list[str]:
     """One line per chain that a package kernel stopped (``fail_step`` ≥ 0)."""
     state = mcmc.last_state
@@ -184,7 +205,9 @@ def check_run(
     min_ess
         Warn when the smallest bulk or tail ESS over coordinates is below this.
     max_rhat
-        Warn when the largest split R-hat (two or more chains) exceeds this.
+        Warn when a split R-hat (two or more chains) exceeds this and the level that chains
+        sampling one distribution reach by chance at that coordinate's ESS, over all
+        coordinates (:func:`rhat_thresholds`).
     warn
         Emit a :class:`RunDiagnosticsWarning` listing every failed check.
     check_bias
@@ -214,6 +237,11 @@ def check_run(
     min_bulk = float(np.nanmin(ess_bulk)) if np.isfinite(ess_bulk).any() else float("nan")
     min_tail = float(np.nanmin(ess_tail)) if np.isfinite(ess_tail).any() else float("nan")
     max_r = float(np.nanmax(rhat)) if np.isfinite(rhat).any() else float("nan")
+    excess = np.full(len(names), np.nan)
+    if np.isfinite(rhat).any():  # the chance level from each chain's own ESS (a disagreement
+        # between the chains lowers the pooled ESS, and would raise its own threshold)
+        within = sum(_per_coordinate(az.ess, x[c:c + 1], method="bulk") for c in range(chains))
+        excess = rhat - rhat_thresholds(within, chains, draws, max_rhat)
     worst = []
     h = _step_size(mcmc)
     step = "" if h is None else f" (step size {h:.3g})"
@@ -225,8 +253,8 @@ def check_run(
             f"< {min_ess:g} at {', '.join(names[k] for k in order)}{step}: the chain has not "
             f"mixed; {_mixing_remedy(mcmc)}"
         )
-    if max_r > max_rhat:
-        order = np.argsort(-np.nan_to_num(rhat))[:3]
+    if np.nanmax(excess, initial=-np.inf) > 0:
+        order = np.argsort(-np.nan_to_num(excess, nan=-np.inf))[:3]
         worst += [names[k] for k in order if names[k] not in worst]
         messages.append(
             f"max split R-hat {max_r:.3f} > {max_rhat:g} between {chains} chains at "
