@@ -60,6 +60,7 @@ from _runs import fmt, json_default  # noqa: E402
 from numpyro_subsample import SGHMC, SGLD, ModelData, build_potential  # noqa: E402
 from numpyro_subsample.compare import CompileTimer  # noqa: E402
 from numpyro_subsample.compare.checks import record_warnings, shorten  # noqa: E402
+from numpyro_subsample.post.checks import check_run  # noqa: E402
 from numpyro_subsample.proxies.covariance import scale_matvec  # noqa: E402
 from numpyro_subsample.proxies.structured import fit_structured  # noqa: E402
 
@@ -167,6 +168,7 @@ def run_sg(name: str, cls, kw: dict, args: tuple, kwargs: dict, *, warmup: int, 
                 draws = {k: np.asarray(v) for k, v in mcmc.get_samples(True).items()}
                 row["wall_s"] = time.perf_counter() - t0
             row["compile_s"] = ct.seconds
+            check_run(mcmc, warn=True)  # the package's own verdict on the run (not timed)
             ef = mcmc.get_extra_fields(group_by_chain=True)
             row["data_passes"] = float(np.max(np.asarray(ef["data_passes"])[..., -1]))
             row["step_size"] = float(kernel.step_size)
