@@ -128,7 +128,12 @@ def interrupted(tmp_path_factory):
     argv = ["compare", *TINY, *METHODS, "--out", str(out), "--cache-dir", str(cache),
             "--no-compile-cache"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "numpyro_subsample.cli", *argv],
+    # Python's Ctrl-C handler in the child, as under a shell: a pytest-xdist worker ignores
+    # SIGINT, an ignored signal stays ignored across exec, and Python then installs no handler
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+             " sys.argv[0] = 'numpyro-subsample';"
+             " runpy.run_module('numpyro_subsample.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", start, *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     first = out / "runs" / "laplace-proxy.json"
     deadline = time.monotonic() + 120
@@ -233,6 +238,7 @@ def test_a_swallowed_ctrl_c_still_stops_at_the_next_check():
     from numpyro_subsample.compare.runners import InterruptLatch
 
     latch = InterruptLatch()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell
     with latch.installed():
         latch.check()  # nothing yet
         try:
@@ -243,3 +249,4 @@ def test_a_swallowed_ctrl_c_still_stops_at_the_next_check():
         with pytest.raises(KeyboardInterrupt):
             latch.check()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, before)
