@@ -162,7 +162,7 @@ def test_variational_proxy_uses_expected_hessian_covariance():
 
 
 def test_rhat_threshold_is_not_crossed_by_chance_over_many_coordinates():
-    """Independent draws from one distribution (2 chains × 400, 20000 coordinates): the
+    """Independent draws from one distribution (2 chains × 400, 5000 coordinates): the
     largest split R-hat exceeds 1.01 by chance, never the per-coordinate thresholds; one
     coordinate whose chains sit 0.6 sd apart exceeds its threshold."""
     import arviz as az
@@ -170,7 +170,7 @@ def test_rhat_threshold_is_not_crossed_by_chance_over_many_coordinates():
     from numpyro_subsample.post.checks import rhat_thresholds
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(2, 400, 20000))
+    x = rng.normal(size=(2, 400, 5000))
     x[1, :, 7] += 0.6
     ds = az.convert_to_dataset({"x": x})
     rhat = np.asarray(az.rhat(ds)["x"].values)

@@ -15,6 +15,9 @@ from numpyro.infer import MCMC, NUTS, init_to_median
 from numpyro_subsample import SGHMC, SGLD, SGNHT, EnergyConservingHMC, ModelData, build_potential
 from numpyro_subsample import to_arviz as ns_to_arviz
 
+# compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
+pytestmark = pytest.mark.fast_compile
+
 KEY = jax.random.PRNGKey(0)
 N, M = 2000, 100
 ENUM = {"enumerate": "parallel"}
