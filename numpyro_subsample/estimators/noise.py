@@ -150,9 +150,9 @@ def whitened_noise(
     Carlo estimate from ``num_draws`` subsamples per point. With a structured L (and Lp) the
     figure is matrix-free (module docstring; ``lanczos_iterations``, default
     :data:`~numpyro_subsample.estimators.noise_matrix_free.NOISE_LANCZOS_ITERATIONS`, two
-    data passes each per draw) and the centre is not evaluated. Memory: O(d² + num_points · d) float64
-    numbers kept, and ``num_points`` · d² in the working dtype while it runs (dense); no d × d
-    array (structured).
+    data passes each per draw) and the centre is not evaluated. Memory: O(d² + num_points · d)
+    float64 numbers kept, and ``num_points`` · d² in the working dtype while it runs (dense);
+    no d × d array (structured).
     """
     if int(num_points) < 1:
         raise ValueError(f"num_points must be a positive integer, got {num_points!r}.")
