@@ -21,3 +21,13 @@ def test_import_layers_contract_is_kept():
                          timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "Contracts: 1 kept, 0 broken" in out.stdout, out.stdout[-2000:]
+
+
+def test_ruff_is_clean():
+    """``ruff check`` (pyproject.toml's rules) passes on the package, tests and benchmarks."""
+    exe = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
+    if not os.path.exists(exe):
+        pytest.fail("ruff is not installed: pip install -e '.[dev]'")
+    out = subprocess.run([exe, "check", "--no-cache", "numpyro_subsample", "tests", "benchmarks"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
