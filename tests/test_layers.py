@@ -1,6 +1,7 @@
 """The import-layer contract of pyproject.toml ([tool.importlinter]): subpackages import
 downwards only, sgmcmc and ecs are independent, and the package has no import cycle between
-layers. Runs import-linter's own checker, so a cycle or an upward import fails the suite."""
+layers. Runs import-linter's own checker, so a cycle or an upward import fails the suite;
+and ruff's, so a lint error does too."""
 
 import os
 import shutil
