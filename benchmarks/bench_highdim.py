@@ -497,8 +497,9 @@ def _brief(row: dict) -> str:
 def _warn(row: dict) -> str:
     if row.get("error"):
         return f"**failed**: {row['error']}"[:200]
-    w = "; ".join(row.get("warnings", [])).replace("|", "/")
-    return (w[:200] + "…" if len(w) > 200 else w) or "none"
+    # every warning's class, then the start of each message
+    ws = [w.replace("|", "/") for w in row.get("warnings", [])]
+    return "; ".join(w[:90] + "…" if len(w) > 90 else w for w in ws) or "none"
 
 
 def markdown(res: dict, cmd: str) -> str:
