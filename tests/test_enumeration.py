@@ -347,3 +347,12 @@ def test_to_arviz_log_likelihood_is_the_marginal(mix, sgld_run):
     expected = jax.jit(jax.vmap(lambda lat, md: ref.log_likelihood_at(lat, jnp.arange(N), md)[
         "obs"], in_axes=(0, None)))(kept, md)
     np.testing.assert_allclose(ll.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_variational_proxy_refuses_enumerated_sites(mix):
+    """SVI on an enumerated model needs funsor's TraceEnum_ELBO: a clear error naming the site
+    and the Laplace proxy, before any fit (not NumPyro's ImportError from inside the guide)."""
+    kernel = SGLD(mixture_enum, proxy="variational", progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
+    with pytest.raises(ValueError, match=r"enumeration \('z'\).*proxy='laplace'"):
+        mcmc.run(jax.random.PRNGKey(0), mix)

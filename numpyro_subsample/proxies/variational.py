@@ -163,6 +163,13 @@ def fit_variational(
     t0 = time.perf_counter()
     _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
                     learning_rate, tol)
+    if potential.enumerated_sites:
+        raise ValueError(
+            "The variational proxy does not support sites marked for enumeration "
+            f"({', '.join(repr(s) for s in potential.enumerated_sites)}): NumPyro's SVI would "
+            "need funsor and TraceEnum_ELBO to sum them out. Use proxy='laplace' (the "
+            "default), which fits the potential with those sites summed out."
+        )
     if guide_params is not None and guide is None:
         raise ValueError(
             "guide_params= needs the guide= they were fitted for; pass both (e.g. "
