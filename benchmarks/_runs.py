@@ -6,11 +6,14 @@ accuracy against a NUTS reference, with the metrics of :mod:`numpyro_subsample.c
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import arviz as az
 import jax
@@ -193,3 +196,21 @@ def json_default(x):
     if isinstance(x, np.ndarray):
         return x.tolist()
     return str(x)
+
+
+def write_results(res: dict, script: str, markdown: Callable[[dict, str], str], *, quick: bool,
+                  out: str | None, md: str | None, argv: list[str] | None,
+                  folder: Path) -> Path:
+    """Write ``res`` as JSON (``out``, default ``folder/<script>[_quick].json``), print its
+    markdown (``markdown(res, command)``) and write it to ``md`` if given; returns the JSON
+    path."""
+    folder.mkdir(exist_ok=True)
+    path = Path(out) if out else folder / f"{script}{'_quick' if quick else ''}.json"
+    path.write_text(json.dumps(res, indent=1, default=json_default))
+    cmd = f"python benchmarks/{script}.py " + " ".join(argv if argv else sys.argv[1:])
+    text = markdown(res, cmd.strip())
+    print(text)
+    if md:
+        Path(md).parent.mkdir(parents=True, exist_ok=True)
+        Path(md).write_text(text)
+    return path

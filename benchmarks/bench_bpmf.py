@@ -82,7 +82,7 @@ import numpyro
 import numpyro.distributions as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import fmt, json_default  # noqa: E402
+from _runs import fmt, json_default, write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIGMA = 0.5
@@ -660,15 +660,8 @@ def main(argv=None) -> int:
                           for k in ("wall_s", "cpu_s")] for v in a.proxies}
     res["total_s"] = time.perf_counter() - t0
     res["load_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    RESULTS.mkdir(exist_ok=True)
-    out = Path(a.out) if a.out else RESULTS / f"bench_bpmf{'_quick' if a.quick else ''}.json"
-    out.write_text(json.dumps(res, indent=1, default=json_default))
-    cmd = "python benchmarks/bench_bpmf.py " + " ".join(argv if argv else sys.argv[1:])
-    md = markdown(res, cmd.strip())
-    print(md)
-    if a.md:
-        Path(a.md).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.md).write_text(md)
+    out = write_results(res, "bench_bpmf", markdown, quick=a.quick, out=a.out, md=a.md,
+                        argv=argv, folder=RESULTS)
     log(f"wrote {out} ({res['total_s']:.0f} s)")
     return 0
 

@@ -35,7 +35,6 @@ Writes ``benchmarks/results/bench_highdim[_quick].json`` and a markdown section 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -55,7 +54,7 @@ import scipy.sparse.linalg as spla
 from numpyro.infer import MCMC, NUTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import fmt, json_default  # noqa: E402
+from _runs import fmt, write_results  # noqa: E402
 
 from numpyro_subsample import SGHMC, SGLD, ModelData, build_potential  # noqa: E402
 from numpyro_subsample.compare import CompileTimer  # noqa: E402
@@ -604,14 +603,8 @@ def main(argv=None) -> int:
     if "bnn" in exps:
         res["bnn"] = experiment_bnn(a)
     res["total_s"] = time.perf_counter() - t0
-    RESULTS.mkdir(exist_ok=True)
-    out = Path(a.out) if a.out else RESULTS / f"bench_highdim{'_quick' if a.quick else ''}.json"
-    out.write_text(json.dumps(res, indent=1, default=json_default))
-    cmd = "python benchmarks/bench_highdim.py " + " ".join(argv if argv else sys.argv[1:])
-    md = markdown(res, cmd.strip())
-    print(md)
-    if a.md:
-        Path(a.md).write_text(md)
+    out = write_results(res, "bench_highdim", markdown, quick=a.quick, out=a.out, md=a.md,
+                        argv=argv, folder=RESULTS)
     log(f"wrote {out} ({res['total_s']:.0f} s)")
     return 0
 
