@@ -51,7 +51,9 @@ class NoiseOperator(NamedTuple):
     u_iᵀ x = r_iᵀ y are per-datum directional derivatives (one forward-mode pass), and
     Σ_i a_i u_i (u_iᵀ x) − Σ_g c_g U_g (U_gᵀ x) = Lᵀ ∇_θ Σ_i w_i f_i, with the fixed weights
     w_i = a_i s_i − c_g t_g (s_i = r_iᵀ y, t_g = Σ_{i∈g} s_i), is one gradient of a weighted
-    sum (the second pass; at the centre too for the control variate's residuals).
+    sum (the second pass). The control variate's part (at the centre θ̂) does not depend on the
+    point: its slopes are taken once per product, and its gradient once with the weights
+    averaged over the points.
     """
 
     moments: EstimatorMoments
@@ -71,19 +73,31 @@ class NoiseOperator(NamedTuple):
         def weighted_grad(theta, idx, w):  # Σ_chunk w_i ∇f_i(θ)
             return jax.grad(lambda t: jnp.dot(w, potential.data_terms(t, idx, data)))(theta)
 
+        def over_data(fn):  # (N,): fn(idx) of every chunk, the padding zeroed
+            def one(c):
+                idx, mask = chunk_at(c, chunk, num_data)
+                return jnp.where(mask, fn(idx), 0.0)
+
+            out = jax.lax.map(one, jnp.arange(num_chunks, dtype=jnp.int32))
+            return out.reshape(-1)[:num_data]
+
+        def sum_grads(fn, w):  # Σ_i w_i g_i over the data, fn(idx, w_chunk) per chunk
+            def g_chunk(idx, mask):
+                return fn(idx, jnp.where(mask, w[idx], 0.0))
+
+            return scan_chunks(g_chunk, num_data, self.chunk_size, jnp.zeros_like(x))
+
+        # the control variate's part does not depend on the point: once per product
+        if cv is None:
+            s_centre = 0.0
+        elif cv.datum_grads is not None:
+            s_centre = over_data(lambda idx: cv.datum_grads[idx] @ y)
+        else:
+            s_centre = over_data(lambda idx: slopes(cv.centre, idx))
+
         def at_point(args):
             theta, m = args
-
-            def s_chunk(c):
-                idx, mask = chunk_at(c, chunk, num_data)
-                s = slopes(theta, idx)
-                if cv is not None:
-                    s = s - (cv.datum_grads[idx] @ y if cv.datum_grads is not None
-                             else slopes(cv.centre, idx))
-                return jnp.where(mask, s, 0.0)
-
-            s = jax.lax.map(s_chunk, jnp.arange(num_chunks, dtype=jnp.int32)).reshape(-1)
-            s = s[:num_data]
+            s = over_data(lambda idx: slopes(theta, idx)) - s_centre
             a = jnp.broadcast_to(jnp.asarray(m.datum_weight, s.dtype), s.shape)
             c = jnp.atleast_1d(m.group_weight).astype(s.dtype)
             if m.labels is None:
@@ -91,18 +105,16 @@ class NoiseOperator(NamedTuple):
             else:
                 t = jax.ops.segment_sum(s, m.labels, c.shape[0])
                 w = a * s - (c * t)[m.labels]
+            return sum_grads(lambda idx, wi: weighted_grad(theta, idx, wi), w), w
 
-            def g_chunk(idx, mask):
-                wi = jnp.where(mask, w[idx], 0.0)
-                g = weighted_grad(theta, idx, wi)
-                if cv is not None:
-                    g = g - (wi @ cv.datum_grads[idx] if cv.datum_grads is not None
-                             else weighted_grad(cv.centre, idx, wi))
-                return g
-
-            return scan_chunks(g_chunk, num_data, self.chunk_size, jnp.zeros_like(theta))
-
-        total = jnp.mean(jax.lax.map(at_point, (thetas, designs)), axis=0)
+        grads, weights = jax.lax.map(at_point, (thetas, designs))
+        total = jnp.mean(grads, axis=0)
+        if cv is not None:  # mean_p Σ_i w_pi ∇f_i(θ̂) = Σ_i (mean_p w_pi) ∇f_i(θ̂)
+            w_mean = jnp.mean(weights, axis=0)
+            total = total - (sum_grads(lambda idx, wi: wi @ cv.datum_grads[idx], w_mean)
+                             if cv.datum_grads is not None
+                             else sum_grads(lambda idx, wi: weighted_grad(cv.centre, idx, wi),
+                                            w_mean))
         return whiten_rmatvec(scale, total)
 
 
