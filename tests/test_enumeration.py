@@ -237,9 +237,11 @@ def _global_discrete(x, subsample_size=M):
 
 def _local_continuous(x, subsample_size=M):
     loc = numpyro.sample("loc", dist.Normal(0.0, 1.0))
+    w = numpyro.sample("w", dist.Dirichlet(jnp.ones(2)))
     with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
         u = numpyro.sample("u", dist.Normal(0.0, 1.0))
-        numpyro.sample("obs", dist.Normal(loc + u, 1.0), obs=x[idx])
+        z = numpyro.sample("z", dist.Categorical(w), infer=ENUM)
+        numpyro.sample("obs", dist.Normal(loc + u + z, 1.0), obs=x[idx])
 
 
 def _local_site(fn_of_w, infer=None, inner=False):
@@ -271,8 +273,8 @@ def _depends_outside(x, subsample_size=M):
      r"'z' .*not marked for parallel enumeration \(infer=\{'enumerate': 'sequential'\}\)"),
     (_global_discrete, r"Latent site 'k' is discrete and lies outside the subsample plate "
                        r"'data'.*Marginalise it out by hand"),
-    (_local_continuous, r"Latent site 'u' lies inside the subsample plate 'data'.*continuous.*"
-                        r"marginalise them, or move the site out of the plate"),
+    (_local_continuous, r"plate 'data' has both continuous local latent sites \['u'\] and "
+                        r"enumerated discrete sites \['z'\]"),
     (_local_site(lambda w: dist.Poisson(3.0), ENUM), r"'z' .*Poisson has no finite support"),
     (_local_site(lambda w: dist.Categorical(w), ENUM, inner=True),
      r"'z' is marked for enumeration .*also in the plate\(s\) \['pair'\].*one discrete value"),

@@ -81,8 +81,9 @@ def _model_two_plates(X, y):
 def _model_local_latent(X, y):
     b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0], subsample_size=10) as i:
-        u = numpyro.sample("u", dist.Normal(0, 1))
-        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b + u), obs=y[i])
+        with numpyro.plate("pair", 2, dim=-2):
+            u = numpyro.sample("u", dist.Normal(0, 1))
+        numpyro.sample("y", dist.Bernoulli(logits=X[i] @ b + u.sum(0)), obs=y[i])
 
 
 def _model_discrete(X, y):
@@ -109,7 +110,7 @@ def _model_too_large(X, y):
     [
         (_model_no_subsample, "no subsample plate"),
         (_model_two_plates, "several subsample plates"),
-        (_model_local_latent, "Latent site 'u' lies inside the subsample plate 'data'"),
+        (_model_local_latent, r"Local latent site 'u' .*also in the plate\(s\) \['pair'\]"),
         (_model_discrete, "Latent site 'k' is discrete"),
         (_model_unindexed_obs, "indexed by the plate's indices"),
         (_model_too_large, "subsample_size=301 larger than its size N=300"),

@@ -106,8 +106,19 @@ class SubsampleKernel(MCMCKernel):
         pot = self._potentials.get(sig)
         if pot is None:
             pot = build_potential(self._model, data, preprocess_keys(self.seed)[0])
+            if pot.local and not self._supports_local():
+                raise ValueError(
+                    f"{type(self).__name__} does not support local latent sites (continuous "
+                    f"sites inside the subsample plate: {list(pot.local_sites)}). Use SGLD, "
+                    "SGHMC or SGNHT with estimator='uniform', or SGRLD, which draw them for "
+                    "each subsample; or marginalise them out of the model."
+                )
             self._potentials[sig] = pot
         return pot
+
+    def _supports_local(self) -> bool:
+        """Whether the kernel draws local latent sites (numpyro_subsample.estimators.local)."""
+        return False
 
     def preprocess(self, model_args: tuple = (), model_kwargs: dict | None = None):
         """Build (or fetch from the cache) everything computed once per data set.

@@ -99,6 +99,12 @@ _SGMCMC: dict[str, Option] = {
                     "zero-variance statistics estimate", none=True,
                     remedy="Pass a function of the sample dict, or None (every coordinate and "
                     "its square)."),
+    "local_update": Option("callable", "the conditional update of the local latent sites of "
+                           "a subsample", none=True,
+                           remedy="Pass a function (rng_key, rows, values, idx, *model_args, "
+                           "**model_kwargs) -> rows, or None (MALA steps)."),
+    "local_steps": _positive_int("the MALA steps per update of the local latent sites",
+                                 "Pass a positive integer, e.g. local_steps=5 (the default)."),
 }
 
 _SGHMC: dict[str, Option] = {

@@ -15,6 +15,12 @@ with N and is reused for new data of the same shapes.
 Discrete per-datum sites inside the plate marked for enumeration are summed out of f_i by
 parallel enumeration (each site's support along its own batch dimension left of the plates, as
 in Obermeyer et al. 2019), so that f_i = −log Σ_z p(z_i, x_i | θ).
+
+Continuous latent sites inside the plate are *local* variables z_i (one value per datum, e.g.
+a document's topic proportions): they are not part of θ; ``terms(θ, idx, data, local)`` takes
+their constrained values for the rows ``idx`` and returns f_i(θ, z_i) = −log p(z_i | θ)
+− log p(x_i | z_i, θ). The kernels that support them (:mod:`numpyro_subsample.estimators.local`)
+draw z_i for the rows of each subsample given θ and estimate the gradient with them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +37,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import logsumexp
 from numpyro import handlers
+from numpyro.distributions import biject_to
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 
 from numpyro_subsample.core.data import ModelData, indexed_axes
@@ -60,6 +68,7 @@ from numpyro_subsample.core.structure import (
 
 __all__ = [
     "DataPlate",
+    "LocalSite",
     "ModelData",
     "Potential",
     "build_potential",
@@ -69,6 +78,39 @@ __all__ = [
     "per_datum",
     "in_plate",
 ]
+
+
+class LocalSite(NamedTuple):
+    """A continuous latent site inside the subsample plate: one value per datum.
+
+    ``axis``: the plate's axis in the site's value (batch and event dims); ``row_shape``: the
+    constrained value of one datum (the value without that axis); ``support``: the site's
+    support; ``init``: a constrained starting value of one datum (the prior median at the
+    global sites' prior medians, for the plate's first row).
+    """
+
+    name: str
+    axis: int
+    row_shape: tuple[int, ...]
+    support: Any
+    init: np.ndarray
+
+    def to_site(self, rows: jax.Array) -> jax.Array:
+        """(m, *row_shape) values of m data -> the site's value (plate axis in place)."""
+        return jnp.moveaxis(rows, 0, self.axis)
+
+
+def local_values(sites: tuple[LocalSite, ...], local: dict | None, where: str) -> dict:
+    """The site values of ``local`` ({name: (m, *row_shape)}), checked complete."""
+    names = tuple(s.name for s in sites)
+    if local is None or set(local) != set(names):
+        got = None if local is None else sorted(local)
+        raise ValueError(
+            f"{where}: the model has local latent sites {list(names)} inside the subsample "
+            f"plate, so their values for the rows are needed (got {got}). Use a kernel that "
+            "samples local sites (numpyro_subsample.estimators.local)."
+        )
+    return {s.name: s.to_site(local[s.name]) for s in sites}
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +125,8 @@ class Potential:
     """
 
     plate: DataPlate
-    terms: Callable[[jax.Array, jax.Array, ModelData], tuple[jax.Array, jax.Array]]
+    # terms(θ, idx, data[, local]): local = {site: (m, *row_shape)} for the local sites
+    terms: Callable[..., tuple[jax.Array, jax.Array]]
     unravel: Callable[[jax.Array], dict]
     init_theta: jax.Array  # flat unconstrained starting point (prior median)
     latent_sites: tuple[str, ...]
@@ -94,6 +137,8 @@ class Potential:
     data_leaves: tuple[int, ...]  # positions in ModelData.arrays of arrays with N rows
     # (name, batch dim) of the discrete sites of the plate summed out of f_i, in model order
     enumerated_dims: tuple[tuple[str, int], ...] = ()
+    # the continuous local latent sites of the plate (not part of θ), in model order
+    local: tuple[LocalSite, ...] = ()
 
     @property
     def dim(self) -> int:
@@ -105,8 +150,44 @@ class Potential:
         return tuple(name for name, _ in self.enumerated_dims)
 
     @property
+    def local_sites(self) -> tuple[str, ...]:
+        """The continuous latent sites inside the plate (one value per datum, not in θ)."""
+        return tuple(s.name for s in self.local)
+
+    @property
     def num_data(self) -> int:
         return self.plate.size
+
+    def _refuse_local(self, what: str) -> None:
+        if self.local:
+            raise ValueError(
+                f"{what} is not available for a model with local latent sites "
+                f"{list(self.local_sites)} inside the subsample plate: it depends on their "
+                "values, which are drawn for the rows of each subsample only and not kept."
+            )
+
+    def local_joint_at(self, values: dict, local: dict, idx: jax.Array,
+                       data: ModelData) -> jax.Array:
+        """log p(z_i | θ) + log p(x_i | z_i, θ) for the rows ``idx``, shape ``(len(idx),)``.
+
+        ``values``: constrained values of the global latent sites; ``local``: constrained
+        values of the local sites for the rows, {name: (m, *row_shape)}. Unscaled.
+        """
+        m = int(idx.shape[0])
+        subs = {**values, **local_values(self.local, local, "local_joint_at")}
+        args, kwargs = data.args_kwargs()
+        fn = set_plate_indices(self.model, name=self.plate.name, indices=idx)
+        fn = handlers.substitute(handlers.seed(fn, jnp.asarray(np.zeros(2, np.uint32))),
+                                 data=subs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tr = handlers.trace(fn).get_trace(*args, **kwargs)
+        dtype = jnp.result_type(*jax.tree.leaves(local))
+        out = jnp.zeros((m,), dtype)
+        for name, site in tr.items():
+            if site["type"] == "sample" and in_plate(site, self.plate.name):
+                out = out + per_datum(site_log_prob(site), self.plate, m, name).astype(dtype)
+        return out
 
     def prior(self, theta: jax.Array, data: ModelData) -> jax.Array:
         """f0(θ)."""
@@ -131,6 +212,7 @@ class Potential:
         Deterministic sites inside the data plate hold their values for the rows ``idx``
         (cost O(len(idx)) model evaluations); the others do not depend on ``idx``.
         """
+        self._refuse_local("constrain_at (deterministic sites of the plate)")
         args, kwargs = data.args_kwargs()
         fn = set_plate_indices(self.model, name=self.plate.name, indices=idx)
         if self.enumerated_dims:
@@ -146,8 +228,10 @@ class Potential:
         sites, each site's own log-likelihood. With enumerated sites z the sites of a datum
         are dependent given θ: site k holds log p(x_ik | x_i1..x_i(k−1), θ) (chain rule in the
         model's order, each term marginal over z), so their sum is log p(x_i | θ) =
-        log Σ_z p(z, x_i | θ). Unscaled (no subsample or user scale).
+        log Σ_z p(z, x_i | θ). Unscaled (no subsample or user scale). Not available with
+        local latent sites (p(x_i | θ) is then an integral over z_i).
         """
+        self._refuse_local("log_likelihood_at (the pointwise log-likelihood)")
         return observed_log_likelihood(
             self.model, self.plate, dict(self.enumerated_dims), latent, idx, data
         )
@@ -203,7 +287,8 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     subsample plates, a plate of size 0, a subsample size outside [1, N] (``TypeError`` if not
     an integer), discrete latent sites outside the plate (marked for enumeration or not),
     discrete sites inside the plate not marked for parallel enumeration or without a finite
-    support or with more than one value per datum, continuous latent sites inside the plate,
+    support or with more than one value per datum, continuous latent sites inside the plate
+    with more than one value per datum (one value each is a local site, :class:`LocalSite`),
     deterministic sites or sites outside the plate that depend on enumerated sites, observed
     sites that do not follow the plate or whose value would broadcast the likelihood, data
     arrays indexed by the plate without N rows, non-finite data.
@@ -211,14 +296,16 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     check_data_finite(data)
     tr, medians = _prototype_trace(model, data, rng_key)
     plate = _find_data_plate(tr)
-    latent, plate_det, enumerated = _validate_sites(tr, plate)
+    latent, plate_det, enumerated, local_names = _validate_sites(tr, plate)
     dims = enumeration_dims(tr, enumerated)
     if dims:
         check_enumeration_scope(model, data, plate, tr, dims, medians)
     init_theta, unravel = ravel_pytree({name: medians[name] for name in latent})
+    local = tuple(_local_site(name, tr[name], medians[name], plate) for name in local_names)
     seed_key = jnp.asarray(np.zeros(2, np.uint32))  # PRNGKey(0), without an eager program
 
-    def terms(theta: jax.Array, idx: jax.Array, data: ModelData) -> tuple[jax.Array, jax.Array]:
+    def terms(theta: jax.Array, idx: jax.Array, data: ModelData,
+              local_rows: dict | None = None) -> tuple[jax.Array, jax.Array]:
         m = int(idx.shape[0])
         params = unravel(theta)
         args, kwargs = data.args_kwargs()
@@ -226,6 +313,8 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
         if dims:
             fn = enumerate_sites(fn, dims=dims)
         fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, params))
+        if local:
+            fn = handlers.substitute(fn, data=local_values(local, local_rows, "terms"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mtr = handlers.trace(handlers.seed(fn, seed_key)).get_trace(*args, **kwargs)
@@ -255,9 +344,12 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     # observed values not indexed by the plate are caught here rather than silently.
     # Its jaxpr also shows which data arrays the plate's indices select rows of.
     m_check = 3 if plate.subsample_size != 3 else 2
+    def rows_at_init(m):
+        return {s.name: jnp.broadcast_to(jnp.asarray(s.init), (m, *s.row_shape)) for s in local}
+
     try:
         indexed = indexed_axes(
-            lambda idx, data: terms(init_theta, idx, data),
+            lambda idx, data: terms(init_theta, idx, data, rows_at_init(m_check)),
             np.arange(m_check, dtype=np.int32), data,
         )
     except SiteError:
@@ -275,10 +367,12 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
         one = set_plate_indices(model, name=plate.name, indices=jnp.arange(1))
         if dims:  # the enumerated values are not sampled (and not returned)
             one = enumerate_sites(one, dims=dims)
+        if local:  # nor the local ones (held at their starting values here)
+            one = handlers.substitute(one, data=local_values(local, rows_at_init(1), "constrain"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = constrain_fn(one, args, kwargs, z, return_deterministic=True)
-        return {k: v for k, v in out.items() if k not in plate_det}
+        return {k: v for k, v in out.items() if k not in plate_det and k not in local_names}
 
     data_leaves = tuple(
         i for i, a in enumerate(data.arrays) if a.ndim >= 1 and a.shape[0] == plate.size
@@ -294,4 +388,15 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
         model=model,
         data_leaves=data_leaves,
         enumerated_dims=tuple(dims.items()),
+        local=local,
     )
+
+
+def _local_site(name: str, site: dict, unconstrained: Any, plate: DataPlate) -> LocalSite:
+    """The :class:`LocalSite` of a continuous site inside the plate, from the prototype trace
+    (whose plate has the indices 0..n−1) and its unconstrained prior median there."""
+    support = site["fn"].support
+    value = np.asarray(biject_to(support)(unconstrained))
+    axis = len(site["fn"].batch_shape) + plate.dim
+    rows = np.moveaxis(value, axis, 0)
+    return LocalSite(name, axis, tuple(rows.shape[1:]), support, rows[0])

@@ -98,9 +98,10 @@ def _find_data_plate(tr: dict) -> DataPlate:
 
 def _validate_sites(
     tr: dict, plate: DataPlate
-) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(latent sites, deterministic sites of the plate, enumerated sites of the plate)."""
-    latent, plate_det, observed_in_plate, enumerated = [], [], [], []
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(global latent sites, deterministic sites of the plate, enumerated sites of the plate,
+    continuous local latent sites of the plate)."""
+    latent, plate_det, observed_in_plate, enumerated, local = [], [], [], [], []
     for name, site in tr.items():
         if site["type"] == "deterministic" and in_plate(site, plate.name):
             plate_det.append(name)
@@ -124,12 +125,9 @@ def _validate_sites(
                 "a logsumexp over its values in a numpyro.factor) or observe it."
             )
         if in_plate(site, plate.name):
-            raise ValueError(
-                f"Latent site '{name}' lies inside the subsample plate '{plate.name}'. Local "
-                "(per-datum) continuous latent variables are not supported: marginalise them, "
-                "or move the site out of the plate. (Discrete per-datum sites marked "
-                "infer={'enumerate': 'parallel'} are summed out.)"
-            )
+            check_local(name, site, plate)
+            local.append(name)
+            continue
         latent.append(name)
     if not observed_in_plate:
         raise ValueError(
@@ -137,8 +135,30 @@ def _validate_sites(
             "likelihood (`numpyro.sample(..., obs=...)`) inside it."
         )
     if not latent:
-        raise ValueError("The model has no latent sample site to infer.")
-    return tuple(latent), tuple(plate_det), tuple(enumerated)
+        raise ValueError("The model has no global latent sample site to infer.")
+    if local and enumerated:
+        raise ValueError(
+            f"The subsample plate '{plate.name}' has both continuous local latent sites "
+            f"{local} and enumerated discrete sites {enumerated}; only one kind per model is "
+            "supported. Sum the discrete sites out by hand (a logsumexp in a numpyro.factor)."
+        )
+    return tuple(latent), tuple(plate_det), tuple(enumerated), tuple(local)
+
+
+def check_local(name: str, site: dict, plate: DataPlate) -> None:
+    """A continuous latent site inside the plate is a local variable: one value per datum (in
+    no other plate, no batch dimension of size > 1 beside the plate's)."""
+    others = [f.name for f in site["cond_indep_stack"] if f.name != plate.name]
+    batch = tuple(site["fn"].batch_shape)
+    axis = len(batch) + plate.dim
+    if others or axis < 0 or any(k != 1 for j, k in enumerate(batch) if j != axis):
+        where = f"also in the plate(s) {others}" if others else f"batch shape {batch}"
+        raise ValueError(
+            f"Local latent site '{name}' inside the subsample plate '{plate.name}' has "
+            f"{where}: a local site holds one value per datum (a site in the subsample plate "
+            "and no other plate, its batch shape the plate's; put vector values in the event "
+            "shape, e.g. dist.Normal(...).expand([k]).to_event(1))."
+        )
 
 
 def _check_indexed_lengths(indexed: set, data: ModelData, plate: DataPlate) -> None:

@@ -25,12 +25,14 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
+from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig, local_estimator
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
     STATEFUL,
     check_estimator_request,
     configure_estimator,
 )
+from numpyro_subsample.estimators.selection import uniform_design
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.sgmcmc.chain import (
@@ -136,6 +138,16 @@ class SGMCMCKernel(SubsampleKernel):
         them with :func:`~numpyro_subsample.post.zv.zv_mean`. Degree 1 keeps d × d
         co-moments per chain (whatever the proxy); degree 2 is refused above
         :data:`MAX_ZV_DEGREE2_DIM` parameters.
+    local_update, local_steps
+        For a model with local latent sites (continuous sites inside the plate, one value per
+        datum; :mod:`~numpyro_subsample.estimators.local`): the sites of each subsample are
+        moved given θ before its gradient, by ``local_update(rng_key, rows, values, idx,
+        *model_args, **model_kwargs) -> rows`` (an exact conditional: ``rows`` the
+        constrained local values of the subsample, {site: (m, ...)}, ``values`` the
+        constrained global sites) or, by default, by ``local_steps`` MALA steps. Such models
+        need ``estimator="uniform"`` and an explicit ``step_size``, and run without proxy or
+        preconditioning (the proxy, the control variates and the default step-size rule
+        need p(x_i | θ), an integral over the local sites); the draws hold θ only.
     **estimator_options
         Further options of the estimator (see its module).
     """
@@ -163,6 +175,8 @@ class SGMCMCKernel(SubsampleKernel):
         zv_stream: bool = False,
         zv_degree: int = 1,
         zv_fn: Callable | None = None,
+        local_update: Callable | None = None,
+        local_steps: int = DEFAULT_LOCAL_STEPS,
         **estimator_options: Any,
     ) -> None:
         check_options(
@@ -173,6 +187,7 @@ class SGMCMCKernel(SubsampleKernel):
             store_datum_grads=store_datum_grads, noise_correction=noise_correction,
             init_strategy=init_strategy, seed=seed,
             progress_bar=progress_bar, zv_stream=zv_stream, zv_degree=zv_degree, zv_fn=zv_fn,
+            local_update=local_update, local_steps=local_steps,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
         structured = check_request(
@@ -198,6 +213,7 @@ class SGMCMCKernel(SubsampleKernel):
         self.init_strategy = init_strategy
         self.progress_bar = default_progress() if progress_bar is None else progress_bar
         self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
+        self.local = LocalConfig(steps=int(local_steps), update=local_update)
 
     # -- what a subclass chooses ------------------------------------------------------------
     _diffusion = 1.0  # c of the injected noise N(0, 2ch I)
@@ -260,6 +276,9 @@ class SGMCMCKernel(SubsampleKernel):
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
 
+    def _supports_local(self) -> bool:
+        return type(self)._preprocess is SGMCMCKernel._preprocess
+
     # -- preprocessing --------------------------------------------------------------------------
     def _needs_proxy(self) -> bool:
         return self.preconditioning or self.estimator_name in NEEDS_PROXY
@@ -294,6 +313,8 @@ class SGMCMCKernel(SubsampleKernel):
         return self._default_step_size(noise, corrected, curvature)
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+        if potential.local:
+            return self._preprocess_local(potential)
         t0 = time.perf_counter()
         _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
         check_estimator_request(self.estimator_name, self.estimator_options,
@@ -333,13 +354,50 @@ class SGMCMCKernel(SubsampleKernel):
             noise_errors=ns.errors, noise_corrected=corrected,
         )
 
+    def _preprocess_local(self, potential: Potential) -> Preprocessed:
+        """A model with local latent sites: no proxy, the uniform design, the given step."""
+        t0 = time.perf_counter()
+        needs = []
+        if self.estimator_name != "uniform":
+            needs.append(f"estimator='uniform' (got {self.estimator_name!r})")
+        if self.estimator_options:
+            needs.append(f"no estimator options (got {sorted(self.estimator_options)})")
+        if self._step_size is None:
+            needs.append("an explicit step_size (got None)")
+        if self.zv_stream:
+            needs.append("zv_stream=False")
+        if needs:
+            raise ValueError(
+                f"{type(self).__name__}: the model has local latent sites "
+                f"{list(potential.local_sites)} inside the subsample plate "
+                f"'{potential.plate.name}', which needs {'; '.join(needs)}: the proxy, the "
+                "control variates, the default step-size rule and ZV need the marginal "
+                "p(x_i | θ), an integral over the local sites. Pass estimator='uniform' and "
+                "a step_size (e.g. from a short pilot run), or SGRLD for Dirichlet globals."
+            )
+        design = uniform_design(potential.num_data, potential.plate.subsample_size,
+                                self.replace, potential.init_theta.dtype)
+        estimator = local_estimator(potential, design, self.local)
+        wh = whitening(None, potential, preconditioning=False,
+                       structured=self._is_structured(potential.dim))
+        dtype = wh.centre.dtype
+        h = float(self._step_size)
+        params = SamplerParams(
+            wh.centre, wh.scale_tril, jnp.asarray(np.asarray(h, dtype)), estimator.params,
+            wh.init_tril, jnp.zeros((), dtype), None,
+        )
+        return Preprocessed(potential, None, estimator, h, float("nan"), wh.centre,
+                            wh.scale_tril, time.perf_counter() - t0, 0.0, params)
+
     # -- the functional core --------------------------------------------------------------------
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
-        init_strategy = self.init_strategy if self._needs_proxy() else "centre"
+        local = bool(pre.potential.local)
+        init_strategy = self.init_strategy if self._needs_proxy() and not local else "centre"
         est = pre.estimator
         return _Config(
             pre.potential, est.estimate, self._dynamics(pre.noise_corrected),
-            "threefry2x32" if traced else STEP_RNG, init_strategy, self.preconditioning,
+            "threefry2x32" if traced else STEP_RNG, init_strategy,
+            self.preconditioning and not local,
             self.zv_degree if self.zv_stream else 0, self.zv_fn,
             int(num_warmup) if self.zv_stream else 0, est.init_state, est.update,
         )

@@ -34,6 +34,7 @@ from numpyro_subsample.core.plates import (
 )
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
+from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
 from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
 from numpyro_subsample.estimators.stratified import Strata, make_strata, stratified_design
 from numpyro_subsample.sgmcmc.simplex import (
@@ -116,6 +117,8 @@ def check_simplex_model(model: Callable, data: ModelData) -> None:
             continue
         if inside and site["infer"].get("enumerate") == "parallel":
             continue  # a discrete per-datum site, summed out of each datum's likelihood
+        if inside and not site["fn"].support.is_discrete:
+            continue  # a local site, drawn for each subsample (estimators.local)
         if dirichlet_base(site["fn"]) is None:
             raise ValueError(
                 f"Latent site '{name}' has distribution {_distribution_name(site['fn'])}. "
@@ -211,10 +214,17 @@ class SGRLD(SubsampleKernel):
         Data per vmapped evaluation in the full-data passes.
     seed
         Seed of the preprocessing's model trace.
+    local_update, local_steps
+        Local latent sites (continuous sites inside the plate, e.g. LDA's per-document topic
+        proportions; :mod:`~numpyro_subsample.estimators.local`) are moved given π before
+        each gradient, by ``local_update(rng_key, rows, values, idx, *model_args,
+        **model_kwargs) -> rows`` (an exact conditional; ``values`` the simplex values π) or
+        by ``local_steps`` MALA steps (default). Such models need an explicit ``step_size``
+        and, for ``"stratified"``, ``features``; the draws hold π only.
     """
 
     sample_field = "pi"
-    default_fields = ("pi", "diverging")
+    default_fields = ("pi", "diverging", "subsample_size", "data_passes")
 
     def __init__(
         self,
@@ -233,6 +243,8 @@ class SGRLD(SubsampleKernel):
         strata_seed: int = 0,
         chunk_size: int = DEFAULT_CHUNK,
         seed: int = 0,
+        local_update: Callable | None = None,
+        local_steps: int = DEFAULT_LOCAL_STEPS,
     ) -> None:
         if schedule not in ("polynomial", "constant"):
             raise ValueError(f"SGRLD: schedule must be 'polynomial' or 'constant', got "
@@ -244,8 +256,11 @@ class SGRLD(SubsampleKernel):
         _check_positive("max_variance_inflation", max_variance_inflation)
         _check_positive("decay_offset", decay_offset)
         _check_positive("decay_power", decay_power, zero=True)
+        if local_update is not None and not callable(local_update):
+            raise ValueError(f"SGRLD: local_update must be a function or None, got "
+                             f"{type(local_update).__name__}.")
         for name, v in (("num_strata", num_strata), ("kmeans_iters", kmeans_iters),
-                        ("chunk_size", chunk_size)):
+                        ("chunk_size", chunk_size), ("local_steps", local_steps)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"SGRLD: {name} must be a positive integer, got {v!r}.")
         super().__init__(model, seed=seed)
@@ -257,6 +272,7 @@ class SGRLD(SubsampleKernel):
         self.num_strata, self.kmeans_iters = int(num_strata), int(kmeans_iters)
         self.features, self.strata_seed = features, int(strata_seed)
         self.chunk_size = int(chunk_size)
+        self.local = LocalConfig(steps=int(local_steps), update=local_update)
 
     @property
     def step_size(self) -> float:
@@ -271,6 +287,9 @@ class SGRLD(SubsampleKernel):
     def get_diagnostics_str(self, state: SGRLDState) -> str:
         return f"step size {float(np.asarray(state.step_size).max()):.2e}"
 
+    def _supports_local(self) -> bool:
+        return True
+
     def potential_for(self, data: ModelData) -> Potential:
         if data.signature() not in self._potentials:
             check_simplex_model(self._model, data)
@@ -278,6 +297,17 @@ class SGRLD(SubsampleKernel):
 
     def _preprocess(self, potential: Potential, data: ModelData) -> SGRLDPreprocessed:
         t0 = time.perf_counter()
+        if potential.local:
+            needs = [] if self._step_size is not None else ["an explicit step_size"]
+            if self.estimator_name == "stratified" and self.features is None:
+                needs.append("features (e.g. the documents' word frequencies) for 'stratified'")
+            if needs:
+                raise ValueError(
+                    f"SGRLD: the model has local latent sites {list(potential.local_sites)} "
+                    f"inside the subsample plate '{potential.plate.name}', which needs "
+                    f"{' and '.join(needs)}: the default step rule and features need "
+                    "p(x_i | π), an integral over the local sites."
+                )
         dtype = potential.init_theta.dtype
         medians = potential.constrain(potential.unravel(potential.init_theta), data)
         pi0 = {k: medians[k] for k in potential.latent_sites}
@@ -336,7 +366,7 @@ class SGRLD(SubsampleKernel):
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup
         cfg = _Config(pre.potential, pre.design.draw, pre.design.size,
-                      "threefry2x32" if traced else STEP_RNG)
+                      "threefry2x32" if traced else STEP_RNG, self.local)
         init_one, step = sgrld_programs(cfg)
         return init_one, step, pre.params
 

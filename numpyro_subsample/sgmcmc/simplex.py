@@ -35,6 +35,12 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data, scan_chunks
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import raw_key, split_step_key
+from numpyro_subsample.estimators.local import (
+    LocalConfig,
+    LocalState,
+    init_local_state,
+    update_rows,
+)
 from numpyro_subsample.estimators.selection import DesignMoments
 
 __all__ = [
@@ -71,7 +77,8 @@ class SGRLDState(NamedTuple):
     step gave a non-finite θ and was rejected (the chain stays where it was);
     ``subsample_size``: data per gradient estimate; ``data_passes``: cumulative data
     evaluations / N, preprocessing included; ``params``: the preprocessing's arrays (shared by
-    vectorized chains).
+    vectorized chains); ``local``: the warm starts of the local latent sites
+    (:class:`~numpyro_subsample.estimators.local.LocalState`), None without them.
     """
 
     i: jax.Array
@@ -84,6 +91,7 @@ class SGRLDState(NamedTuple):
     data_passes: jax.Array
     rng_key: jax.Array
     params: SGRLDParams
+    local: LocalState | None = None
 
 
 def step_size_at(schedule: jax.Array, t: jax.Array) -> jax.Array:
@@ -196,6 +204,7 @@ class _Config(NamedTuple):
     draw: Callable  # SamplingDesign.draw
     size: int
     rng_impl: str
+    local: LocalConfig = LocalConfig()
 
 
 @lru_cache(maxsize=64)
@@ -204,6 +213,10 @@ def sgrld_programs(cfg: _Config) -> tuple[Callable, Callable]:
 
     ``init_one`` draws θ from its Gamma(α, 1) prior; given ``init_params`` (simplex values
     per site) it keeps the drawn totals Σθ and sets θ = π · Σθ.
+
+    With local latent sites (:mod:`numpyro_subsample.estimators.local`) each step first moves
+    the subsample's local values given π and takes G = ∇_π Σ_j w_j [log p(z_j | π) +
+    log p(x_j | z_j, π)] with them.
     """
     pot, draw, size = cfg.potential, cfg.draw, cfg.size
     inv_n = 1.0 / pot.num_data
@@ -212,8 +225,21 @@ def sgrld_programs(cfg: _Config) -> tuple[Callable, Callable]:
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
         eps = step_size_at(p.schedule, state.i)
-        idx, w = draw(p.design, k_est)
-        drift = expanded_mean_grad(state.pi, likelihood_grad(pot, state.pi, idx, w, data))
+        local = state.local
+        if pot.local:
+            k_est, k_loc = jax.random.split(k_est)
+            idx, w = draw(p.design, k_est)
+            pi = state.pi
+            rows, local = update_rows(
+                cfg.local, pot.local, k_loc, state.local, idx,
+                lambda r: pot.local_joint_at(pi, r, idx, data), lambda: pi, data,
+            )
+            ww = w.astype(p.schedule.dtype)
+            grad_pi = jax.grad(lambda q: jnp.dot(ww, pot.local_joint_at(q, rows, idx, data)))(pi)
+        else:
+            idx, w = draw(p.design, k_est)
+            grad_pi = likelihood_grad(pot, state.pi, idx, w, data)
+        drift = expanded_mean_grad(state.pi, grad_pi)
         theta, mirrored = mirrored_langevin(k_dyn, state.theta, p.alpha, drift, eps)
         pi = to_simplex(theta)
         ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(pi)]))
@@ -221,7 +247,7 @@ def sgrld_programs(cfg: _Config) -> tuple[Callable, Callable]:
         return SGRLDState(
             state.i + 1, jax.tree.map(keep, pi, state.pi),
             jax.tree.map(keep, theta, state.theta), eps, mirrored, ~ok,
-            jnp.asarray(size, jnp.int32), state.data_passes + size * inv_n, key, p,
+            jnp.asarray(size, jnp.int32), state.data_passes + size * inv_n, key, p, local,
         )
 
     def init_one(rng_key, init_params, data, params: SGRLDParams) -> SGRLDState:
@@ -237,11 +263,13 @@ def sgrld_programs(cfg: _Config) -> tuple[Callable, Callable]:
                 t = jnp.maximum(given * jnp.sum(t, -1, keepdims=True), jnp.finfo(a.dtype).tiny)
             theta[name] = t
         dtype = params.schedule.dtype
+        local = (init_local_state(pot.local, pot.num_data, dtype, cfg.local.init_step)
+                 if pot.local else None)
         return SGRLDState(
             jnp.zeros((), jnp.int32), to_simplex(theta), theta,
             step_size_at(params.schedule, jnp.zeros((), jnp.int32)),
             jnp.zeros((), jnp.int32), jnp.zeros((), bool), jnp.asarray(size, jnp.int32),
-            params.data_passes.astype(dtype), raw_key(key), params,
+            params.data_passes.astype(dtype), raw_key(key), params, local,
         )
 
     return init_one, step

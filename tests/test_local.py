@@ -1,0 +1,199 @@
+"""Local latent variables (continuous sites inside the subsample plate) against known answers.
+
+Random intercepts: y_ij ~ N(z_i, 1), j = 1..m, z_i ~ N(μ, τ²) with τ known, μ ~ N(0, 10²). The
+marginal of a group is ȳ_i ~ N(μ, τ² + 1/m), so the posterior of μ is Gaussian in closed form,
+and the conditional of z_i is N((μ/τ² + Σ_j y_ij) / (1/τ² + m), 1 / (1/τ² + m)) (the exact
+local update). LDA with two topics (SGRLD, the topics global, the documents' proportions
+local) against NUTS on the full data.
+"""
+
+import os
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.diagnostics import effective_sample_size
+from numpyro.infer import MCMC, NUTS
+
+from numpyro_subsample import SGHMC, SGLD, SGRLD, EnergyConservingHMC
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.estimators.local import LocalConfig, local_estimator
+from numpyro_subsample.estimators.selection import uniform_design
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from lda import lda_local_gibbs, lda_model, synthetic_corpus, to_tokens  # noqa: E402
+
+TAU, M, N = 0.7, 4, 2000
+
+
+def intercepts_model(Y, n=50):
+    num, m = Y.shape
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("group", num, subsample_size=n) as idx:
+        z = numpyro.sample("z", dist.Normal(mu, TAU))
+        loc = jnp.broadcast_to(z[:, None], (z.shape[0], m))
+        numpyro.sample("y", dist.Normal(loc, 1.0).to_event(1), obs=Y[idx])
+
+
+def exact_intercepts(rng_key, rows, values, idx, Y, n=50):
+    """z_i | μ, y_i for the groups ``idx``."""
+    del rows, n
+    prec = 1.0 / TAU**2 + Y.shape[1]
+    mean = (values["mu"] / TAU**2 + Y[idx].sum(1)) / prec
+    return {"z": mean + jax.random.normal(rng_key, mean.shape, mean.dtype) / jnp.sqrt(prec)}
+
+
+@pytest.fixture(scope="module")
+def intercepts():
+    rng = np.random.default_rng(0)
+    z = 1.5 + TAU * rng.normal(size=N)
+    Y = (z[:, None] + rng.normal(size=(N, M))).astype(np.float32)
+    v = TAU**2 + 1.0 / M
+    prec = 1.0 / 100.0 + N / v
+    return Y, (Y.mean(1).sum() / v) / prec, prec**-0.5
+
+
+def marginal_grad(Y, mu):
+    """d/dμ of −log p(μ | y) (the prior and the marginal likelihood of every group)."""
+    v = TAU**2 + 1.0 / M
+    return mu / 100.0 - np.sum(Y.mean(1) - mu) / v
+
+
+@pytest.mark.parametrize("kernel, update", [(SGLD, None), (SGHMC, exact_intercepts)],
+                         ids=["sgld-mala", "sghmc-exact"])
+def test_random_intercepts_posterior(intercepts, kernel, update):
+    """μ within 0.2 posterior sd in mean and 0.2 in log-sd; h is small enough that the
+    discretisation and subsample inflate the variance by a few percent, so the tolerance is
+    the Monte Carlo error of ~100 effective draws (about 0.1 sd)."""
+    Y, mean, sd = intercepts
+    # unpreconditioned: h ≈ 0.005 / posterior precision for SGLD; SGHMC with the friction of
+    # the posterior's scale (α ≈ 4 sqrt(precision)) and h α ≈ 0.1
+    opts = {"step_size": 2e-6} if kernel is SGLD else {"step_size": 5e-4, "friction": 200.0}
+    with warnings.catch_warnings():  # SGLD's note on its step_size convention
+        warnings.simplefilter("ignore", DeprecationWarning)
+        k = kernel(model=intercepts_model, estimator="uniform", local_update=update, **opts)
+    mcmc = MCMC(k, num_warmup=2000, num_samples=20000, progress_bar=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.PRNGKey(1), Y)
+    assert not [w for w in seen if "numpyro_subsample" in w.filename], seen  # a sound run
+    s = np.asarray(mcmc.get_samples()["mu"])
+    assert "z" not in mcmc.get_samples()
+    assert abs(s.mean() - mean) / sd < 0.2
+    assert abs(np.log(s.std() / sd)) < 0.2
+    state = mcmc.last_state.est_state
+    assert int(state.visits.min()) > 0  # every group's intercept was drawn
+    if update is None:
+        assert 0.3 < float(state.accept) < 0.9  # MALA steps adapted towards 0.574
+
+
+def test_local_estimator_unbiased(intercepts):
+    """With exact conditional draws of the local sites, the mean of the estimate is the
+    marginal gradient (Fisher's identity): within 4 standard errors over 4000 estimates."""
+    Y, _, _ = intercepts
+    kernel = SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
+                  local_update=exact_intercepts)
+    data = ModelData.from_args((Y,), {})
+    pot = kernel.potential_for(data)
+    est = local_estimator(pot, uniform_design(N, 50, True, jnp.float32),
+                          LocalConfig(update=exact_intercepts))
+    theta = jnp.asarray([1.3], jnp.float32)
+    state, _ = est.init_state(est.params, data)
+
+    @jax.jit
+    def one(key):
+        return est.update(est.params, state, key, theta, data)[0][0]
+
+    g = np.asarray(jax.lax.map(one, jax.random.split(jax.random.PRNGKey(0), 4000)),
+                   np.float64)
+    se = g.std() / np.sqrt(g.size)
+    assert abs(g.mean() - marginal_grad(Y, 1.3)) < 4 * se
+    # and the estimate is not trivially exact: its spread is that of a subsample
+    assert se > 1e-3 * abs(marginal_grad(Y, 1.3))
+
+
+@pytest.fixture(scope="module")
+def small_lda():
+    K, V, D, a, e = 2, 6, 60, 0.5, 0.5
+    counts, _ = synthetic_corpus(D, V, K, 30, seed=1, alpha=a, eta=e)
+
+    def full(counts):
+        with numpyro.plate("topic", K):
+            beta = numpyro.sample("topics", dist.Dirichlet(jnp.full((V,), e)))
+        with numpyro.plate("doc", D):
+            theta = numpyro.sample("theta", dist.Dirichlet(jnp.full((K,), a)))
+            numpyro.sample("words", dist.Multinomial(counts.sum(-1), theta @ beta), obs=counts)
+
+    mcmc = MCMC(NUTS(full), num_warmup=500, num_samples=3000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), counts)
+    return counts, (K, a, e), np.asarray(mcmc.get_samples()["topics"])
+
+
+@pytest.mark.parametrize("update, steps", [(lda_local_gibbs, 1), (None, 20)],
+                         ids=["gibbs", "mala"])
+def test_sgrld_lda_against_nuts(small_lda, update, steps):
+    """Topics of a two-topic LDA (documents' proportions local) against full-data NUTS, after
+    matching the labels. Each coordinate's mean within 0.1 sd (bias allowance of the constant
+    step) plus 3 Monte Carlo standard errors of the difference (from both runs' ESS, ~140
+    and ~1000 here, so about 0.4 sd in all); sds within 0.25 in log (the constant step
+    inflates them by ~10 %, the sd's Monte Carlo error is ~0.06). MALA takes 20 steps per
+    visit here: with 5 the locals lag their conditionals and the topics are off by ~0.8 sd."""
+    counts, (K, a, e), ref = small_lda
+    kernel = SGRLD(lda_model, step_size=3e-4, schedule="constant", local_update=update,
+                   local_steps=steps)
+    mcmc = MCMC(kernel, num_warmup=2000, num_samples=20000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), counts, to_tokens(counts), K, 20, a, e)
+    s = np.asarray(mcmc.get_samples()["topics"])
+    assert np.allclose(s.sum(-1), 1.0, atol=1e-5) and (s > 0).all()
+    rm, rs = ref.mean(0), ref.std(0)
+    if np.abs(s.mean(0)[::-1] - rm).sum() < np.abs(s.mean(0) - rm).sum():
+        s = s[:, ::-1]
+    ess = effective_sample_size(s.reshape(1, s.shape[0], -1)).reshape(rm.shape)
+    ess_ref = effective_sample_size(ref.reshape(1, ref.shape[0], -1)).reshape(rm.shape)
+    se = np.sqrt(1.0 / ess + 1.0 / ess_ref)
+    assert ess.min() > 50
+    assert (np.abs((s.mean(0) - rm) / rs) < 0.1 + 3 * se).all()
+    assert np.abs(np.log(s.std(0) / rs)).max() < 0.25
+
+
+def test_local_sites_errors(intercepts):
+    """Clear errors, raised before sampling, for what local sites do not support."""
+    Y, _, _ = intercepts
+    with pytest.raises(ValueError, match=r"local latent sites \['z'\].*estimator='uniform'"):
+        MCMC(SGHMC(intercepts_model), num_warmup=1, num_samples=1,
+             progress_bar=False).run(jax.random.PRNGKey(0), Y)
+    with pytest.raises(ValueError, match="explicit step_size"):
+        MCMC(SGHMC(intercepts_model, estimator="uniform"), num_warmup=1, num_samples=1,
+             progress_bar=False).run(jax.random.PRNGKey(0), Y)
+    with pytest.raises(ValueError, match="EnergyConservingHMC does not support local"):
+        MCMC(EnergyConservingHMC(intercepts_model), num_warmup=1, num_samples=1,
+             progress_bar=False).run(jax.random.PRNGKey(0), Y)
+
+    def bad_update(rng_key, rows, values, idx, Y, n=50):
+        return {"w": rows["z"]}
+
+    with pytest.raises(ValueError, match=r"local_update must return a dict of the local "
+                                         r"sites \['z'\]"):
+        MCMC(SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
+                   local_update=bad_update),
+             num_warmup=1, num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
+    with pytest.raises(ValueError, match="explicit step_size"):
+        counts, _ = synthetic_corpus(20, 5, 2, 10)
+        MCMC(SGRLD(lda_model), num_warmup=1, num_samples=1,
+             progress_bar=False).run(jax.random.PRNGKey(0), counts, to_tokens(counts), 2, 5)
+
+
+def test_local_site_with_two_values_per_datum_is_refused():
+    def model(Y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("group", Y.shape[0], subsample_size=5) as idx:
+            z = numpyro.sample("z", dist.Normal(mu, 1.0).expand([3, 5]))
+            numpyro.sample("y", dist.Normal(z.sum(0), 1.0), obs=Y[idx])
+
+    with pytest.raises(ValueError, match="Local latent site 'z'.*batch shape"):
+        SGHMC(model, estimator="uniform", step_size=1e-3).preprocess((np.zeros(20),))
