@@ -18,7 +18,7 @@ import pytest
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGRLD
+from numpyro_subsample import SGRLD, to_arviz
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.sgmcmc.simplex import drift_noise, expanded_mean_grad, likelihood_grad
 
@@ -203,17 +203,24 @@ def test_non_dirichlet_site_raises(categorical_data):
 
 
 def test_same_key_same_draws(categorical_data):
+    """Reproducible draws; and the run converts to ArviZ with the integer data passed as a
+    NumPy array (ArviZ traces the model with tracer plate indices)."""
     y, _ = categorical_data
+    assert isinstance(y, np.ndarray) and y.dtype.kind == "i"
 
     def run(seed):
         mcmc = MCMC(SGRLD(categorical_model, estimator="stratified", num_strata=V),
                     num_warmup=50, num_samples=200, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(seed), y)
-        return np.asarray(mcmc.get_samples()["pi"])
+        return mcmc
 
-    first = run(0)
-    np.testing.assert_array_equal(first, run(0))
-    assert not np.array_equal(first, run(1))
+    mcmc = run(0)
+    first = np.asarray(mcmc.get_samples()["pi"])
+    np.testing.assert_array_equal(first, np.asarray(run(0).get_samples()["pi"]))
+    assert not np.array_equal(first, np.asarray(run(1).get_samples()["pi"]))
+    idata = to_arviz(mcmc, check=False)
+    assert idata.posterior["pi"].shape == (1, 200, V)
+    np.testing.assert_array_equal(idata.observed_data["y"].values, y)
 
 
 def test_float64_under_x64():
@@ -225,7 +232,7 @@ def test_float64_under_x64():
         from numpyro.infer import MCMC
         from test_sgrld import categorical_model
         y = np.random.default_rng(0).choice(5, size=500).astype(np.int32)
-        from numpyro_subsample import SGRLD
+        from numpyro_subsample import SGRLD, to_arviz
         mcmc = MCMC(SGRLD(categorical_model), num_warmup=10, num_samples=50,
                     progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), y, n=20)

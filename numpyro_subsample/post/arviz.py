@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from functools import partial
 
@@ -294,7 +295,7 @@ def to_arviz(
     if run_check is None:
         run_check = check_run(mcmc, warn=check, stacklevel=3)
     data = run_data(mcmc)
-    idata = az.from_numpyro(mcmc, log_likelihood=False, **kwargs)
+    idata = az.from_numpyro(_with_jax_arrays(mcmc), log_likelihood=False, **kwargs)
     plate = kernel.potential.plate
     obs = full_observed_data(mcmc, data)
     observed = xr.Dataset({
@@ -331,3 +332,17 @@ def to_arviz(
 
         add_zv_groups(idata, mcmc, degree=1 if zv is True else int(zv), data=data)
     return idata
+
+
+def _with_jax_arrays(mcmc):
+    """A shallow copy of ``mcmc`` whose model arguments hold JAX arrays in place of NumPy
+    ones: ArviZ traces the model under ``jax.eval_shape``, where the plate's indices are
+    tracers, and a NumPy array cannot be indexed by a tracer."""
+    view = copy.copy(mcmc)
+
+    def conv(x):
+        return jnp.asarray(x) if isinstance(x, np.ndarray) else x
+
+    view._args = jax.tree.map(conv, mcmc._args)
+    view._kwargs = jax.tree.map(conv, mcmc._kwargs)
+    return view
