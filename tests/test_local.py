@@ -20,7 +20,7 @@ import pytest
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_subsample import SGHMC, SGLD, SGRLD, EnergyConservingHMC
+from numpyro_subsample import SGHMC, SGLD, SGNHT, SGRLD, EnergyConservingHMC
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.estimators.local import LocalConfig, local_estimator
 from numpyro_subsample.estimators.selection import uniform_design
@@ -64,15 +64,16 @@ def marginal_grad(Y, mu):
     return mu / 100.0 - np.sum(Y.mean(1) - mu) / v
 
 
-@pytest.mark.parametrize("kernel, update", [(SGLD, None), (SGHMC, exact_intercepts)],
-                         ids=["sgld-mala", "sghmc-exact"])
+@pytest.mark.parametrize("kernel, update", [(SGLD, None), (SGHMC, exact_intercepts),
+                                            (SGNHT, None)],
+                         ids=["sgld-mala", "sghmc-exact", "sgnht-mala"])
 def test_random_intercepts_posterior(intercepts, kernel, update):
     """μ within 0.2 posterior sd in mean and 0.2 in log-sd; h is small enough that the
     discretisation and subsample inflate the variance by a few percent, so the tolerance is
     the Monte Carlo error of ~100 effective draws (about 0.1 sd)."""
     Y, mean, sd = intercepts
-    # unpreconditioned: h ≈ 0.005 / posterior precision for SGLD; SGHMC with the friction of
-    # the posterior's scale (α ≈ 4 sqrt(precision)) and h α ≈ 0.1
+    # unpreconditioned: h ≈ 0.005 / posterior precision for SGLD; SGHMC / SGNHT with the
+    # friction (diffusion) of the posterior's scale (α ≈ 4 sqrt(precision)) and h α ≈ 0.1
     opts = {"step_size": 2e-6} if kernel is SGLD else {"step_size": 5e-4, "friction": 200.0}
     with warnings.catch_warnings():  # SGLD's note on its step_size convention
         warnings.simplefilter("ignore", DeprecationWarning)
