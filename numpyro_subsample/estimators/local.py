@@ -20,9 +20,10 @@ approaches from its warm start: the table of the last value of every datum's z_i
 N × size of one z_i, as one more data column) is the estimator's state. Draws of z are not
 returned (only θ is).
 
-MALA uses one step size per datum, adapted towards an acceptance rate of 0.574 during its
-first ``adapt_visits`` visits and fixed afterwards (then each update leaves the datum's
-conditional exactly invariant).
+MALA uses one step size per datum, adapted towards an acceptance rate of 0.574 by
+Robbins-Monro steps whose gain decays as (1 + visits)^(−0.6) (diminishing adaptation, Roberts
+and Rosenthal 2007), so that a step adapted where the datum's conditional used to be recovers
+when θ has moved.
 """
 
 from __future__ import annotations
@@ -77,13 +78,11 @@ class LocalConfig(NamedTuple):
     ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows`` (``rows``:
     the constrained local values of the subsample, {site: (m, *row)}; ``values``: the
     constrained global sites and deterministic sites outside the plate), or None for MALA;
-    ``adapt_visits``: visits during which a datum's MALA step adapts; ``init_step``: the first
-    MALA step.
+    ``init_step``: the first MALA step.
     """
 
     steps: int = DEFAULT_LOCAL_STEPS
     update: Callable | None = None
-    adapt_visits: int = 5
     init_step: float = 0.1
 
 
@@ -108,7 +107,7 @@ def mala_rows(
     local: tuple[LocalSite, ...],
     rows: dict,
     log_step: jax.Array,
-    adapt: jax.Array,
+    gain: jax.Array,
     steps: int,
 ) -> tuple[dict, jax.Array, jax.Array]:
     """MALA on m independent rows in each site's unconstrained space.
@@ -116,7 +115,7 @@ def mala_rows(
     ``log_density(rows) -> (m,)`` is the log density of each row's constrained values (the
     rows are independent given the globals, so one gradient of the sum gives every row's
     gradient and each row has its own accept step). Returns the new rows, the log steps
-    (moved towards acceptance 0.574 where ``adapt``) and the mean acceptance rate.
+    (moved towards acceptance 0.574 by ``gain`` (m,) per step) and the mean acceptance rate.
     """
     m = log_step.shape[0]
     transforms = {s.name: biject_to(s.support) for s in local}
@@ -167,7 +166,7 @@ def mala_rows(
         u = {k: sel(prop[k], u[k]) for k in u}
         g = {k: sel(g1[k], g[k]) for k in g}
         lp = jnp.where(take, lp1, lp)
-        log_eps = jnp.where(adapt, log_eps + _ADAPT_GAIN * (a - _TARGET_ACCEPT), log_eps)
+        log_eps = log_eps + gain * (a - _TARGET_ACCEPT)
         return (u, lp, g, log_eps), jnp.mean(a)
 
     (u, _, _, log_step), acc = jax.lax.scan(
@@ -192,8 +191,8 @@ def update_rows(
     rows = {k: v[idx] for k, v in state.values.items()}
     log_step = state.log_step[idx]
     if cfg.update is None:
-        adapt = state.visits[idx] < cfg.adapt_visits
-        rows, log_step, acc = mala_rows(key, log_density, local, rows, log_step, adapt,
+        gain = _ADAPT_GAIN / (1.0 + state.visits[idx].astype(log_step.dtype)) ** 0.6
+        rows, log_step, acc = mala_rows(key, log_density, local, rows, log_step, gain,
                                         cfg.steps)
     else:
         args, kwargs = data.args_kwargs()
