@@ -130,13 +130,13 @@ def small_lda():
             theta = numpyro.sample("theta", dist.Dirichlet(jnp.full((K,), a)))
             numpyro.sample("words", dist.Multinomial(counts.sum(-1), theta @ beta), obs=counts)
 
-    mcmc = MCMC(NUTS(full), num_warmup=400, num_samples=2000, progress_bar=False)
+    mcmc = MCMC(NUTS(full), num_warmup=300, num_samples=1500, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), counts)
     return counts, (K, a, e), np.asarray(mcmc.get_samples()["topics"])
 
 
-@pytest.mark.parametrize("update, steps", [(lda_local_gibbs, 1), (None, 5)],
-                         ids=["gibbs", "mala"])
+# MALA local updates are checked on the random intercepts above; here the Gibbs conditional
+@pytest.mark.parametrize("update, steps", [(lda_local_gibbs, 1)], ids=["gibbs"])
 def test_sgrld_lda_against_nuts(small_lda, update, steps):
     """Topics of a two-topic LDA (documents' proportions local) against full-data NUTS, after
     matching the labels. Each coordinate's mean within 0.1 sd (bias allowance of the constant
