@@ -33,16 +33,11 @@ from numpyro_subsample.core.potential import ModelData, Potential, build_potenti
 __all__ = ["SubsampleKernel", "default_progress", "preprocess_keys"]
 
 
-@jax.jit
-def _split4(key: jax.Array) -> tuple[jax.Array, ...]:
-    return tuple(jax.random.split(key, 4))
-
-
 def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
-    """Four keys from the kernel's ``seed`` (model trace, proxy, estimator, noise), split by
-    one compiled program (eager splits would each compile a small program)."""
-    raw = jnp.asarray(np.array([0, int(seed) % 2**32], np.uint32))  # = PRNGKey(seed)
-    return _split4(raw)
+    """Four raw uint32[2] keys from the kernel's ``seed`` (model trace, proxy, estimator,
+    noise), made by NumPy's ``SeedSequence`` (a split by JAX would compile a program)."""
+    bits = np.random.SeedSequence(int(seed) % 2**32).generate_state(8, np.uint32)
+    return tuple(jnp.asarray(k) for k in bits.reshape(4, 2))
 
 
 @lru_cache(maxsize=64)

@@ -40,6 +40,7 @@ import numpy as np
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData
+from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.noise_covariance import point_covariances
 from numpyro_subsample.estimators.noise_matrix_free import matrix_free_noise
@@ -92,12 +93,22 @@ class WhitenedNoise(NamedTuple):
     along: np.ndarray | None = None
 
 
+@jax.jit
+def _shifted(centre: jax.Array, point_tril: Scale, z: jax.Array) -> jax.Array:
+    return jnp.concatenate([centre[None], centre + whiten_matvec(point_tril, z)])
+
+
 def noise_points(
     centre: jax.Array, point_tril: Scale, rng_key: jax.Array, num_points: int = 4
 ) -> jax.Array:
-    """The centre and ``num_points − 1`` draws from N(centre, L Lᵀ), L = ``point_tril``."""
-    z = jax.random.normal(rng_key, (int(num_points) - 1, centre.shape[0]), centre.dtype)
-    return jnp.concatenate([centre[None], centre + whiten_matvec(point_tril, z)])
+    """The centre and ``num_points − 1`` draws from N(centre, L Lᵀ), L = ``point_tril``.
+
+    The standard normals come from NumPy's generator seeded with the bits of ``rng_key`` (the
+    same key gives the same points): a one-off draw that needs no compiled program.
+    """
+    seed = np.asarray(raw_key(rng_key), np.uint32).ravel()
+    z = np.random.default_rng(seed).standard_normal((int(num_points) - 1, centre.shape[0]))
+    return _shifted(centre, point_tril, jnp.asarray(z.astype(centre.dtype)))
 
 
 def _projections(cov: np.ndarray, basis: np.ndarray) -> np.ndarray:

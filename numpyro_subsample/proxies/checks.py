@@ -33,7 +33,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
@@ -73,17 +72,23 @@ MAX_AXES = 128  # coordinates visited by the axis excursions (2 evaluations of f
 
 def coordinate_labels(potential: Potential) -> tuple[str, ...]:
     """The site (and index) of each flat coordinate of θ, e.g. ``('beta[0]', 'beta[1]', 'tau')``."""
-    d = potential.dim
-    layout = potential.unravel(jnp.arange(d, dtype=potential.init_theta.dtype))
-    labels = [""] * d
-    for name, pos in layout.items():
-        pos = np.rint(np.asarray(pos)).astype(np.int64)
-        if pos.ndim == 0:
-            labels[int(pos)] = name
+    labels = []
+    for name, shape in _layout(potential).items():  # in the order of the flat vector
+        if not shape:
+            labels.append(name)
             continue
-        for multi in np.ndindex(pos.shape):
-            labels[int(pos[multi])] = f"{name}[{','.join(map(str, multi))}]"
+        labels += [f"{name}[{','.join(map(str, multi))}]" for multi in np.ndindex(shape)]
     return tuple(labels)
+
+
+def _layout(potential: Potential) -> dict:
+    """``{site: shape}`` of the unconstrained latent sites, in the order ``unravel`` reads
+    the flat θ (found without evaluating anything)."""
+    shapes = jax.eval_shape(potential.unravel, potential.init_theta)
+    leaves, treedef = jax.tree.flatten(shapes)
+    order = jax.tree.unflatten(treedef, list(range(len(leaves))))
+    names = sorted(order, key=order.get)
+    return {name: tuple(shapes[name].shape) for name in names}
 
 
 def _identity(transform) -> bool:
@@ -109,10 +114,8 @@ def transformed_coordinates(potential: Potential, data: ModelData) -> np.ndarray
         return jnp.zeros(())
 
     jax.eval_shape(run, data)
-    layout = potential.unravel(jnp.zeros(potential.dim, potential.init_theta.dtype))
-    flat = {k: np.full(np.shape(v), constrained[k], bool) for k, v in layout.items()}
-    mask, _ = ravel_pytree(flat)
-    return np.asarray(mask, bool)
+    return np.concatenate([np.full(int(np.prod(shape)), constrained[name], bool)
+                           for name, shape in _layout(potential).items()] or [np.zeros(0, bool)])
 
 
 def describe(labels, values, *, top: int = 3, fmt: str = "{:.3g}") -> str:

@@ -270,9 +270,10 @@ def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop
     messages += [boundary] if boundary else []
     sd = np.sqrt(np.diag(cov))
     axes = excursion_axes(sd)
-    rises = np.asarray(axis_excursions(
-        potential, theta, jnp.asarray(sd, theta.dtype), jnp.asarray(axes), data, chunk_size
-    ))
+    sd_arr = jnp.asarray(np.asarray(sd, theta.dtype))
+    rises = np.asarray(
+        axis_excursions(potential, theta, sd_arr, jnp.asarray(axes), data, chunk_size)
+    )
     found = excursion_messages(
         [labels[k] for k in axes], sd[axes], gn[axes], np.diag(hn)[axes], rises
     )
