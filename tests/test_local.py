@@ -20,7 +20,16 @@ import pytest
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_subsample import SGHMC, SGLD, SGNHT, SGRLD, EnergyConservingHMC
+from numpyro_subsample import (
+    SGHMC,
+    SGLD,
+    SGNHT,
+    SGRLD,
+    EnergyConservingHMC,
+    to_arviz,
+    zv_mean,
+    zv_summary,
+)
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.estimators.local import LocalConfig, local_estimator
 from numpyro_subsample.estimators.selection import uniform_design
@@ -142,9 +151,7 @@ def test_sgrld_lda_against_nuts(small_lda, update, steps):
     matching the labels. Each coordinate's mean within 0.1 sd (bias allowance of the constant
     step) plus 3 Monte Carlo standard errors of the difference (from both runs' ESS, ~100
     and ~500 here, so about 0.45 sd in all); sds within 0.25 in log (the constant step
-    inflates them by ~10 %, the sd's Monte Carlo error is ~0.06). MALA with its default 5 steps
-    per visit: with its per-datum steps frozen after a few visits, a datum whose step had been
-    adapted elsewhere stopped moving and a topic was off by 0.9 sd here."""
+    inflates them by ~10 %, the sd's Monte Carlo error is ~0.06)."""
     counts, (K, a, e), ref = small_lda
     kernel = SGRLD(lda_model, step_size=3e-4, schedule="constant", local_update=update,
                    local_steps=steps)
@@ -188,6 +195,31 @@ def test_local_sites_errors(intercepts):
         counts, _ = synthetic_corpus(20, 5, 2, 10)
         MCMC(SGRLD(lda_model), num_warmup=1, num_samples=1,
              progress_bar=False).run(jax.random.PRNGKey(0), counts, to_tokens(counts), 2, 5)
+
+
+@pytest.mark.filterwarnings("ignore:This run may be wrong")  # 20 draws: not mixed
+def test_local_sites_refuse_marginal_quantities(intercepts):
+    """What needs p(x_i | θ) or the marginal gradient is refused, not computed from the joint:
+    an explicit proxy, proxy options or noise correction, the pointwise log-likelihood, ZV."""
+    Y, _, _ = intercepts
+    base = dict(estimator="uniform", step_size=1e-6, local_update=exact_intercepts)
+    for extra, what in [({"proxy": "variational"}, "no proxy"),
+                        ({"proxy_kwargs": {"num_epochs": 1}}, "no proxy_kwargs"),
+                        ({"noise_correction": True}, "noise_correction left out")]:
+        with pytest.raises(ValueError, match=rf"local latent sites \['z'\].*{what}"):
+            MCMC(SGHMC(intercepts_model, **base, **extra), num_warmup=1, num_samples=1,
+                 progress_bar=False).run(jax.random.PRNGKey(0), Y)
+    mcmc = MCMC(SGHMC(intercepts_model, **base), num_warmup=5, num_samples=20,
+                progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), Y, extra_fields=("grad",))
+    with pytest.raises(ValueError, match=r"log p\(x_i \| θ\) of a model with local latent"):
+        to_arviz(mcmc, log_likelihood=True)
+    with pytest.raises(ValueError, match=r"ZV needs the gradient of the marginal posterior"):
+        zv_mean(mcmc)
+    idata = to_arviz(mcmc)  # the draws themselves convert
+    assert "mu" in idata.posterior and idata.posterior.attrs["local_sites"] == "z"
+    with pytest.raises(ValueError, match=r"local latent sites \(z\)"):
+        zv_summary(idata)
 
 
 def test_local_site_with_two_values_per_datum_is_refused():

@@ -125,6 +125,13 @@ def log_likelihood_pass(
     ``chunk_size`` data (estimated, the other half). A chunk holds at least one draw. One
     compiled program per potential and chunk shape.
     """
+    if potential.local:
+        raise ValueError(
+            f"log p(x_i | θ) of a model with local latent sites {list(potential.local_sites)} "
+            f"inside the plate '{potential.plate.name}' is an integral over them, which the "
+            "draws (global sites only) cannot give; leave log_likelihood out, or marginalise "
+            "the local sites out of the model."
+        )
     bound = parse_memory(chunk_memory)
     latent = {k: np.asarray(latent[k]) for k in potential.latent_sites}
     num_draws = int(np.shape(latent[potential.latent_sites[0]])[0])
@@ -322,6 +329,7 @@ def to_arviz(
         "preprocessing_data_passes": float(pre.data_passes),
         "num_data": int(plate.size),
         "plate": plate.name,
+        "local_sites": ",".join(kernel.potential.local_sites) or None,
     }
     attrs = {k: v for k, v in attrs.items() if v is not None}
     for group in ("posterior", "sample_stats"):

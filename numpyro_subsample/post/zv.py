@@ -126,6 +126,13 @@ def _draws_from_mcmc(mcmc, fn, degree, unconstrained, data) -> Draws | None:
 
 
 def _draws_from_idata(idata, fn, degree, unconstrained) -> Draws:
+    local = idata.posterior.attrs.get("local_sites") if "posterior" in idata.groups() else None
+    if local:
+        raise ValueError(
+            f"ZV needs the gradient of the marginal posterior of the global sites; this run's "
+            f"model has local latent sites ({local}), whose chain gradient is the joint's at "
+            "their current values. Use the plain means of the draws."
+        )
     if "sample_stats" not in idata.groups() or "grad" not in idata.sample_stats:
         raise ValueError(
             "The InferenceData has no sample_stats.grad: run MCMC with "
@@ -213,7 +220,7 @@ def zv_fit(
         check_covariates(draws.U.shape[-1], degree)
         return make_result(fit_draws(draws, by_chain, cross_fit, ridge), draws.unflatten,
                        by_chain, degree)
-    _kernel_of(source)
+    _refuse_local(_kernel_of(source))
     data = run_data(source) if data is None else data
     draws = None
     if mode in ("auto", "stored"):
@@ -234,6 +241,22 @@ def zv_fit(
     stats, unflatten = _streamed(source, degree, data)
     check_covariates(int(np.shape(stats.mean_u)[-1]), degree)
     return make_result(fit_stats(stats, by_chain, ridge), unflatten, by_chain, degree)
+
+
+def _refuse_local(kernel: Any) -> None:
+    """ZV needs ∇log π(θ) of the marginal posterior; with local latent sites the chain's
+    gradient is that of the joint at the current local values."""
+    try:
+        pot = kernel.preprocessed.potential
+    except (AttributeError, RuntimeError):  # not a package kernel, or not run yet
+        return
+    if pot.local:
+        raise ValueError(
+            f"ZV needs the gradient of the marginal posterior of the global sites; the model's "
+            f"local latent sites {list(pot.local_sites)} inside the plate '{pot.plate.name}' "
+            "give the chain only the joint's gradient at their current values. Use the plain "
+            "means of the draws."
+        )
 
 
 def _streamed(mcmc, degree: int, data: ModelData) -> tuple[ZVStats, Callable]:

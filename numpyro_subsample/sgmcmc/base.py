@@ -25,14 +25,13 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
-from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig, local_estimator
+from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
     STATEFUL,
     check_estimator_request,
     configure_estimator,
 )
-from numpyro_subsample.estimators.selection import uniform_design
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.sgmcmc.chain import (
@@ -44,13 +43,18 @@ from numpyro_subsample.sgmcmc.chain import (
     chain_programs,
 )
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
-from numpyro_subsample.sgmcmc.noise_refine import corrected_noise_scale, noise_and_step_size
+from numpyro_subsample.sgmcmc.noise_refine import (
+    corrected_noise_scale,
+    noise_and_step_size,
+    with_time_step,
+)
 from numpyro_subsample.sgmcmc.preprocess import (
     STRUCTURED,
     ProxyRequest,
     check_dimension,
     check_request,
     fit_proxy,
+    local_preprocessing,
     proxy_choice,
     whitened_curvature,
     whitening,
@@ -139,15 +143,12 @@ class SGMCMCKernel(SubsampleKernel):
         co-moments per chain (whatever the proxy); degree 2 is refused above
         :data:`MAX_ZV_DEGREE2_DIM` parameters.
     local_update, local_steps
-        For a model with local latent sites (continuous sites inside the plate, one value per
-        datum; :mod:`~numpyro_subsample.estimators.local`): the sites of each subsample are
-        moved given θ before its gradient, by ``local_update(rng_key, rows, values, idx,
-        *model_args, **model_kwargs) -> rows`` (an exact conditional: ``rows`` the
-        constrained local values of the subsample, {site: (m, ...)}, ``values`` the
-        constrained global sites) or, by default, by ``local_steps`` MALA steps. Such models
-        need ``estimator="uniform"`` and an explicit ``step_size``, and run without proxy or
-        preconditioning (the proxy, the control variates and the default step-size rule
-        need p(x_i | θ), an integral over the local sites); the draws hold θ only.
+        For a model with local latent sites (one value per datum inside the plate): an exact
+        conditional ``local_update(rng_key, rows, values, idx, *model_args, **model_kwargs)
+        -> rows``, else ``local_steps`` MALA steps, move the subsample's sites before its
+        gradient (:mod:`~numpyro_subsample.estimators.local`, ``docs/local_latents.md``).
+        Such models need ``estimator="uniform"`` and an explicit ``step_size``; a proxy,
+        ``proxy_kwargs``, ``noise_correction=True`` or ZV are refused (they need p(x_i | θ)).
     **estimator_options
         Further options of the estimator (see its module).
     """
@@ -263,14 +264,7 @@ class SGMCMCKernel(SubsampleKernel):
         new = copy.copy(self)
         new._step_size, new._step = h, None
         if self._pre is not None:
-            pre = self._pre
-            dtype = pre.centre.dtype
-            h_arr = jnp.asarray(np.asarray(h, dtype))
-            scale = (corrected_noise_scale(pre.noise_cov, h, dtype, new._diffusion, stacklevel=4)
-                     if pre.noise_corrected else None)
-            new._pre = pre._replace(
-                step_size=h, params=pre.params._replace(step_size=h_arr, noise_scale=scale)
-            )
+            new._pre = with_time_step(self._pre, h, new._diffusion)
         return new
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
@@ -355,39 +349,12 @@ class SGMCMCKernel(SubsampleKernel):
         )
 
     def _preprocess_local(self, potential: Potential) -> Preprocessed:
-        """A model with local latent sites: no proxy, the uniform design, the given step."""
-        t0 = time.perf_counter()
-        needs = []
-        if self.estimator_name != "uniform":
-            needs.append(f"estimator='uniform' (got {self.estimator_name!r})")
-        if self.estimator_options:
-            needs.append(f"no estimator options (got {sorted(self.estimator_options)})")
-        if self._step_size is None:
-            needs.append("an explicit step_size (got None)")
-        if self.zv_stream:
-            needs.append("zv_stream=False")
-        if needs:
-            raise ValueError(
-                f"{type(self).__name__}: the model has local latent sites "
-                f"{list(potential.local_sites)} inside the subsample plate "
-                f"'{potential.plate.name}', which needs {'; '.join(needs)}: the proxy, the "
-                "control variates, the default step-size rule and ZV need the marginal "
-                "p(x_i | θ), an integral over the local sites. Pass estimator='uniform' and "
-                "a step_size (e.g. from a short pilot run), or SGRLD for Dirichlet globals."
-            )
-        design = uniform_design(potential.num_data, potential.plate.subsample_size,
-                                self.replace, potential.init_theta.dtype)
-        estimator = local_estimator(potential, design, self.local)
-        wh = whitening(None, potential, preconditioning=False,
-                       structured=self._is_structured(potential.dim))
-        dtype = wh.centre.dtype
-        h = float(self._step_size)
-        params = SamplerParams(
-            wh.centre, wh.scale_tril, jnp.asarray(np.asarray(h, dtype)), estimator.params,
-            wh.init_tril, jnp.zeros((), dtype), None,
-        )
-        return Preprocessed(potential, None, estimator, h, float("nan"), wh.centre,
-                            wh.scale_tril, time.perf_counter() - t0, 0.0, params)
+        """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
+        given = dict(estimator=self.estimator_name, estimator_options=self.estimator_options,
+                     step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
+                     proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given)
+        return local_preprocessing(type(self).__name__, potential, given, self.replace,
+                                   self.local, self._is_structured(potential.dim))
 
     # -- the functional core --------------------------------------------------------------------
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:

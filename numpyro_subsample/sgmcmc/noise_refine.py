@@ -28,7 +28,7 @@ from numpyro_subsample.estimators.noise import (
     warn_if_noise_limited,
     whitened_noise,
 )
-from numpyro_subsample.sgmcmc.chain import Whitening
+from numpyro_subsample.sgmcmc.chain import Preprocessed, Whitening
 from numpyro_subsample.sgmcmc.dynamics import injected_noise_scale
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "corrected_noise_scale",
     "noise_and_step_size",
     "refine_noise",
+    "with_time_step",
 ]
 
 #: At most this many extra batches of 9 proxy draws (one data pass each) refine the noise
@@ -158,3 +159,14 @@ def noise_and_step_size(
     if step_size is None:
         warn_if_noise_limited(estimator, noise, h, stacklevel=3)
     return NoiseStep(measured, errors, h)
+
+
+def with_time_step(pre: Preprocessed, step_size: float, diffusion: float) -> Preprocessed:
+    """``pre`` with time step ``step_size`` (and, for a noise-corrected dynamic, the injected
+    noise's scale for it, :func:`corrected_noise_scale`)."""
+    dtype = pre.centre.dtype
+    h_arr = jnp.asarray(np.asarray(step_size, dtype))
+    scale = (corrected_noise_scale(pre.noise_cov, step_size, dtype, diffusion, stacklevel=5)
+             if pre.noise_corrected else None)
+    return pre._replace(step_size=float(step_size),
+                        params=pre.params._replace(step_size=h_arr, noise_scale=scale))

@@ -1,5 +1,6 @@
-"""The proxy of the stochastic-gradient kernels: its choice, fit and whitening, and the checks
-of a kernel's options made before it is fitted.
+"""The proxy of the stochastic-gradient kernels: its choice, fit and whitening, the checks of
+a kernel's options made before it is fitted, and the preprocessing of a model with local
+latent sites (no proxy).
 
 Plain functions of explicit arguments, called by
 :class:`~numpyro_subsample.sgmcmc.kernel.SGMCMCKernel`. A structured proxy (``"diagonal"``,
@@ -11,19 +12,23 @@ sampling step then form no d × d array.
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.local import LocalConfig, local_estimator
 from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_request
+from numpyro_subsample.estimators.selection import uniform_design
 from numpyro_subsample.estimators.zv import check_covariates
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.whitening import identity_scale, proxy_scale
-from numpyro_subsample.sgmcmc.chain import Whitening
+from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
 
 __all__ = [
     "DEFAULT_RANK",
@@ -34,6 +39,7 @@ __all__ = [
     "check_dimension",
     "check_request",
     "fit_proxy",
+    "local_preprocessing",
     "proxy_choice",
     "whitened_curvature",
     "whitening",
@@ -263,3 +269,56 @@ def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: b
         return 1.0
     c = max(float(c), float(info.get("eigenvalue_floor", 0.0)))
     return max(1.0, float(ritz[k]) / c) if c > 0 else 1.0
+
+
+def local_preprocessing(label: str, potential: Potential, given: dict, replace: bool,
+                        local: LocalConfig, structured: bool) -> Preprocessed:
+    """The preprocessing of a model with local latent sites
+    (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, the given
+    step. ``given``: the kernel's ``estimator``, ``estimator_options``, ``step_size``,
+    ``zv_stream``, ``proxy``, ``proxy_kwargs`` and ``noise_correction`` (as passed: None when
+    left out).
+
+    Raises
+    ------
+    ValueError
+        An option that needs the marginal p(x_i | θ), naming it and the value given.
+    """
+    t0 = time.perf_counter()
+    needs = []
+    if given["estimator"] != "uniform":
+        needs.append(f"estimator='uniform' (got {given['estimator']!r})")
+    if given["estimator_options"]:
+        needs.append(f"no estimator options (got {sorted(given['estimator_options'])})")
+    if given["step_size"] is None:
+        needs.append("an explicit step_size (got None)")
+    if given["zv_stream"]:
+        needs.append("zv_stream=False")
+    if not (isinstance(given["proxy"], str) and given["proxy"] == "laplace"):
+        needs.append("no proxy (got proxy=" + (repr(given["proxy"]) if isinstance(
+            given["proxy"], str) else type(given["proxy"]).__name__) + ")")
+    if given["proxy_kwargs"]:
+        needs.append(f"no proxy_kwargs (got {sorted(given['proxy_kwargs'])})")
+    if given["noise_correction"]:
+        needs.append("noise_correction left out (got True)")
+    if needs:
+        raise ValueError(
+            f"{label}: the model has local latent sites {list(potential.local_sites)} inside "
+            f"the subsample plate '{potential.plate.name}', which needs {'; '.join(needs)}: the "
+            "proxy, the control variates, the default step-size rule, the noise correction "
+            "and ZV need the marginal p(x_i | θ), an integral over the local sites. Pass "
+            "estimator='uniform' and a step_size (e.g. from a short pilot run), or SGRLD for "
+            "Dirichlet globals."
+        )
+    design = uniform_design(potential.num_data, potential.plate.subsample_size, replace,
+                            potential.init_theta.dtype)
+    estimator = local_estimator(potential, design, local)
+    wh = whitening(None, potential, preconditioning=False, structured=structured)
+    dtype = wh.centre.dtype
+    h = float(given["step_size"])
+    params = SamplerParams(
+        wh.centre, wh.scale_tril, jnp.asarray(np.asarray(h, dtype)), estimator.params,
+        wh.init_tril, jnp.zeros((), dtype), None,
+    )
+    return Preprocessed(potential, None, estimator, h, float("nan"), wh.centre, wh.scale_tril,
+                        time.perf_counter() - t0, 0.0, params)
