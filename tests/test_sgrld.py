@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from numpyro.infer import MCMC
 
 from numpyro_subsample import SGRLD, to_arviz
 from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.proxies.variational import fit_variational
 from numpyro_subsample.sgmcmc.simplex import drift_noise, expanded_mean_grad, likelihood_grad
 
 HERE = os.path.dirname(__file__)
@@ -221,6 +223,33 @@ def test_same_key_same_draws(categorical_data):
     idata = to_arviz(mcmc, check=False)
     assert idata.posterior["pi"].shape == (1, 200, V)
     np.testing.assert_array_equal(idata.observed_data["y"].values, y)
+
+
+def test_preprocessing_does_not_evaluate_the_model_eagerly(categorical_data):
+    """NumPyro validates a distribution's arguments when the model runs on concrete values;
+    float32 rounding of a product such as LDA's θ β can then fail the simplex check (a sum 1 +
+    1e-6). The kernel evaluates its model only inside compiled programs, where that check is
+    skipped, as for NUTS. The rounding is exaggerated here (1 + 1e-5)."""
+    y, _ = categorical_data
+
+    def rounded(y, n=100):
+        pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(V)))
+        with numpyro.plate("data", y.shape[0], subsample_size=n) as idx:
+            numpyro.sample("y", dist.Categorical(probs=pi * (1 + 1e-5)), obs=y[idx])
+
+    with pytest.raises(ValueError, match="invalid probs"):  # eager evaluation would fail
+        numpyro.handlers.seed(rounded, 0)(y)
+    mcmc = MCMC(SGRLD(rounded, step_size=0.01), num_warmup=10, num_samples=20,
+                progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), y)
+    idata = to_arviz(mcmc, check=False, log_likelihood=True)  # ArviZ runs the model too
+    assert idata.log_likelihood["y"].shape == (1, 20, y.shape[0])
+    data = ModelData.from_args((y,), {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 10 SVI steps: the fit warns
+        fit_variational(mcmc.sampler.potential_for(data), data, jax.random.PRNGKey(0),
+                        block_size=10, max_steps=10, num_eval_particles=2,
+                        num_moment_samples=100, store_datum_grads=False)  # autoguide setup
 
 
 def test_float64_under_x64():

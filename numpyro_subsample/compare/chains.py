@@ -24,6 +24,7 @@ from numpyro.util import fori_collect
 from numpyro_subsample.compare.checks import DrawsRun, record_warnings, run_checks
 from numpyro_subsample.compare.problems import Method, Problem
 from numpyro_subsample.compare.timing import CompileTimer
+from numpyro_subsample.core.adapter import constrained
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
@@ -184,7 +185,7 @@ def run_hmcecs(problem: Problem, settings: Settings, shared: SharedProxy, *, see
     """
     N, n = problem.num_data, problem.subsample_size
     z_hat = shared.potential.unravel(shared.proxy.centre)
-    ref_params = {k: v for k, v in shared.potential.constrain(z_hat, shared.data).items()
+    ref_params = {k: v for k, v in constrained(shared.potential, z_hat, shared.data).items()
                   if k in z_hat}
     kernel = HMCECS(NUTS(problem.model), num_blocks=100 if n >= 100 else 1,
                     proxy=HMCECS.taylor_proxy(ref_params))

@@ -30,7 +30,7 @@ from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
-__all__ = ["SubsampleKernel", "default_progress", "preprocess_keys"]
+__all__ = ["SubsampleKernel", "constrained", "default_progress", "preprocess_keys"]
 
 
 def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
@@ -51,8 +51,10 @@ def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0) -> Callab
 
 
 @partial(jax.jit, static_argnums=0)
-def _constrain(potential: Potential, z: dict, data: ModelData) -> dict:
-    """Constrained latent values and deterministic sites (compiled once per potential).
+def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
+    """Constrained latent values and deterministic sites of unconstrained ``z`` (compiled once
+    per potential; evaluated eagerly, the model would validate its distributions' arguments
+    at concrete values, where float32 rounding can fail NumPyro's simplex checks).
 
     Deterministic sites inside the data plate are evaluated on the plate's first n rows
     (indices 0..n−1, n the model's ``subsample_size``), the same rows for every draw: O(n) per
@@ -202,7 +204,7 @@ class SubsampleKernel(MCMCKernel):
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
         data = ModelData.from_args(model_args, model_kwargs)
         potential = self.potential_for(data)
-        return partial(_constrain, potential, data=data)
+        return partial(constrained, potential, data=data)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -1,4 +1,9 @@
-"""ArviZ output for runs of the package's kernels (any :class:`SubsampleKernelLike`)."""
+"""ArviZ output for runs of the package's kernels (any :class:`SubsampleKernelLike`).
+
+ArviZ runs the model on concrete values (a prior trace for its dimensions); that run is made
+with NumPyro's argument validation off, as the sampler's compiled runs are: at concrete
+float32 values a product such as LDA's θ β can fail NumPyro's simplex check by rounding.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 from numpyro import handlers
+from numpyro.distributions.distribution import validation_enabled
 
 from numpyro_subsample.core.potential import ModelData, Potential, in_plate, per_datum
 from numpyro_subsample.post.checks import check_run
@@ -44,7 +50,7 @@ def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndar
     args, kwargs = data.args_kwargs()
     model = kernel.potential.full_data_model()
     samples = {k: v[0] for k, v in mcmc.get_samples().items() if k in kernel.potential.latent_sites}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), validation_enabled(False):
         warnings.simplefilter("ignore")
         tr = handlers.trace(handlers.substitute(handlers.seed(model, 0), data=samples)).get_trace(
             *args, **kwargs
@@ -302,7 +308,8 @@ def to_arviz(
     if run_check is None:
         run_check = check_run(mcmc, warn=check, stacklevel=3)
     data = run_data(mcmc)
-    idata = az.from_numpyro(_with_jax_arrays(mcmc), log_likelihood=False, **kwargs)
+    with validation_enabled(False):  # ArviZ runs the model on concrete values (module doc)
+        idata = az.from_numpyro(_with_jax_arrays(mcmc), log_likelihood=False, **kwargs)
     plate = kernel.potential.plate
     obs = full_observed_data(mcmc, data)
     observed = xr.Dataset({

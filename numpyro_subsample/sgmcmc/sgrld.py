@@ -23,7 +23,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions import Dirichlet, ExpandedDistribution, Independent
 
-from numpyro_subsample.core.adapter import SubsampleKernel
+from numpyro_subsample.core.adapter import SubsampleKernel, constrained
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.plates import (
@@ -309,7 +309,7 @@ class SGRLD(SubsampleKernel):
                     "p(x_i | π), an integral over the local sites."
                 )
         dtype = potential.init_theta.dtype
-        medians = potential.constrain(potential.unravel(potential.init_theta), data)
+        medians = constrained(potential, potential.unravel(potential.init_theta), data)
         pi0 = {k: medians[k] for k in potential.latent_sites}
         alpha = _site_values(potential, pi0, data)[0]
         tilt = {k: v * jnp.linspace(1.0, 2.0, v.shape[-1], dtype=v.dtype) for k, v in pi0.items()}
