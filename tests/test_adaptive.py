@@ -136,7 +136,8 @@ def test_adaptive_unbiased_and_below_threshold(linreg):
 @pytest.mark.parametrize("name,v0", [("cv", "proxy"), ("cv-preferential", "pilot")])
 def test_adaptive_accuracy_and_data_passes(linreg, name, v0):
     """Same tolerance as the fixed-n tests (conjugate posterior, sd units), average n_t below
-    n_max, and fewer sampling data passes than the fixed-n chain's T·n_max/N."""
+    n_max, sampling data passes at least a fifth below the fixed-n chain's T·n_max/N, and
+    below it also with the pilot's passes counted."""
     X, y, _, _, proxy = linreg
     mean, sd = linreg_exact(X, y)
     n_max, steps = 64, 4000
@@ -154,5 +155,6 @@ def test_adaptive_accuracy_and_data_passes(linreg, name, v0):
     assert n_t.mean() < 0.8 * n_max and n_t.max() <= n_max and len(np.unique(n_t)) > 2
     passes = float(ex["data_passes"][-1] - ex["data_passes"][0])
     np.testing.assert_allclose(passes, n_t[1:].sum() / X.shape[0], rtol=1e-3)
-    assert passes + kernel.preprocessed.estimator.info["data_passes"] < 0.8 * (
-        (steps - 1) * n_max / X.shape[0])
+    fixed = (steps - 1) * n_max / X.shape[0]  # the fixed-n chain's sampling passes
+    assert passes < 0.8 * fixed  # the adaptive size saves a fifth of them at least
+    assert passes + kernel.preprocessed.estimator.info["data_passes"] < fixed  # with its pilot

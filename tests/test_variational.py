@@ -125,10 +125,12 @@ def test_refit_on_new_data_compiles_nothing(cv_run, caplog):
     X2, y2 = linreg_data(N=5000, d=4, seed=6)
     data2 = ModelData.from_args((X2, y2), {})
     with caplog.at_level(logging.WARNING), jax.log_compiles():
-        proxy = fit_variational(kernel.potential, data2, jax.random.PRNGKey(3), max_steps=500,
+        proxy = fit_variational(kernel.potential, data2, jax.random.PRNGKey(3), max_steps=2000,
                                 store_datum_grads=False)
     compiled = [r.getMessage()[:120] for r in caplog.records if "Compiling" in r.getMessage()]
     assert not compiled, compiled
-    assert proxy.info["svi_steps"] == 500 and proxy.info["guide"] is kernel.proxy.info["guide"]
+    assert proxy.info["svi_steps"] <= 2000 and proxy.info["guide"] is kernel.proxy.info["guide"]
     mean, sd = linreg_exact(X2, y2)
-    assert np.all(np.abs((np.asarray(proxy.centre) - mean) / sd) < 5.0)
+    # the refit starts at the prior medians, as the kernel's fit: 500 SVI steps left one
+    # coordinate 30 sds short for some seeds; 2000 (or early stopping) reach the mean
+    assert np.all(np.abs((np.asarray(proxy.centre) - mean) / sd) < 1.5)
