@@ -256,7 +256,6 @@ def test_float64_under_x64():
         jax.config.update("jax_enable_x64", True)
         import numpy as np
         from numpyro.infer import MCMC
-from numpyro.infer.autoguide import AutoNormal
         from test_sgrld import categorical_model
         y = np.random.default_rng(0).choice(5, size=500).astype(np.int32)
         from numpyro_subsample import SGRLD, to_arviz
