@@ -28,7 +28,8 @@ _cache = os.path.join(
     os.environ.get("PYTEST_XDIST_WORKER", "main"),
 )
 jax.config.update("jax_compilation_cache_dir", _cache)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+# every program, also the small ones: modules recompile them after jax.clear_caches() below
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
@@ -64,11 +65,15 @@ def _fast_compile_test(request):
         yield
 
 
-# The longest test modules first (from `pytest --durations`): with `--dist loadfile` each module
-# runs whole on one of CI's two workers, and a long module scheduled last leaves the other
-# worker idle (longest-processing-time-first ordering shortens the suite's wall time).
-_LONGEST_FIRST = ("test_notebooks.py", "test_ecs.py", "test_sgrld.py", "test_distributed.py",
-                  "test_local.py", "test_enumeration.py", "test_checks.py", "test_cli.py")
+# The longest test modules first (from `pytest --durations=0`): with `--dist loadfile` each
+# module runs whole on one of CI's two workers, and a long module scheduled last leaves the
+# other worker idle (longest-processing-time-first ordering; pyproject.toml turns off xdist's
+# own reordering by test count with --no-loadscope-reorder).
+_LONGEST_FIRST = ("test_notebooks.py", "test_ecs.py", "test_enumeration.py", "test_sgrld.py",
+                  "test_noise.py", "test_checks.py", "test_structured_kernels.py", "test_sgld.py",
+                  "test_sghmc.py", "test_variance_reduced.py", "test_distributed.py",
+                  "test_local.py", "test_structured_proxies.py", "test_preferential.py",
+                  "test_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
