@@ -153,12 +153,31 @@ def test_noise_limited_advice_for_saga_and_svrg():
     for name in ("saga", "svrg", "uniform"):
         est = GradientEstimator(None, None, name, 10, 1000)
         with pytest.warns(NoiseLimitedStepWarning) as rec:
-            warn_if_noise_limited(est, 1e6, 1e-6)
+            warn_if_noise_limited(est, 500.0, 1e-6)  # v·n/N = 5: a proxy that matches
         msg = str(rec[0].message)
+        assert "far from the posterior" not in msg
         if name == "uniform":
             assert "estimator='cv'" in msg
         else:
             assert "estimator='cv'" not in msg and "already uses control variates" in msg
+
+
+def test_noise_limited_advice_when_the_proxy_is_far_from_the_posterior():
+    """v·n/N far above the proxy's whitened curvature: the gradients at the proxy's draws say
+    the proxy does not describe the posterior, and the advice says so (with the figures)
+    instead of control variates; just below the threshold, or with a curvature that explains the
+    noise, the usual advice."""
+    est = GradientEstimator(None, None, "uniform", 100, 1077)
+    with pytest.warns(NoiseLimitedStepWarning) as rec:
+        warn_if_noise_limited(est, 1.62e4, 6e-6, curvature=3.06)  # the digits BNN's figures
+    msg = str(rec[0].message)
+    assert "far from the posterior" in msg and "v·n/N = 1.5e+03" in msg and "μ = 3.06" in msg
+    assert "estimator='cv'" not in msg
+    for noise, mu in ((0.99 * 10 * 3.06 * 1077 / 100, 3.06), (1.62e4, 200.0)):
+        with pytest.warns(NoiseLimitedStepWarning) as rec:
+            warn_if_noise_limited(est, noise, 6e-6, curvature=mu)
+        assert "far from the posterior" not in str(rec[0].message)
+        assert "estimator='cv'" in str(rec[0].message)
 
 
 # --- (a) accuracy on the conjugate model -----------------------------------------------------

@@ -48,6 +48,7 @@ from numpyro_subsample.proxies.whitening import Scale, is_structured, whiten_mat
 
 __all__ = [
     "MIN_USEFUL_STEP",
+    "PROXY_MISMATCH_FACTOR",
     "NoiseLimitedStepWarning",
     "WhitenedNoise",
     "noise_points",
@@ -62,6 +63,14 @@ __all__ = [
 #: Gaussian is AR(1) with coefficient 1 − h, integrated autocorrelation time (2 − h)/h ≈ 2/h,
 #: so h < 1e-4 costs over 2·10⁴ steps per independent draw, over 10⁶ for 50 of them.
 MIN_USEFUL_STEP = 1e-4
+
+#: A minibatch of n from N has noise covariance about (N/n) × the whitened per-datum gradient
+#: covariance, which near a Gaussian posterior is about the whitened curvature μ (≈ 1 with a
+#: matching proxy). A noise-limited step whose v · n/N exceeds this factor × max(μ, 1) comes
+#: from points where the gradients are far larger than the proxy's curvature says: the proxy
+#: does not describe the posterior there, and the warning says so instead of suggesting
+#: control variates or a larger subsample.
+PROXY_MISMATCH_FACTOR = 10.0
 
 
 class NoiseLimitedStepWarning(UserWarning):
@@ -271,14 +280,33 @@ def measure_whitened_noise(
 
 
 def warn_if_noise_limited(
-    estimator: GradientEstimator, noise: float, step_size: float, *, stacklevel: int = 2
+    estimator: GradientEstimator,
+    noise: float,
+    step_size: float,
+    *,
+    curvature: float = 1.0,
+    stacklevel: int = 2,
 ) -> None:
     """Warn (:class:`NoiseLimitedStepWarning`) when the step size chosen from the noise is
-    below :data:`MIN_USEFUL_STEP`; name the estimator, the noise, the step and the remedy."""
+    below :data:`MIN_USEFUL_STEP`; name the estimator, the noise, the step and the remedy
+    (a proxy far from the posterior when v·n/N > :data:`PROXY_MISMATCH_FACTOR` ×
+    max(``curvature``, 1), μ = ``curvature`` the whitened curvature the step rule used)."""
     if not step_size < MIN_USEFUL_STEP:
         return
     name = estimator.name
-    if estimator.update is not None or name in ("saga", "svrg"):
+    implied = noise * estimator.subsample_size / max(estimator.num_data, 1)
+    if implied > PROXY_MISMATCH_FACTOR * max(float(curvature), 1.0):
+        remedy = (
+            f"At the proxy's draws this noise implies a whitened curvature of about "
+            f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy "
+            f"assumes: the proxy is far from the posterior there (a posterior that is not "
+            f"nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
+            f"control variates nor a larger subsample make the rule's step useful. Check the "
+            f"proxy fit's warnings and fit a closer proxy (proxy='variational', or "
+            f"proxy_kwargs={{'curvature': 'hessian'}}), or pass step_size and validate the "
+            f"draws on held-out data."
+        )
+    elif estimator.update is not None or name in ("saga", "svrg"):
         remedy = (
             "It already uses control variates, and its step is chosen from the noise of the "
             "fixed control variate at the proxy centre (where its state starts): use a larger "

@@ -157,7 +157,7 @@ def noise_and_step_size(
     if corrected and step_size is None:
         h = min(h, correction_step_cap(errors, diffusion, max_variance_inflation))
     if step_size is None:
-        warn_if_noise_limited(estimator, noise, h, stacklevel=3)
+        warn_if_noise_limited(estimator, noise, h, curvature=curvature, stacklevel=3)
     return NoiseStep(measured, errors, h)
 
 
