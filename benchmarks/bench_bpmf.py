@@ -15,8 +15,9 @@ factors U*, V* drawn from the priors, a fraction ``--density`` of the L × M ent
 out. About 40 training ratings per user and 80 per item at both sizes. d = (L + M)·D is above
 the dense-proxy limit, so ``proxy="laplace"`` is fitted as the structured low-rank proxy
 (``sgmcmc.preprocess``, rank 20) from ``init_theta`` = 0.1·N(0, I) (the prior median U = V = 0
-is a saddle of the posterior), with the curvature of ``--proxies``: ``fisher`` (the package's
-choice above d = 2000, the empirical Fisher) or ``hessian`` (Hessian, Hutchinson diagonal).
+is a saddle of the posterior), with the curvature of ``--proxies``: ``hessian`` (the package's
+choice above d = 2000: Hessian, Hutchinson diagonal) or ``fisher`` (the empirical Fisher, its
+choice before 2026-11-24).
 Subsample size n = 1000 (``--subsample-size``; 4-5 % of the training ratings, the paper's
 5000 of 10^5 is 5 %): the step's O(d·k) whitening dominates its cost below n ≈ 1000, the
 gradient above, and the step the noise rule allows grows like n.
@@ -89,7 +90,7 @@ SIGMA = 0.5
 ESTIMATORS = {"SGLD-CV": "cv", "SGLD": "uniform"}
 #: the structured proxy's curvature: the package's choice above MAX_DENSE_DIM (empirical
 #: Fisher), or the Hessian with a Hutchinson diagonal (``proxy_kwargs``)
-PROXIES = {"fisher": {}, "hessian": {"curvature": "hessian", "diagonal": "hutchinson"}}
+PROXIES = {"fisher": {"curvature": "fisher"}, "hessian": {}}
 
 
 def log(msg: str) -> None:
@@ -516,9 +517,9 @@ def markdown(res: dict, cmd: str) -> str:
            "default SG rows (" + "; ".join(f"{v}: B = {b[0]:.1f} s, B_cpu = {b[1]:.1f} s"
                                            for v, b in budgets.items())
            + "). RMSE of the posterior-mean prediction (window: last half of the draws so far) "
-           "at the last checkpoint within the budget; – if none. Proxy [fisher]: the package's "
-           "default above d = 2000 (empirical Fisher curvature); [hessian]: `proxy_kwargs="
-           "{'curvature': 'hessian', 'diagonal': 'hutchinson'}`.", "",
+           "at the last checkpoint within the budget; – if none. Proxy [hessian]: the package's "
+           "default above d = 2000 (Hessian curvature, Hutchinson diagonal); [fisher]: "
+           "`proxy_kwargs={'curvature': 'fisher'}` (the empirical Fisher).", "",
            "| method | RMSE at B | steps by B | RMSE at B_cpu | RMSE at end | wall s | CPU s "
            "| setup s | sampling s | data passes (end) | step h | warnings |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -315,7 +315,11 @@ def test_default_proxy_is_dense_below_and_low_rank_above_max_dense_dim(linreg, m
     pre = kernel.preprocess((X, y), {})
     assert isinstance(pre.proxy, StructuredProxy)
     assert pre.proxy.info["structure"] == "low-rank" and pre.proxy.info["rank"] == D - 1
-    assert pre.proxy.info["curvature"] == "fisher"  # the exact Hessian diagonal costs d HVPs
+    # the Hessian with a Hutchinson diagonal (the exact one costs d HVPs per datum)
+    assert pre.proxy.info["curvature"] == "hessian"
+    assert pre.proxy.info["diagonal"] == "hutchinson"
+    fisher = SGLD(linreg_model, proxy_kwargs={"curvature": "fisher"}).preprocess((X, y), {})
+    assert fisher.proxy.info["curvature"] == "fisher"
     assert kernel.noise_correction is False and pre.noise_cov is None
     assert pre.params.noise_scale is None
     # DistributedSGLD keeps the dense proxy (it has its own preprocessing)

@@ -302,9 +302,9 @@ def warn_if_noise_limited(
             f"assumes: the proxy is far from the posterior there (a posterior that is not "
             f"nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
             f"control variates nor a larger subsample make the rule's step useful. Check the "
-            f"proxy fit's warnings and fit a closer proxy (proxy='variational', or "
-            f"proxy_kwargs={{'curvature': 'hessian'}}), or pass step_size and validate the "
-            f"draws on held-out data."
+            f"proxy fit's warnings and fit a closer proxy (proxy='variational', or a larger "
+            f"proxy_kwargs={{'rank': k}}), or pass step_size and validate the draws on "
+            f"held-out data."
         )
     elif estimator.update is not None or name in ("saga", "svrg"):
         remedy = (

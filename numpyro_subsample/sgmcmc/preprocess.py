@@ -48,9 +48,12 @@ __all__ = [
 #: ``proxy="laplace"`` (the default) fits the dense Laplace proxy up to this many parameters
 #: d, and the structured ``"low-rank"`` proxy above (its d × d Hessian, Cholesky factor and
 #: noise covariance would take d² numbers each: 16 MB at d = 2000 in float32). Above it a
-#: structured fit uses the empirical Fisher curvature (one data pass for its diagonal, one per
-#: Fisher-vector product) unless ``proxy_kwargs`` set ``curvature`` or ``diagonal``: the exact
-#: Hessian diagonal costs d Hessian-vector products per datum.
+#: structured fit uses the Hessian with a Hutchinson estimate of its diagonal (one data pass)
+#: unless ``proxy_kwargs`` set ``diagonal``: the exact Hessian diagonal costs d
+#: Hessian-vector products per datum. Negative curvature is clipped
+#: (:mod:`~numpyro_subsample.proxies.structured`). The empirical Fisher
+#: (``proxy_kwargs={"curvature": "fisher"}``) is second order in the residuals, so it
+#: underestimates the curvature of a model that fits its data closely.
 MAX_DENSE_DIM = 2000
 
 #: The rank k of ``proxy="low-rank"`` unless ``proxy_kwargs={"rank": k}`` (capped at d − 1).
@@ -192,7 +195,9 @@ def _fit_structured(request: ProxyRequest, potential: Potential, data: ModelData
         kwargs.setdefault("rank", min(DEFAULT_RANK, d - 1))
     if d > MAX_DENSE_DIM and "diagonal" not in kwargs:
         # the exact Hessian diagonal costs d Hessian-vector products per datum
-        kwargs.setdefault("curvature", "fisher")
+        kwargs.setdefault("curvature", "hessian")
+        if kwargs["curvature"] == "hessian":
+            kwargs["diagonal"] = "hutchinson"
     return fit_structured(
         potential, data, key, structure=structure, chunk_size=request.chunk_size,
         store_datum_grads=request.store_datum_grads, progress=request.progress, **kwargs,
