@@ -21,9 +21,11 @@
    ``"stratified"`` (Fu and Zhang 2023) and the low-rank proxy (Fisher curvature, fitted from
    a random start), the MAP (Optax Adam, full batch), BlackJAX SGHMC with its
    ``grad_estimator`` and a constant step chosen from three by the validation log-likelihood
-   (same gradient budget as the package's SGHMC). Metrics: test accuracy and test
+   (same gradient budget as the package's SGHMC), and the exact answer: full-data NumPyro
+   NUTS started at MAPs (``--bnn-nuts-draws``). Metrics: test accuracy and test
    log-likelihood per point of the posterior predictive (predictive probabilities averaged
-   over draws), wall time including compilation, iterations per second.
+   over draws), the mean distance of the predictive probabilities from NUTS's, wall time
+   including compilation, iterations per second.
 
     python benchmarks/bench_highdim.py            # J = 2·10^4, N = 4·10^5
     python benchmarks/bench_highdim.py --quick    # J = 2000, N = 4·10^4
@@ -355,10 +357,58 @@ def _thin(draws: dict, keep: int) -> dict:
     return {k: jnp.asarray(v[idx]) for k, v in pooled.items()}
 
 
-def _score(row: dict, draws: dict, dd: dict, split: str = "te") -> None:
+@jax.jit
+def predictive_probs(draws: dict, X):
+    """Posterior predictive probabilities (averaged over the leading axis of ``draws``)."""
+    return jnp.mean(jax.nn.sigmoid(jax.vmap(_logits, (0, None))(draws, X)), 0)
+
+
+def _score(row: dict, draws: dict, dd: dict, split: str = "te", ref=None) -> None:
+    """Accuracy and log-likelihood of the posterior predictive on a split; with ``ref`` (the
+    NUTS reference's test probabilities) also the mean |p̄ − p̄_NUTS| over the test points."""
     acc, ll = predictive(draws, dd["X" + split], dd["y" + split])
     row["test_acc" if split == "te" else "val_acc"] = float(acc)
     row["test_ll" if split == "te" else "val_ll"] = float(ll)
+    if ref is not None and split == "te":
+        row["dp_nuts"] = float(jnp.mean(jnp.abs(predictive_probs(draws, dd["Xte"]) - ref)))
+
+
+def nuts_reference(dd: dict, f, warmup: int, samples: int, chains: int, depth: int,
+                   seed: int) -> tuple[dict, dict]:
+    """Full-data NumPyro NUTS on ``bnn_model``, chain c started at the Adam MAP of seed
+    ``seed + c`` (a short warm-up suffices; distinct starts make R-hat meaningful). Returns the
+    row (test metrics, divergences, leapfrog steps, ESS and R-hat of the per-draw test
+    log-likelihood: the weights themselves are not identified) and the draws."""
+    X, y = dd["Xtr"], dd["ytr"]
+    N = X.shape[0]
+    maps = [map_adam(dd, f, 3000, 1e-2, seed + c)[1] for c in range(chains)]
+    init = jax.tree.map(lambda *v: jnp.stack(v), *maps)
+    t0 = time.perf_counter()
+    mcmc = MCMC(NUTS(bnn_model, max_tree_depth=depth), num_warmup=warmup, num_samples=samples,
+                num_chains=chains, chain_method="sequential", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(seed + 1), X, y, subsample_size=N, init_params=init,
+             extra_fields=("diverging", "num_steps"))
+    draws = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    wall = time.perf_counter() - t0
+    ef = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
+
+    @jax.jit
+    def draw_ll(d):
+        lg = _logits(d, dd["Xte"])
+        return jnp.mean(dd["yte"] * jax.nn.log_sigmoid(lg) + (1 - dd["yte"])
+                        * jax.nn.log_sigmoid(-lg))
+
+    lls = np.asarray(jax.vmap(jax.vmap(draw_ll))({k: jnp.asarray(v) for k, v in draws.items()}))
+    ds = az.convert_to_dataset({"ll": lls})
+    row = {"method": f"NUTS, full data ({chains} × ({warmup} + {samples}), depth {depth}, "
+                     "from MAPs; reference)", "wall_s": wall,
+           "steps_per_s": chains * (warmup + samples) / wall,
+           "data_passes": float(ef["num_steps"].sum()),
+           "divergences": int(ef["diverging"].sum()),
+           "mean_leapfrog_steps": float(ef["num_steps"].mean()),
+           "ess_draw_ll": float(az.ess(ds)["ll"]), "rhat_draw_ll": float(az.rhat(ds)["ll"]),
+           "draw_ll_mean": float(lls.mean())}
+    return row, draws
 
 
 def map_adam(dd: dict, f, steps: int, lr: float, seed: int) -> tuple[dict, dict]:
@@ -442,8 +492,17 @@ def experiment_bnn(a) -> dict:
     n = a.bnn_batch
     warm, samp = (1000, 4000) if a.quick else (2000, 20_000)
     thin = max(samp // 500, 1)
-    rows = []
+    rows, ref = [], None
+    if a.bnn_nuts_draws:
+        row, draws = nuts_reference(dd, f, a.bnn_nuts_draws // 2, a.bnn_nuts_draws, a.chains,
+                                    10, a.seed)
+        thinned = _thin(draws, 500)
+        ref = predictive_probs(thinned, dd["Xte"])
+        _score(row, thinned, dd, ref=ref)
+        log(f"    {_brief(row)}")
+        rows.append(row)
     row, map_params = map_adam(dd, f, 3000, 1e-2, a.seed)
+    _score(row, jax.tree.map(lambda v: v[None], map_params), dd, ref=ref)
     log(f"    {_brief(row)}")
     rows.append(row)
     theta0 = 0.1 * jax.random.normal(jax.random.PRNGKey(a.seed), (dim,), f)
@@ -458,7 +517,7 @@ def experiment_bnn(a) -> dict:
                             args, kwargs, warmup=warm, samples=samp, chains=a.chains,
                             thinning=thin, seed=a.seed)
         if draws is not None:
-            _score(row, _thin(draws, 500), dd)
+            _score(row, _thin(draws, 500), dd, ref=ref)
         log(f"    {_brief(row)}")
         rows.append(row)
     # BlackJAX: the same number of minibatch gradients per chain as the package's SGHMC
@@ -469,7 +528,7 @@ def experiment_bnn(a) -> dict:
         row, draws = blackjax_sghmc(dd, f, h, num_iter, n, a.chains, a.seed, L)
         thinned = _thin(draws, 500)
         _score(row, thinned, dd, "va")
-        _score(row, thinned, dd)
+        _score(row, thinned, dd, ref=ref)
         log(f"    {_brief(row)} val_ll={row['val_ll']:.3f}")
         tried.append(row)
     ok = [r for r in tried if np.isfinite(r["val_ll"])]
@@ -489,7 +548,8 @@ def _brief(row: dict) -> str:
     if row.get("error"):
         return f"{row['method']}: FAILED {row['error']}"
     keys = ("wall_s", "mean_err_fixed", "sd_log_ratio_fixed", "mean_err_random",
-            "sd_log_ratio_random", "min_ess", "data_passes", "step_size", "test_acc", "test_ll")
+            "sd_log_ratio_random", "min_ess", "data_passes", "step_size", "test_acc", "test_ll",
+            "dp_nuts")
     return row["method"] + ": " + ", ".join(f"{k}={row[k]:.4g}" for k in keys if k in row)
 
 
@@ -558,14 +618,24 @@ def markdown(res: dict, cmd: str) -> str:
                 + ", ".join(f"{r['step_size']:g}: {r['val_ll']:.3f}"
                             for r in bn["blackjax_tried"]) + "). Test metrics: accuracy and "
                 "mean log-likelihood per point of the posterior predictive.", "",
-                "| method | test acc | test log-lik | wall s | it/s | data passes | step h | "
-                "warnings |", "|---|---|---|---|---|---|---|---|"]
+                "| method | test acc | test log-lik | mean abs Δp vs NUTS | wall s | it/s | "
+                "data passes | step h | warnings |", "|---|---|---|---|---|---|---|---|---|"]
         for r in bn["rows"]:
             out.append(
                 f"| {r['method']} | {fmt(r.get('test_acc'), '.4f')} | "
-                f"{fmt(r.get('test_ll'), '.4f')} | {fmt(r.get('wall_s'), '.1f')} | "
+                f"{fmt(r.get('test_ll'), '.4f')} | {fmt(r.get('dp_nuts'), '.4f')} | "
+                f"{fmt(r.get('wall_s'), '.1f')} | "
                 f"{fmt(r.get('steps_per_s'), '.0f')} | {fmt(r.get('data_passes'), '.0f')} | "
                 f"{fmt(r.get('step_size'), '.2e')} | {_warn(r)} |")
+        for r in bn["rows"]:
+            if r["method"].startswith("NUTS"):
+                out += ["", f"NUTS reference: {r['divergences']} divergences, "
+                        f"{r['mean_leapfrog_steps']:.0f} leapfrog steps per iteration, per-draw "
+                        f"test log-lik {r['draw_ll_mean']:.3f} (bulk ESS "
+                        f"{r['ess_draw_ll']:.0f}, R-hat {r['rhat_draw_ll']:.3f}); data passes: "
+                        "full-data gradients after the warm-up. Mean abs Δp: mean over "
+                        "the test points of |p̄ − p̄_NUTS|, the predictive probabilities' "
+                        "distance from the reference's."]
         out += ["", "it/s: iterations (summed over chains) per second after preprocessing for "
                 "the package kernels, over the whole run for MAP and BlackJAX (one BlackJAX "
                 "iteration is "
@@ -585,6 +655,8 @@ def main(argv=None) -> int:
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--nuts-draws", type=int, default=20, help="0: no NUTS timing")
     p.add_argument("--bnn-batch", type=int, default=100)
+    p.add_argument("--bnn-nuts-draws", type=int, default=400,
+                   help="NUTS reference draws per chain (warm-up half that); 0: none")
     p.add_argument("--bjx-steps", type=float, nargs=3, default=[3e-3, 1e-2, 3e-2])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -593,7 +665,7 @@ def main(argv=None) -> int:
     exps = [s.strip() for s in a.experiments.split(",")]
     res = {"date": time.strftime("%Y-%m-%d %H:%M"),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-                      f"(shared with a CI run, `nice -n 19`), JAX {jax.__version__} on "
+                      f"(load average at start {os.getloadavg()[0]:.1f}), JAX {jax.__version__} on "
                       f"{jax.default_backend()}, float"
                       f"{64 if jax.config.jax_enable_x64 else 32}",
            "args": vars(a)}
