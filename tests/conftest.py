@@ -65,15 +65,15 @@ def _fast_compile_test(request):
         yield
 
 
-# The longest test modules first (from `pytest --durations=0`): with `--dist loadfile` each
-# module runs whole on one of CI's two workers, and a long module scheduled last leaves the
-# other worker idle (longest-processing-time-first ordering; pyproject.toml turns off xdist's
-# own reordering by test count with --no-loadscope-reorder).
-_LONGEST_FIRST = ("test_notebooks.py", "test_ecs.py", "test_enumeration.py", "test_sgrld.py",
-                  "test_noise.py", "test_checks.py", "test_structured_kernels.py", "test_sgld.py",
-                  "test_sghmc.py", "test_variance_reduced.py", "test_distributed.py",
-                  "test_local.py", "test_structured_proxies.py", "test_preferential.py",
-                  "test_cli.py")
+# The longest test modules of the default run first (from `pytest --durations=0`): with
+# `--dist loadfile` each module runs whole on one of CI's two workers, and a long module
+# scheduled last leaves the other worker idle (longest-processing-time-first ordering;
+# pyproject.toml turns off xdist's own reordering by test count with --no-loadscope-reorder).
+_LONGEST_FIRST = ("test_sgld.py", "test_sgrld.py", "test_noise.py", "test_ecs.py",
+                  "test_enumeration.py", "test_structured_kernels.py", "test_variance_reduced.py",
+                  "test_sghmc.py", "test_distributed.py", "test_structured_proxies.py",
+                  "test_notebooks.py", "test_cli.py", "test_checks.py", "test_cli_faults.py",
+                  "test_preferential.py", "test_local.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -141,6 +141,7 @@ def test_non_centred_hierarchical_with_laplace_warns_not_mixed():
     assert mcmc.run_check.max_rhat > 1.01 and mcmc.run_check.min_ess_bulk < 100
 
 
+@pytest.mark.slow
 def test_variational_proxy_uses_expected_hessian_covariance():
     """On the non-centred model the guide's covariance may collapse a direction; the kernels'
     variational proxy takes (E_q[∇²f])⁻¹, whose smallest variance is not collapsed."""
@@ -161,6 +162,7 @@ def test_variational_proxy_uses_expected_hessian_covariance():
     assert kernel.step_size > 1e-2  # a usable step, where the Laplace centre gives ~1e-2/v
 
 
+@pytest.mark.slow
 def test_rhat_threshold_is_not_crossed_by_chance_over_many_coordinates():
     """Independent draws from one distribution (2 chains × 400, 5000 coordinates): the
     largest split R-hat exceeds 1.01 by chance, never the per-coordinate thresholds; one

@@ -118,6 +118,7 @@ def test_taylor_matches_full_nuts(reference, taylor_run):
     assert 0.5 < ex["accept_prob"].mean() <= 1.0
 
 
+@pytest.mark.slow
 def test_hybrid_matches_full_nuts(reference, hybrid_run):
     """Second-order hybrid + preferential selection: 0.2 sd / 20% vs full-data NUTS."""
     pre = hybrid_run.sampler.preprocessed
@@ -312,6 +313,7 @@ def quasi_separated_data(N=2000):
     return jnp.asarray(ds.X_train), jnp.asarray(ds.y_train)
 
 
+@pytest.mark.slow
 def test_sigma2_ordering_poor_laplace():
     """Quasi-separated logistic regression (N = 2000, m = 100): mean over 6 full-data NUTS
     draws of σ̂² (itself a mean over 200 subsamples), for Taylor-2 and hybrid-2, each with

@@ -218,6 +218,7 @@ def test_sgnht_runs(mix, nuts_ref, sgld_run):
     _check(mcmc, nuts_ref, 0.5, 0.5)
 
 
+@pytest.mark.slow
 def test_energy_conserving_hmc_matches_nuts(mix, nuts_ref, sgld_run):
     """ECS (the SGLD run's Laplace proxy, default likelihood proxy and selection): means within
     0.25 posterior sd and sds within 20% of NUTS (one chain of 500 draws)."""

@@ -145,6 +145,7 @@ def small_lda():
 
 
 # MALA local updates are checked on the random intercepts above; here the Gibbs conditional
+@pytest.mark.slow
 @pytest.mark.parametrize("update, steps", [(lda_local_gibbs, 1)], ids=["gibbs"])
 def test_sgrld_lda_against_nuts(small_lda, update, steps):
     """Topics of a two-topic LDA (documents' proportions local) against full-data NUTS, after

@@ -12,7 +12,15 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 TIMEOUT = int(os.environ.get("NUMPYRO_SUBSAMPLE_NOTEBOOK_TIMEOUT", "600"))  # per notebook
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# the quick start runs by default; the others are long and marked slow (conftest.py, README)
+SLOW = {"distributed_shards", "preferential_adaptive", "variance_reduced", "zv_postprocessing"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p for p in NOTEBOOKS],
+    ids=[p.stem for p in NOTEBOOKS],
+)
 def test_notebook_runs(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

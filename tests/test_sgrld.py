@@ -249,6 +249,7 @@ def test_preprocessing_does_not_evaluate_the_model_eagerly(categorical_data):
     assert guide.prototype_trace is not None
 
 
+@pytest.mark.slow
 def test_float64_under_x64():
     code = """
         import conftest  # noqa: F401  (the tests' compilation cache)
