@@ -16,8 +16,8 @@ out. About 40 training ratings per user and 80 per item at both sizes. d = (L + 
 the dense-proxy limit, so ``proxy="laplace"`` is fitted as the structured low-rank proxy
 (``sgmcmc.preprocess``, rank 20) from ``init_theta`` = 0.1·N(0, I) (the prior median U = V = 0
 is a saddle of the posterior), with the curvature of ``--proxies``: ``hessian`` (the package's
-choice above d = 2000: Hessian, Hutchinson diagonal) or ``fisher`` (the empirical Fisher, its
-choice before 2026-11-24).
+choice above d = 2000: Hessian, Hutchinson diagonal) or ``fisher`` (the empirical Fisher,
+``proxy_kwargs={"curvature": "fisher"}``).
 Subsample size n = 1000 (``--subsample-size``; 4-5 % of the training ratings, the paper's
 5000 of 10^5 is 5 %): the step's O(d·k) whitening dominates its cost below n ≈ 1000, the
 gradient above, and the step the noise rule allows grows like n.
@@ -88,8 +88,8 @@ from _runs import fmt, json_default, write_results  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SIGMA = 0.5
 ESTIMATORS = {"SGLD-CV": "cv", "SGLD": "uniform"}
-#: the structured proxy's curvature: the package's choice above MAX_DENSE_DIM (empirical
-#: Fisher), or the Hessian with a Hutchinson diagonal (``proxy_kwargs``)
+#: the structured proxy's curvature (``proxy_kwargs``): the package's choice above
+#: MAX_DENSE_DIM (the Hessian with a Hutchinson diagonal), or the empirical Fisher
 PROXIES = {"fisher": {"curvature": "fisher"}, "hessian": {}}
 
 

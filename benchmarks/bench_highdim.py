@@ -326,11 +326,16 @@ def _logits(params: dict, X):
 
 
 @jax.jit
+def predictive_probs(draws: dict, X):
+    """Posterior predictive probabilities (averaged over the leading axis of ``draws``)."""
+    return jnp.mean(jax.nn.sigmoid(jax.vmap(_logits, (0, None))(draws, X)), 0)
+
+
+@jax.jit
 def predictive(draws: dict, X, y) -> tuple:
     """Accuracy and mean log-likelihood of the posterior predictive (probabilities averaged
     over the draws, the leading axis of ``draws``)."""
-    p = jnp.mean(jax.nn.sigmoid(jax.vmap(_logits, (0, None))(draws, X)), 0)
-    p = jnp.clip(p, 1e-7, 1 - 1e-7)
+    p = jnp.clip(predictive_probs(draws, X), 1e-7, 1 - 1e-7)
     return jnp.mean((p > 0.5) == (y > 0.5)), jnp.mean(y * jnp.log(p) + (1 - y) * jnp.log1p(-p))
 
 
@@ -357,12 +362,6 @@ def _thin(draws: dict, keep: int) -> dict:
     return {k: jnp.asarray(v[idx]) for k, v in pooled.items()}
 
 
-@jax.jit
-def predictive_probs(draws: dict, X):
-    """Posterior predictive probabilities (averaged over the leading axis of ``draws``)."""
-    return jnp.mean(jax.nn.sigmoid(jax.vmap(_logits, (0, None))(draws, X)), 0)
-
-
 def _score(row: dict, draws: dict, dd: dict, split: str = "te", ref=None) -> None:
     """Accuracy and log-likelihood of the posterior predictive on a split; with ``ref`` (the
     NUTS reference's test probabilities) also the mean |p̄ − p̄_NUTS| over the test points."""
@@ -373,32 +372,30 @@ def _score(row: dict, draws: dict, dd: dict, split: str = "te", ref=None) -> Non
         row["dp_nuts"] = float(jnp.mean(jnp.abs(predictive_probs(draws, dd["Xte"]) - ref)))
 
 
-def nuts_reference(dd: dict, f, warmup: int, samples: int, chains: int, depth: int,
+@jax.jit
+def draw_loglik(draws: dict, X, y):
+    """Mean log-likelihood of (X, y) under each draw, for draws of shape (C, S, ...)."""
+    return jax.vmap(jax.vmap(lambda d: jnp.mean(_log_lik(d, X, y))))(draws)
+
+
+def nuts_reference(dd: dict, maps: list[dict], warmup: int, samples: int, depth: int,
                    seed: int) -> tuple[dict, dict]:
-    """Full-data NumPyro NUTS on ``bnn_model``, chain c started at the Adam MAP of seed
-    ``seed + c`` (a short warm-up suffices; distinct starts make R-hat meaningful). Returns the
-    row (test metrics, divergences, leapfrog steps, ESS and R-hat of the per-draw test
-    log-likelihood: the weights themselves are not identified) and the draws."""
+    """Full-data NumPyro NUTS on ``bnn_model``, chain c started at ``maps[c]`` (distinct MAPs:
+    a short warm-up suffices, and R-hat is meaningful). Returns the row (test metrics,
+    divergences, leapfrog steps, ESS and R-hat of the per-draw test log-likelihood: the weights
+    themselves are not identified) and the draws."""
     X, y = dd["Xtr"], dd["ytr"]
-    N = X.shape[0]
-    maps = [map_adam(dd, f, 3000, 1e-2, seed + c)[1] for c in range(chains)]
+    chains = len(maps)
     init = jax.tree.map(lambda *v: jnp.stack(v), *maps)
     t0 = time.perf_counter()
     mcmc = MCMC(NUTS(bnn_model, max_tree_depth=depth), num_warmup=warmup, num_samples=samples,
                 num_chains=chains, chain_method="sequential", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(seed + 1), X, y, subsample_size=N, init_params=init,
+    mcmc.run(jax.random.PRNGKey(seed + 1), X, y, subsample_size=X.shape[0], init_params=init,
              extra_fields=("diverging", "num_steps"))
     draws = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     wall = time.perf_counter() - t0
     ef = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
-
-    @jax.jit
-    def draw_ll(d):
-        lg = _logits(d, dd["Xte"])
-        return jnp.mean(dd["yte"] * jax.nn.log_sigmoid(lg) + (1 - dd["yte"])
-                        * jax.nn.log_sigmoid(-lg))
-
-    lls = np.asarray(jax.vmap(jax.vmap(draw_ll))({k: jnp.asarray(v) for k, v in draws.items()}))
+    lls = np.asarray(draw_loglik(draws, dd["Xte"], dd["yte"]))
     ds = az.convert_to_dataset({"ll": lls})
     row = {"method": f"NUTS, full data ({chains} × ({warmup} + {samples}), depth {depth}, "
                      "from MAPs; reference)", "wall_s": wall,
@@ -492,19 +489,20 @@ def experiment_bnn(a) -> dict:
     n = a.bnn_batch
     warm, samp = (1000, 4000) if a.quick else (2000, 20_000)
     thin = max(samp // 500, 1)
-    rows, ref = [], None
-    if a.bnn_nuts_draws:
-        row, draws = nuts_reference(dd, f, a.bnn_nuts_draws // 2, a.bnn_nuts_draws, a.chains,
-                                    10, a.seed)
+    map_row, map_params = map_adam(dd, f, 3000, 1e-2, a.seed)
+    rows, ref = [map_row], None
+    if a.bnn_nuts_draws:  # chain c from the MAP of seed + c (chain 0: the MAP row's)
+        maps = [map_params] + [map_adam(dd, f, 3000, 1e-2, a.seed + c)[1]
+                               for c in range(1, a.chains)]
+        row, draws = nuts_reference(dd, maps, a.bnn_nuts_draws // 2, a.bnn_nuts_draws, 10,
+                                    a.seed)
         thinned = _thin(draws, 500)
         ref = predictive_probs(thinned, dd["Xte"])
         _score(row, thinned, dd, ref=ref)
         log(f"    {_brief(row)}")
-        rows.append(row)
-    row, map_params = map_adam(dd, f, 3000, 1e-2, a.seed)
-    _score(row, jax.tree.map(lambda v: v[None], map_params), dd, ref=ref)
-    log(f"    {_brief(row)}")
-    rows.append(row)
+        rows.insert(0, row)
+        _score(map_row, jax.tree.map(lambda v: v[None], map_params), dd, ref=ref)
+    log(f"    {_brief(map_row)}")
     theta0 = 0.1 * jax.random.normal(jax.random.PRNGKey(a.seed), (dim,), f)
     pk = {"rank": a.rank, "curvature": "fisher", "init_theta": theta0}
     args, kwargs = (dd["Xtr"], dd["ytr"]), {"subsample_size": n}
