@@ -21,7 +21,8 @@
    ``"stratified"`` (Fu and Zhang 2023) and the low-rank proxy (Fisher curvature, fitted from
    a random start), the MAP (Optax Adam, full batch), BlackJAX SGHMC with its
    ``grad_estimator`` and a constant step chosen from three by the validation log-likelihood
-   (same gradient budget as the package's SGHMC), and the exact answer: full-data NumPyro
+   (same gradient budget as the package's SGHMC), the low-rank proxy alone (500 draws
+   θ̂ + Lξ), and the exact answer: full-data NumPyro
    NUTS started at MAPs (``--bnn-nuts-draws``). Metrics: test accuracy and test
    log-likelihood per point of the posterior predictive (predictive probabilities averaged
    over draws), the mean distance of the predictive probabilities from NUTS's, wall time
@@ -518,6 +519,13 @@ def experiment_bnn(a) -> dict:
             _score(row, _thin(draws, 500), dd, ref=ref)
         log(f"    {_brief(row)}")
         rows.append(row)
+    # the proxy alone (no MCMC), fitted with the SGHMC rows' settings
+    row, draws = run_structured_proxy("low-rank proxy alone (θ̂ + Lξ, no MCMC)", bnn_model,
+                                      args, kwargs, dict(pk, structure="low-rank"), 500, a.seed)
+    if draws is not None:
+        _score(row, _thin(draws, 500), dd, ref=ref)
+    log(f"    {_brief(row)}")
+    rows.append(row)
     # BlackJAX: the same number of minibatch gradients per chain as the package's SGHMC
     L = 10
     num_iter = (warm + samp) // L
