@@ -48,6 +48,17 @@ class MCMC(NumPyroMCMC):
         self.min_ess, self.max_rhat = float(min_ess), float(max_rhat)
         self.run_check: RunCheck | None = None
 
+    def warmup(self, rng_key, *args, extra_fields=(), collect_warmup=False, init_params=None,
+               **kwargs) -> None:
+        """NumPyro's ``MCMC.warmup``, without the checks: warm-up draws are not meant to be
+        stationary (the next ``run`` checks its draws)."""
+        check, self.check = self.check, False
+        try:
+            super().warmup(rng_key, *args, extra_fields=extra_fields,
+                           collect_warmup=collect_warmup, init_params=init_params, **kwargs)
+        finally:
+            self.check = check
+
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs) -> None:
         super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
                     **kwargs)
