@@ -21,7 +21,7 @@ from models import (
 )
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGLD, to_arviz
+from numpyro_subsample import SGLD, DistributedSGLD, to_arviz
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 HERE = os.path.dirname(__file__)
@@ -281,5 +281,9 @@ def test_exploding_chain_is_flagged_not_returned(linreg):
 
 
 def test_default_step_without_preconditioning_is_refused_at_construction():
+    """Without the proxy's whitening the measured-noise rule does not apply: refused unless the
+    preconditioner adapts (the default then, tests/test_adaptation.py)."""
     with pytest.raises(ValueError, match="step_size=None needs preconditioning=True"):
-        SGLD(logistic_hier_model, preconditioning=False)
+        SGLD(logistic_hier_model, preconditioning=False, adapt_preconditioner=False)
+    with pytest.raises(ValueError, match="step_size=None needs preconditioning=True"):
+        DistributedSGLD(logistic_hier_model, preconditioning=False)

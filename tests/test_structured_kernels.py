@@ -260,25 +260,28 @@ def test_the_jaxpr_check_finds_a_dense_factor():
     assert _square(jx, d) == [(d, d), (d, d)]
 
 
-def test_wide_model_runs_without_a_square_array(monkeypatch):
+@pytest.mark.parametrize("adapt", [None, False])
+def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     """d > MAX_DENSE_DIM (lowered to 200: the same code path as above 2000, at d = 300 > N =
     250, so that only a d × d array has two dimensions ≥ d): the default proxy is low-rank
     (k = 10 here, Fisher curvature: one pass for its diagonal); preprocessing and 300 steps
     run, and no array with two dimensions ≥ d appears in the preprocessed arrays, the chain's
-    init and step, or the Lanczos program of the noise."""
+    init and step, or the Lanczos program of the noise; with the default adapted
+    preconditioner (``adapt=None``) and with the measured-noise step rule (False)."""
     monkeypatch.setattr(kernel_module, "MAX_DENSE_DIM", 200)
     d, N = 300, 250
     rng = np.random.default_rng(0)
     X = jnp.asarray((3 * rng.normal(size=(N, d)) / np.sqrt(d)).astype(np.float32))
     y = jnp.asarray((X @ rng.normal(size=d) + rng.normal(size=N)).astype(np.float32))
     kernel = SGLD(wide_model, proxy_kwargs={"rank": 10, "curvature": "fisher"},
-                  chunk_size=125)
+                  chunk_size=125, adapt_preconditioner=adapt)
     mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False, check=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     pre = kernel.preprocessed
     assert isinstance(pre.proxy, StructuredProxy) and pre.proxy.info["rank"] == 10
     assert kernel.noise_correction is False and pre.params.noise_scale is None
-    assert np.isfinite(pre.noise) and 0 < pre.step_size < 1
+    assert np.isfinite(pre.noise) == (adapt is False) and 0 < pre.step_size < 1
+    assert (mcmc.last_state.adapt is None) == (adapt is False)
     beta = np.asarray(mcmc.get_samples()["beta"])
     assert beta.shape == (200, d) and np.all(np.isfinite(beta))
     assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))

@@ -75,6 +75,9 @@ _SGMCMC: dict[str, Option] = {
         remedy="Pass a positive number, or None for the default rule."),
     "proxy": _SG_PROXY,
     "preconditioning": _flag("whether the chain moves in coordinates whitened by the proxy"),
+    "adapt_preconditioner": Option(
+        "bool", "whether a diagonal scale of the coordinates is adapted during warm-up",
+        none=True, remedy="Pass True, False or None (on with a structured proxy)."),
     "max_variance_inflation": Option(
         "real", "δ, the tolerated relative inflation of the posterior variance by the default "
         "step size", low=0, high=1, open_low=True,

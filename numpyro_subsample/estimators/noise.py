@@ -301,10 +301,10 @@ def warn_if_noise_limited(
             f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy "
             f"assumes: the proxy is far from the posterior there (a posterior that is not "
             f"nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
-            f"control variates nor a larger subsample make the rule's step useful. Check the "
-            f"proxy fit's warnings and fit a closer proxy (proxy='variational', or a larger "
-            f"proxy_kwargs={{'rank': k}}), or pass step_size and validate the draws on "
-            f"held-out data."
+            f"control variates nor a larger subsample make the rule's step useful. Pass "
+            f"adapt_preconditioner=True (a diagonal scale adapted during warm-up, with its "
+            f"own step rule), or check the proxy fit's warnings and fit a closer proxy "
+            f"(proxy='variational', or a larger proxy_kwargs={{'rank': k}})."
         )
     elif estimator.update is not None or name in ("saga", "svrg"):
         remedy = (

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from numpyro.util import is_prng_key
 
@@ -34,24 +33,22 @@ from numpyro_subsample.estimators.registry import (
 )
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.sgmcmc import adaptation
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
-    SamplerParams,
     SGMCMCState,
     Whitening,
     _Config,
     chain_programs,
 )
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
-from numpyro_subsample.sgmcmc.noise_refine import (
-    corrected_noise_scale,
-    noise_and_step_size,
-    with_time_step,
-)
+from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_time_step
 from numpyro_subsample.sgmcmc.preprocess import (
     STRUCTURED,
     ProxyRequest,
+    adapted_preprocessed,
     check_dimension,
+    check_initial_gradient,
     check_request,
     fit_proxy,
     local_preprocessing,
@@ -85,7 +82,8 @@ class SGMCMCKernel(SubsampleKernel):
         SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
         Putcha et al. 2023, Eq. 4, is 2h). ``None`` picks h from the measured gradient noise
         so that the stationary variance of a Gaussian target is inflated by at most
-        ``max_variance_inflation`` (:mod:`numpyro_subsample.sgmcmc.stepsize`).
+        ``max_variance_inflation`` (:mod:`numpyro_subsample.sgmcmc.stepsize`; with the
+        adapted preconditioner, from its rule).
     proxy
         ``"laplace"`` (mode and inverse Hessian; default), ``"variational"`` (an autoguide
         fitted by SVI, :func:`~numpyro_subsample.proxies.variational.fit_variational`;
@@ -99,25 +97,27 @@ class SGMCMCKernel(SubsampleKernel):
         :class:`~numpyro_subsample.proxies.structured.StructuredProxy`. ``"laplace"`` is
         dense up to :data:`MAX_DENSE_DIM` parameters and ``"low-rank"`` above (pass a fitted
         ``Proxy`` to keep a dense one). A structured proxy forms no d × d array on the
-        sampling path; the step-size rules then take the largest whitened curvature the
-        low-rank fit reports (its first discarded Ritz value over the complement's curvature,
-        at least 1), and 1 for the diagonal proxy, which assumes weakly correlated parameters.
+        sampling path and adapts the preconditioner by default (below).
     preconditioning
         Sample in coordinates whitened by the proxy covariance.
+    adapt_preconditioner
+        Adapt a diagonal scale of the (whitened) coordinates during warm-up, then freeze it
+        (:mod:`~numpyro_subsample.sgmcmc.adaptation`; ``num_warmup`` ≥ ``MIN_ADAPT_WARMUP``):
+        for posteriors that no Gaussian proxy whitens. The default ``step_size`` is then
+        :func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`, no noise is measured
+        and the noise correction is off. None (default): on with a structured proxy or
+        ``preconditioning=False`` (with ``estimator="uniform"`` no proxy is fitted at all).
     max_variance_inflation
         δ of the default step-size rule (default 0.05).
     noise_correction
-        Inject N(0, 2ch I − h²V) instead of N(0, 2ch I), V the estimator's noise covariance
-        (whitened, measured exactly at proxy draws, :mod:`numpyro_subsample.estimators.noise`),
-        c the diffusion coefficient: the total noise per step is then the diffusion's, as in
-        stochastic-gradient Fisher scoring (Ahn, Korattikara and Welling 2012) and SGHMC's
-        B̂ correction (Chen, Fox and Guestrin 2014, Eq. 9), so the default step is larger for
-        the same variance inflation (:mod:`numpyro_subsample.sgmcmc.stepsize`). Default
-        (None) on, except for ``"saga"`` and ``"svrg"``, whose noise changes with their state,
-        and with a structured proxy, which does not form the d × d matrices V and S (True
-        raises for both; ``"laplace"`` above :data:`MAX_DENSE_DIM` turns it off by default and
-        raises at preprocessing if True); needs preconditioning (V is measured in whitened
-        coordinates).
+        Inject N(0, 2ch I − h²V) instead of N(0, 2ch I), V the estimator's whitened noise
+        covariance measured at proxy draws (:mod:`numpyro_subsample.estimators.noise`), c the
+        diffusion coefficient, as in stochastic-gradient Fisher scoring (Ahn, Korattikara and
+        Welling 2012) and SGHMC's B̂ (Chen, Fox and Guestrin 2014, Eq. 9): a larger default
+        step for the same variance inflation. None (default): on, except for ``"saga"`` and
+        ``"svrg"`` (their noise changes with their state), a structured proxy (no d × d V; also
+        ``"laplace"`` above :data:`MAX_DENSE_DIM`) and the adapted preconditioner, where True
+        raises; needs preconditioning.
     replace
         Draw subsample indices with replacement (default) or without.
     proxy_kwargs
@@ -164,6 +164,7 @@ class SGMCMCKernel(SubsampleKernel):
         step_size: float | None = None,
         proxy: str | Proxy | StructuredProxy = "laplace",
         preconditioning: bool = True,
+        adapt_preconditioner: bool | None = None,
         max_variance_inflation: float = 0.05,
         replace: bool = True,
         proxy_kwargs: dict | None = None,
@@ -182,7 +183,7 @@ class SGMCMCKernel(SubsampleKernel):
     ) -> None:
         check_options(
             "SGMCMCKernel", label=type(self).__name__, step_size=step_size,
-            preconditioning=preconditioning,
+            preconditioning=preconditioning, adapt_preconditioner=adapt_preconditioner,
             max_variance_inflation=max_variance_inflation, replace=replace,
             proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
             store_datum_grads=store_datum_grads, noise_correction=noise_correction,
@@ -195,16 +196,20 @@ class SGMCMCKernel(SubsampleKernel):
             type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
             preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
             supports_structured=self._supports_structured(),
+            adapt_preconditioner=adapt_preconditioner,
+            supports_adaptation=self._supports_adaptation(),
         )
         self._noise_correction_given = noise_correction
         if noise_correction is None:
-            noise_correction = estimator not in STATEFUL and not structured
+            noise_correction = (estimator not in STATEFUL and not structured
+                                and adapt_preconditioner is not True)
         super().__init__(model, seed=seed)
         self.estimator_name = estimator
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
         self._proxy_spec = proxy
         self.preconditioning = bool(preconditioning)
+        self.adapt_preconditioner = adapt_preconditioner
         self.max_variance_inflation = float(max_variance_inflation)
         self.replace = bool(replace)
         self.proxy_kwargs = dict(proxy_kwargs or {})
@@ -237,15 +242,12 @@ class SGMCMCKernel(SubsampleKernel):
 
     @property
     def proxy(self) -> Proxy | StructuredProxy | None:
-        """The fitted proxy: ``proxy.centre`` (θ̂, flat unconstrained), ``proxy.cov`` (Σ̂) or,
-        for a structured proxy, ``proxy.cov_op``."""
+        """The fitted proxy: ``centre`` (θ̂, flat unconstrained), ``cov`` or ``cov_op`` (Σ̂)."""
         return self.preprocessed.proxy
 
     @property
     def noise_correction(self) -> bool:
-        """Whether the dynamics inject N(0, 2ch I − h²V): as resolved for the data once
-        preprocessed (off when ``"laplace"`` became ``"low-rank"`` above
-        :data:`MAX_DENSE_DIM`), as requested before."""
+        """Whether the dynamics inject N(0, 2ch I − h²V) (as resolved once preprocessed)."""
         if self._pre is not None:
             return bool(self._pre.noise_corrected)
         return self._noise_correction
@@ -256,8 +258,7 @@ class SGMCMCKernel(SubsampleKernel):
         return self.preprocessed.step_size
 
     def with_step_size(self, step_size: float) -> SGMCMCKernel:
-        """A copy of this kernel with time step ``step_size`` that shares its preprocessing
-        (proxy, estimator, data), for the step-halving check."""
+        """A copy with time step ``step_size`` sharing the preprocessing (step-halving)."""
         h = float(step_size)
         if not (np.isfinite(h) and h > 0):
             raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
@@ -276,6 +277,20 @@ class SGMCMCKernel(SubsampleKernel):
     # -- preprocessing --------------------------------------------------------------------------
     def _needs_proxy(self) -> bool:
         return self.preconditioning or self.estimator_name in NEEDS_PROXY
+
+    def _adapts(self, potential: Potential) -> bool:
+        """As given, else with a structured proxy or without preconditioning."""
+        if potential.local:
+            return False
+        if self.adapt_preconditioner is None:
+            return self._supports_adaptation() and (
+                self._is_structured(potential.dim) or not self.preconditioning)
+        return bool(self.adapt_preconditioner)
+
+    @classmethod
+    def _supports_adaptation(cls) -> bool:
+        """The adapted preconditioner needs this class's preprocessing and chain programs."""
+        return cls._supports_structured() and cls._programs is SGMCMCKernel._programs
 
     @classmethod
     def _supports_structured(cls) -> bool:
@@ -325,48 +340,39 @@ class SGMCMCKernel(SubsampleKernel):
             self.estimator_name, potential, data, wh.proxy, replace=self.replace,
             rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
         )
-        curvature = whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
-        c = self._diffusion
-        ns = noise_and_step_size(
-            estimator, wh, k_noise, data, corrected=corrected, step_size=self._step_size,
-            rule=self._default_step_size, curvature=curvature, diffusion=c,
-            max_variance_inflation=self.max_variance_inflation, chunk_size=self.chunk_size,
-        )
-        measured, step_size, noise = ns.measured, ns.step_size, ns.measured.largest
-        passes = wh.data_passes + estimator.data_passes + measured.data_passes
-        dtype = wh.centre.dtype
-        scale = (corrected_noise_scale(measured.cov, step_size, dtype, c, stacklevel=4)
-                 if corrected else None)
-        params = SamplerParams(
-            wh.centre, wh.scale_tril, jnp.asarray(np.asarray(step_size, dtype)),
-            estimator.params, wh.init_tril, jnp.asarray(np.asarray(passes, dtype)), scale,
-        )
-        return Preprocessed(
-            potential, wh.proxy, estimator, float(step_size), noise, wh.centre, wh.scale_tril,
-            time.perf_counter() - t0, passes, params, noise_cov=measured.cov,
-            noise_draws=int(measured.points.shape[0] - 1),
-            noise_errors=ns.errors, noise_corrected=corrected,
+        if self._adapts(potential):
+            step_size = self._step_size or adaptation.adaptive_step_size(
+                lambda v, mu: self._default_step_size(v, False, mu))
+            return adapted_preprocessed(potential, wh, estimator, step_size, t0)
+        return measured_preprocessed(
+            potential, wh, estimator, k_noise, data, corrected=corrected,
+            step_size=self._step_size, rule=self._default_step_size,
+            curvature=whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0,
+            diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
+            chunk_size=self.chunk_size, started=t0,
         )
 
     def _preprocess_local(self, potential: Potential) -> Preprocessed:
         """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
         given = dict(estimator=self.estimator_name, estimator_options=self.estimator_options,
                      step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
-                     proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given)
+                     proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
+                     adapt_preconditioner=bool(self.adapt_preconditioner))
         return local_preprocessing(type(self).__name__, potential, given, self.replace,
                                    self.local, self._is_structured(potential.dim))
 
-    # -- the functional core --------------------------------------------------------------------
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
         local = bool(pre.potential.local)
         init_strategy = self.init_strategy if self._needs_proxy() and not local else "centre"
         est = pre.estimator
+        adapt = self._adapts(pre.potential)
         return _Config(
             pre.potential, est.estimate, self._dynamics(pre.noise_corrected),
             "threefry2x32" if traced else STEP_RNG, init_strategy,
             self.preconditioning and not local,
             self.zv_degree if self.zv_stream else 0, self.zv_fn,
-            int(num_warmup) if self.zv_stream else 0, est.init_state, est.update,
+            int(num_warmup) if self.zv_stream or adapt else 0, est.init_state, est.update,
+            adaptation.adaptation_window(num_warmup) if adapt else 0,
         )
 
     def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
@@ -380,20 +386,15 @@ class SGMCMCKernel(SubsampleKernel):
         return axes
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        with jax.ensure_compile_time_eval():  # concrete checks also under pmap
+            potential = self.potential_for(ModelData.from_args(model_args, model_kwargs))
         vectorized = not (isinstance(rng_key, jax.core.Tracer) or is_prng_key(rng_key))
-        if self.estimator_name == "saga" and vectorized:
-            # one table per chain, checked before anything is built (the preprocessing checks
-            # one, for sequential and parallel chains)
-            data = ModelData.from_args(model_args, model_kwargs)
+        if self.estimator_name == "saga" and vectorized:  # one table per chain, checked early
             check_estimator_request(self.estimator_name, self.estimator_options,
-                                    replace=self.replace, potential=self.potential_for(data),
+                                    replace=self.replace, potential=potential,
                                     num_chains=int(rng_key.shape[0]))
+        if self._adapts(potential):
+            adaptation.check_adaptation_warmup(type(self).__name__, num_warmup)
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
-        if isinstance(state.grad, jax.core.Tracer):
-            return state
-        if not np.isfinite(np.asarray(state.grad)).all():
-            raise ValueError(
-                "The gradient estimate is not finite at the initial position; check the "
-                "model and init_params."
-            )
+        check_initial_gradient(state.grad)
         return state

@@ -38,6 +38,11 @@ from numpyro_subsample.estimators.zv import (
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec, whiten_solve
+from numpyro_subsample.sgmcmc.adaptation import (
+    ScaleAdaptation,
+    init_adaptation,
+    update_adaptation,
+)
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 
 __all__ = [
@@ -87,7 +92,10 @@ class SGMCMCState(NamedTuple):
     ``est_state``: the estimator's own state (None for a stateless estimator; SAGA's table,
     SVRG's anchor: :mod:`numpyro_subsample.estimators.variance_reduced`), updated by every
     gradient estimate of the steps, also after a failure (the chain is frozen then and its
-    state no longer used).
+    state no longer used); ``adapt``: the diagonal preconditioner adapted during warm-up
+    (:class:`~numpyro_subsample.sgmcmc.adaptation.ScaleAdaptation`, with
+    ``adapt_preconditioner=True``): the dynamics then move u = w / ``adapt.scale``, and
+    ``momentum`` is in u's units.
     """
 
     i: jax.Array
@@ -105,6 +113,7 @@ class SGMCMCState(NamedTuple):
     params: SamplerParams
     zv_stats: ZVStats | None = None
     est_state: Any = None
+    adapt: ScaleAdaptation | None = None
 
 
 class Preprocessed(NamedTuple):
@@ -149,10 +158,11 @@ class _Config(NamedTuple):
     precondition_draw: bool  # w is whitened by the proxy (True) or raw θ − θ̂ (False)
     zv_degree: int  # 0: no ZV streaming
     zv_fn: Callable | None
-    num_warmup: int
+    num_warmup: int  # with zv_degree or adapt_window, else 0
     # a stateful estimator's init_state and update (GradientEstimator), or None
     init_state: Callable | None = None
     update: Callable | None = None
+    adapt_window: int = 0  # > 0: the diagonal preconditioner adapts (sgmcmc.adaptation)
 
 
 @lru_cache(maxsize=64)
@@ -177,9 +187,16 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
         grad_w = whiten_rmatvec(p.scale_tril, state.grad)
-        w, mom, xi = dynamics.step(
-            k_dyn, state.w, state.momentum, state.thermostat, grad_w, p.step_size, p.noise_scale
-        )
+        adapt = state.adapt
+        if cfg.adapt_window:  # move u = w / s (sgmcmc.adaptation)
+            adapt = update_adaptation(adapt, grad_w, state.i, cfg.num_warmup, cfg.adapt_window)
+            u, mom, xi = dynamics.step(k_dyn, state.w / adapt.scale, state.momentum,
+                                       state.thermostat, adapt.scale * grad_w, p.step_size,
+                                       p.noise_scale)
+            w = adapt.scale * u
+        else:
+            w, mom, xi = dynamics.step(k_dyn, state.w, state.momentum, state.thermostat, grad_w,
+                                       p.step_size, p.noise_scale)
         theta = p.centre + whiten_matvec(p.scale_tril, w)
         est_state, extra_passes = state.est_state, 0.0
         if cfg.update is None:
@@ -198,12 +215,14 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
         grad = keep(-g, state.grad)
         z = jax.tree.map(keep, pot.unravel(theta), state.z)
+        if adapt is not None:
+            adapt = jax.tree.map(keep, adapt, state.adapt)
         fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
         fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
         new = SGMCMCState(
             state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~ok,
             fail_step, fail_coord, state.data_passes + n * inv_n + extra_passes, key, p,
-            state.zv_stats, est_state,
+            state.zv_stats, est_state, adapt,
         )
         if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
             theta_z = ravel_pytree(new.z)[0]
@@ -232,6 +251,7 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
             est_state, extra_passes = cfg.init_state(params.estimator, data)
         g, n = estimate(params.estimator, k_est, theta, data)
         mom, xi = dynamics.init_momentum(k_mom, w)
+        adapt = init_adaptation(whiten_rmatvec(tril, -g)) if cfg.adapt_window else None
         stats = None
         if cfg.zv_degree:
             m = jax.eval_shape(zv_flat, pot.unravel(theta), data).shape[0]
@@ -241,7 +261,7 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
             jnp.asarray(n, jnp.int32), jnp.zeros((), bool), jnp.full((), -1, jnp.int32),
             jnp.full((), -1, jnp.int32),
             (params.data_passes + n * inv_n + extra_passes).astype(centre.dtype),
-            key, params, stats, est_state,
+            key, params, stats, est_state, adapt,
         )
 
     return init_one, step

@@ -11,6 +11,7 @@ V̂ is refined by more draws, and h capped, until that error is within δ
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.noise import (
     WhitenedNoise,
@@ -28,7 +30,7 @@ from numpyro_subsample.estimators.noise import (
     warn_if_noise_limited,
     whitened_noise,
 )
-from numpyro_subsample.sgmcmc.chain import Preprocessed, Whitening
+from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
 from numpyro_subsample.sgmcmc.dynamics import injected_noise_scale
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "NoiseStep",
     "correction_step_cap",
     "corrected_noise_scale",
+    "measured_preprocessed",
     "noise_and_step_size",
     "refine_noise",
     "with_time_step",
@@ -159,6 +162,47 @@ def noise_and_step_size(
     if step_size is None:
         warn_if_noise_limited(estimator, noise, h, curvature=curvature, stacklevel=3)
     return NoiseStep(measured, errors, h)
+
+
+def measured_preprocessed(
+    potential: Potential,
+    wh: Whitening,
+    estimator: GradientEstimator,
+    key: jax.Array,
+    data: ModelData,
+    *,
+    corrected: bool,
+    step_size: float | None,
+    rule: Callable[[float, bool, float], float],
+    curvature: float,
+    diffusion: float,
+    max_variance_inflation: float,
+    chunk_size: int,
+    started: float,
+) -> Preprocessed:
+    """The preprocessing's end with a measured noise (:func:`noise_and_step_size`, same
+    arguments): the time step, the corrected dynamic's injected-noise scale, the sampler's
+    arrays; ``started`` is the preprocessing's ``time.perf_counter()`` at its start."""
+    ns = noise_and_step_size(
+        estimator, wh, key, data, corrected=corrected, step_size=step_size, rule=rule,
+        curvature=curvature, diffusion=diffusion,
+        max_variance_inflation=max_variance_inflation, chunk_size=chunk_size,
+    )
+    measured, h = ns.measured, ns.step_size
+    passes = wh.data_passes + estimator.data_passes + measured.data_passes
+    dtype = wh.centre.dtype
+    scale = (corrected_noise_scale(measured.cov, h, dtype, diffusion, stacklevel=5)
+             if corrected else None)
+    params = SamplerParams(
+        wh.centre, wh.scale_tril, jnp.asarray(np.asarray(h, dtype)), estimator.params,
+        wh.init_tril, jnp.asarray(np.asarray(passes, dtype)), scale,
+    )
+    return Preprocessed(
+        potential, wh.proxy, estimator, float(h), measured.largest, wh.centre, wh.scale_tril,
+        time.perf_counter() - started, passes, params, noise_cov=measured.cov,
+        noise_draws=int(measured.points.shape[0] - 1), noise_errors=ns.errors,
+        noise_corrected=corrected,
+    )
 
 
 def with_time_step(pre: Preprocessed, step_size: float, diffusion: float) -> Preprocessed:

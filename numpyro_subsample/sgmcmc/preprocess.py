@@ -15,11 +15,13 @@ import inspect
 import time
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.local import LocalConfig, local_estimator
 from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_request
 from numpyro_subsample.estimators.selection import uniform_design
@@ -36,6 +38,8 @@ __all__ = [
     "MAX_ZV_DEGREE2_DIM",
     "STRUCTURED",
     "ProxyRequest",
+    "adapted_preprocessed",
+    "check_initial_gradient",
     "check_dimension",
     "check_request",
     "fit_proxy",
@@ -95,6 +99,8 @@ def check_request(
     replace: bool,
     noise_correction: bool | None,
     supports_structured: bool,
+    adapt_preconditioner: bool | None = False,
+    supports_adaptation: bool = True,
 ) -> bool:
     """Checks of a kernel's options that need no data (the kernel class ``label``; its
     ``supports_structured``); returns whether ``proxy`` is structured.
@@ -112,10 +118,23 @@ def check_request(
             f"proxy={given} (a structured proxy) is supported by SGLD, SGHMC and SGNHT, not "
             f"by {label}; pass proxy='laplace'."
         )
-    if step_size is None and not preconditioning:
+    if adapt_preconditioner and not supports_adaptation:
+        raise ValueError(
+            f"adapt_preconditioner=True is supported by SGLD, SGHMC and SGNHT, not by {label}; "
+            "leave it out."
+        )
+    if adapt_preconditioner and noise_correction:
+        raise ValueError(
+            "noise_correction=True needs the noise covariance in fixed whitened coordinates, "
+            "which adapt_preconditioner=True rescales during warm-up; leave noise_correction "
+            "out (None: off with the adapted preconditioner)."
+        )
+    adapts = supports_adaptation and adapt_preconditioner is not False
+    if step_size is None and not preconditioning and not adapts:
         raise ValueError(
             "step_size=None needs preconditioning=True (the default rule works in "
-            "whitened coordinates); pass a step_size."
+            "whitened coordinates) or the adapted preconditioner (adapt_preconditioner=None or "
+            "True); pass a step_size."
         )
     check_estimator_request(estimator, estimator_options, replace=replace)
     if noise_correction and estimator in STATEFUL:
@@ -306,6 +325,8 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
         needs.append(f"no proxy_kwargs (got {sorted(given['proxy_kwargs'])})")
     if given["noise_correction"]:
         needs.append("noise_correction left out (got True)")
+    if given.get("adapt_preconditioner"):
+        needs.append("adapt_preconditioner=False (got True)")
     if needs:
         raise ValueError(
             f"{label}: the model has local latent sites {list(potential.local_sites)} inside "
@@ -327,3 +348,31 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     )
     return Preprocessed(potential, None, estimator, h, float("nan"), wh.centre, wh.scale_tril,
                         time.perf_counter() - t0, 0.0, params)
+
+
+def adapted_preprocessed(potential: Potential, wh: Whitening, estimator: GradientEstimator,
+                         step_size: float, started: float) -> Preprocessed:
+    """The preprocessing's end for the adapted preconditioner
+    (:mod:`~numpyro_subsample.sgmcmc.adaptation`): no noise is measured (its noise figure is
+    NaN) and the time step is ``step_size``; ``started`` is the preprocessing's
+    ``time.perf_counter()`` at its start."""
+    dtype = wh.centre.dtype
+    passes = wh.data_passes + estimator.data_passes
+    params = SamplerParams(
+        wh.centre, wh.scale_tril, jnp.asarray(np.asarray(step_size, dtype)), estimator.params,
+        wh.init_tril, jnp.asarray(np.asarray(passes, dtype)),
+    )
+    return Preprocessed(potential, wh.proxy, estimator, float(step_size), float("nan"),
+                        wh.centre, wh.scale_tril, time.perf_counter() - started, passes, params)
+
+
+def check_initial_gradient(grad: Any) -> None:
+    """Raise a ``ValueError`` when the chains' first gradient estimate is not finite (not
+    checked under tracing)."""
+    if isinstance(grad, jax.core.Tracer):
+        return
+    if not np.isfinite(np.asarray(grad)).all():
+        raise ValueError(
+            "The gradient estimate is not finite at the initial position; check the model and "
+            "init_params."
+        )
