@@ -14,7 +14,8 @@ TIMEOUT = int(os.environ.get("NUMPYRO_SUBSAMPLE_NOTEBOOK_TIMEOUT", "600"))  # pe
 
 # the quick start runs by default; the others are long and marked slow (left out of the
 # default run by pyproject.toml's addopts, run by CI after it; README)
-SLOW = {"distributed_shards", "preferential_adaptive", "variance_reduced", "zv_postprocessing"}
+SLOW = {"bayesian_neural_network", "distributed_shards", "preferential_adaptive",
+        "variance_reduced", "zv_postprocessing"}
 
 
 @pytest.mark.parametrize(
