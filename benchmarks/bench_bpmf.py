@@ -23,8 +23,8 @@ Subsample size n = 1000 (``--subsample-size``; 4-5 % of the training ratings, th
 gradient above, and the step the noise rule allows grows like n.
 
 Rows, per proxy (``numpyro_subsample.SGLD`` with the package's defaults otherwise:
-preconditioning by the proxy, chains started at proxy draws, step size from the measured
-gradient noise):
+preconditioning by the structured proxy with the diagonal preconditioner adapted during
+warm-up, chains started at proxy draws, the adapted coordinates' step size):
 
 - SGLD-CV (``estimator="cv"``) and SGLD (``estimator="uniform"``), default steps;
 - both at common steps h = m·h_CV for the multipliers m of ``--step-multipliers`` (default
@@ -45,11 +45,12 @@ gradient noise):
   user and item, full data per sweep, from a random start).
 
 Each SG kernel runs in a fresh Python process (no compiled program shared), as one
-``numpyro.infer.MCMC`` run of ``--chains`` vectorised chains × ``--steps`` steps (no warm-up),
-``--draws`` states kept per chain. Wall time = setup (kernel construction and preprocessing:
-proxy fit, noise measurement, step size, with compilation) + the chain's compilation +
-sampling; kept draw j of S is stamped setup + compile + (j + 1)/S × sampling seconds (the
-compiled loop costs the same per step); CPU seconds of the process likewise. Metric at a
+``numpyro.infer.MCMC`` run of ``--chains`` vectorised chains × (W + ``--steps``) steps, W a
+tenth of the steps of warm-up when the preconditioner adapts (else 0), ``--draws`` states kept
+per chain. Wall time = setup (kernel construction and preprocessing: proxy fit, step size,
+with compilation) + the chain's compilation + sampling; kept draw j of S is stamped setup +
+compile + (W + (j + 1)/S × steps)/(W + steps) × sampling seconds (the compiled loop costs the
+same per step); CPU seconds of the process likewise. Metric at a
 checkpoint: RMSE on the test ratings of the posterior-mean prediction, the mean of U_lᵀV_m over
 the last half of the draws so far, pooled over chains (the window of ``bench_paper002.py``).
 Equal budgets, per proxy: B (wall) and B_cpu (CPU) = the smaller totals of its default SGLD-CV
@@ -214,12 +215,15 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
     from numpyro_subsample.post.checks import check_run
 
     steps, S = spec["steps"], spec["draws"]
+    # the adapted preconditioner (the default with a structured proxy) needs a warm-up: a tenth
+    # of the steps, before the kept ones, on the time axis
+    warm = steps // 10 if kernel._adapts(kernel.preprocessed.potential) else 0
     prep_s, prep_cpu = prep
-    row = {**extra, "steps": steps, "chains": spec["chains"], "prep_s": prep_s,
-           "prep_cpu_s": prep_cpu}
+    row = {**extra, "steps": steps, "num_warmup": warm, "chains": spec["chains"],
+           "prep_s": prep_s, "prep_cpu_s": prep_cpu}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, num_chains=spec["chains"],
+        mcmc = MCMC(kernel, num_warmup=warm, num_samples=steps, num_chains=spec["chains"],
                     thinning=steps // S, chain_method="vectorized", progress_bar=False)
         with CompileTimer() as ct:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -236,7 +240,8 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
     row["warnings"] = _warning_texts(caught)
     row["checks"] = {f: getattr(rc, f) for f in CHECK_FIELDS}
     S = passes.shape[0]
-    times = prep_s + ct.seconds + sampling_s * np.arange(1, S + 1) / S
+    times = prep_s + ct.seconds + sampling_s * (warm + steps * np.arange(1, S + 1) / S) / (
+        warm + steps)
     cpu_times = prep_cpu + run_cpu * (times - prep_s) / run_s  # CPU spread like the wall time
     u_te, v_te, r_te = dd["u_te"], dd["v_te"], dd["r_te"]
     P = np.asarray(predict(jnp.asarray(draws["U"]), jnp.asarray(draws["V"]),
@@ -244,7 +249,8 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
     row.update(chain_compile_s=ct.seconds, sampling_s=sampling_s, wall_s=prep_s + run_s,
                cpu_s=prep_cpu + run_cpu, cpu_times=cpu_times,
                step_size=float(kernel.step_size), times=times, passes=passes,
-               rmse=window_rmse(P, r_te), steps_per_s=spec["chains"] * steps / sampling_s)
+               rmse=window_rmse(P, r_te),
+               steps_per_s=spec["chains"] * (warm + steps) / sampling_s)
     # ZV at checkpoints: the draws of the window ⌊j/2⌋..j
     pot = kernel.preprocessed.potential
     C = grad.shape[0]

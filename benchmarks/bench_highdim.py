@@ -8,7 +8,9 @@
    mean and marginal sds come from the Schur complement of the diagonal u-block (p × p
    solves only; no (p+J)² array), checked against a sparse direct solve (scipy.sparse).
    Rows: SGLD-CV and SGHMC-CV with ``proxy="low-rank"`` and ``"diagonal"`` (Hessian curvature,
-   Hutchinson diagonal), the structured proxies alone (θ̂ + L ξ, ``scale_matvec``), and a
+   Hutchinson diagonal; the preconditioner adapted during warm-up, the default with a
+   structured proxy, and one SGLD-CV row with ``adapt_preconditioner=False``, the measured-noise
+   step rule), the structured proxies alone (θ̂ + L ξ, ``scale_matvec``), and a
    short NUTS timing (full-data gradients; too slow at this size to be a peer). Metrics over
    the fixed effects and over 200 random effects drawn at random: worst |mean error| and
    worst |log sd ratio| in exact posterior-sd units, min bulk ESS (ArviZ, over the stored
@@ -19,9 +21,11 @@
    Sect. 4; Springenberg et al. 2016); features standardised with the training statistics;
    seeded 60/15/25 train/validation/test split. Rows: SGHMC with ``estimator="uniform"`` and
    ``"stratified"`` (Fu and Zhang 2023) and the low-rank proxy (Fisher curvature, fitted from
-   a random start), the MAP (Optax Adam, full batch), BlackJAX SGHMC with its
-   ``grad_estimator`` and a constant step chosen from three by the validation log-likelihood
-   (same gradient budget as the package's SGHMC), the low-rank proxy alone (500 draws
+   a random start; preconditioner adapted during warm-up, the default), the same without the
+   adaptation, and without any proxy (``preconditioning=False``: the adapted diagonal scale
+   alone, chains from the model's initial values), the MAP (Optax Adam, full batch), BlackJAX
+   SGHMC with its ``grad_estimator`` and a constant step chosen from three by the validation
+   log-likelihood (same gradient budget as the package's SGHMC), the low-rank proxy alone (500 draws
    θ̂ + Lξ), and the exact answer: full-data NumPyro
    NUTS started at MAPs (``--bnn-nuts-draws``). Metrics: test accuracy and test
    log-likelihood per point of the posterior predictive (predictive probabilities averaged
@@ -176,7 +180,8 @@ def run_sg(name: str, cls, kw: dict, args: tuple, kwargs: dict, *, warmup: int, 
             row["step_size"] = float(kernel.step_size)
             row["noise"] = float(getattr(kernel.preprocessed, "noise", float("nan")))
             row["steps_per_s"] = chains * (warmup + samples) / (row["wall_s"] - row["prep_s"])
-            info = kernel.preprocessed.proxy.info
+            row["adapted"] = mcmc.last_state.adapt is not None
+            info = getattr(kernel.preprocessed.proxy, "info", None) or {}
             row["proxy_info"] = {k: info[k] for k in ("structure", "rank", "curvature",
                                                       "converged", "clipped") if k in info}
         except Exception as err:  # noqa: BLE001 - one row failing must not stop the others
@@ -264,12 +269,16 @@ def experiment_lmm(a) -> dict:
     structures = [s.strip() for s in a.lmm_proxies.split(",") if s.strip()]
     for structure in structures:
         pk = dict(fit_kw, **({"rank": a.rank} if structure == "low-rank" else {}))
-        for label, cls in (("SGLD-CV", SGLD), ("SGHMC-CV", SGHMC)):
-            name = f"{label}, {structure}"
+        variants = [("SGLD-CV", SGLD, {}), ("SGHMC-CV", SGHMC, {})]
+        if structure == structures[0]:  # the measured-noise step rule, for comparison
+            variants.append(("SGLD-CV", SGLD, {"adapt_preconditioner": False}))
+        for label, cls, extra in variants:
+            name = f"{label}, {structure}" + "".join(f", {k}={v}" for k, v in extra.items())
             log(f"[lmm] {name}: {a.chains} chains x ({warm} + {samp}), thinning {thin}")
             row, draws = run_sg(name, cls, {"estimator": "cv", "proxy": structure,
-                                            "proxy_kwargs": pk}, args, kwargs, warmup=warm,
-                                samples=samp, chains=a.chains, thinning=thin, seed=a.seed)
+                                            "proxy_kwargs": pk, **extra}, args, kwargs,
+                                warmup=warm, samples=samp, chains=a.chains, thinning=thin,
+                                seed=a.seed)
             if draws is not None:
                 row.update(lmm_metrics(_flat(draws), mean, sd, cols_u))
             log(f"    {_brief(row)}")
@@ -507,12 +516,20 @@ def experiment_bnn(a) -> dict:
     theta0 = 0.1 * jax.random.normal(jax.random.PRNGKey(a.seed), (dim,), f)
     pk = {"rank": a.rank, "curvature": "fisher", "init_theta": theta0}
     args, kwargs = (dd["Xtr"], dd["ytr"]), {"subsample_size": n}
-    for est, init in (("uniform", "proxy"), ("stratified", "proxy"), ("uniform", "centre")):
-        name = f"SGHMC-{est}, low-rank" + (", init at θ̂" if init == "centre" else "")
+    low_rank = {"proxy": "low-rank", "proxy_kwargs": pk}
+    variants = (  # (name, options): defaults unless named
+        ("SGHMC-uniform, low-rank", {"estimator": "uniform", **low_rank}),
+        ("SGHMC-stratified, low-rank", {"estimator": "stratified", **low_rank}),
+        ("SGHMC-uniform, low-rank, init at θ̂",
+         {"estimator": "uniform", "init_strategy": "centre", **low_rank}),
+        ("SGHMC-uniform, no proxy (preconditioning=False)",
+         {"estimator": "uniform", "preconditioning": False}),
+        ("SGHMC-uniform, low-rank, adapt_preconditioner=False",
+         {"estimator": "uniform", "adapt_preconditioner": False, **low_rank}),
+    )
+    for name, opts in variants:
         log(f"[bnn] {name}: {a.chains} chains x ({warm} + {samp})")
-        row, draws = run_sg(name, SGHMC, {"model": bnn_model, "estimator": est,
-                                          "proxy": "low-rank", "proxy_kwargs": pk,
-                                          "init_strategy": init},
+        row, draws = run_sg(name, SGHMC, {"model": bnn_model, **opts},
                             args, kwargs, warmup=warm, samples=samp, chains=a.chains,
                             thinning=thin, seed=a.seed)
         if draws is not None:
