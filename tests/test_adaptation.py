@@ -117,8 +117,13 @@ def test_scale_frozen_after_warmup_and_default_with_structured_proxy(scaled):
     dense = SGLD(linreg_model, progress_bar=False)
     state = dense.init(jax.random.PRNGKey(0), 10, None, (X, y), {})
     assert state.adapt is None and np.isfinite(dense.preprocessed.noise)
+    pot = kernel.potential_for(ModelData.from_args((X, y), {}))
     raw = SGLD(linreg_model, preconditioning=False, progress_bar=False)  # no whitening: on
-    assert raw._adapts(raw.potential_for(ModelData.from_args((X, y), {})))
+    assert raw._adapts(pot)
+    # ... unless a step is given: plain SGLD in raw coordinates (the papers' protocol)
+    with pytest.warns(DeprecationWarning):  # SGLD's step_size convention notice
+        given = SGLD(linreg_model, preconditioning=False, step_size=1e-4)
+    assert not given._adapts(pot)
 
 
 def test_bad_requests_raise_early(scaled):

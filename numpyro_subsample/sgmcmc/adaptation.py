@@ -7,10 +7,13 @@ estimate the chain computes anyway: no extra data), and sets s = (V + V_min)^(-1
 warm-up s is frozen, so the sampling phase is a stochastic-gradient diffusion with a constant
 preconditioner. Because the state stores w, a change of s during warm-up leaves θ where it is.
 
-Why V^(-1/2) (the scale of Ahn, Korattikara and Welling 2012, Eq. 12, and of the adaptive
-SGHMC of Springenberg et al. 2016; pSGLD, Li et al. 2016, takes V^(-1/4)): for a stationary
-chain, E[ĝ_j²] = E_π[(∂_j log π)²] + v_j = E_π[−∂²_j log π] + v_j, the mean curvature plus the
-estimator's noise variance of coordinate j. In u coordinates both are scaled by s_j², so
+The scale V^(-1/2) is the square root of the inverse diagonal Fisher information that
+stochastic gradient Fisher scoring preconditions with (Ahn, Korattikara and Welling 2012);
+pSGLD (Li et al. 2016) and the scale-adapted SGHMC of Springenberg et al. (2016) use the
+RMSprop scale V^(-1/4), which leaves u with variances ∝ posterior sd instead of 1. For a
+stationary chain, E[ĝ_j²] = E_π[(∂_j log π)²] + v_j = E_π[−∂²_j log π] + v_j, the mean
+curvature plus the estimator's noise variance of coordinate j. In u coordinates both are
+scaled by s_j², so
 
     μ_j + v_j ≤ 1     (u coordinates, every j),
 

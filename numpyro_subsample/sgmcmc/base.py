@@ -105,8 +105,8 @@ class SGMCMCKernel(SubsampleKernel):
         (:mod:`~numpyro_subsample.sgmcmc.adaptation`; ``num_warmup`` ≥ ``MIN_ADAPT_WARMUP``):
         for posteriors that no Gaussian proxy whitens. The default ``step_size`` is then
         :func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`, no noise is measured
-        and the noise correction is off. None (default): on with a structured proxy or
-        ``preconditioning=False`` (with ``estimator="uniform"`` no proxy is fitted at all).
+        and the noise correction is off. None (default): on with a structured proxy, and with
+        ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy).
     max_variance_inflation
         δ of the default step-size rule (default 0.05).
     noise_correction
@@ -279,12 +279,12 @@ class SGMCMCKernel(SubsampleKernel):
         return self.preconditioning or self.estimator_name in NEEDS_PROXY
 
     def _adapts(self, potential: Potential) -> bool:
-        """As given, else with a structured proxy or without preconditioning."""
+        """As given, else with a structured proxy, or without preconditioning and step_size."""
         if potential.local:
             return False
         if self.adapt_preconditioner is None:
-            return self._supports_adaptation() and (
-                self._is_structured(potential.dim) or not self.preconditioning)
+            return self._supports_adaptation() and (self._is_structured(potential.dim) or (
+                not self.preconditioning and self._step_size is None))
         return bool(self.adapt_preconditioner)
 
     @classmethod
