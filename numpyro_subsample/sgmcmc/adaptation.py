@@ -59,10 +59,14 @@ MIN_ADAPT_WARMUP = 100
 
 
 class ScaleAdaptation(NamedTuple):
-    """Per chain: ``moment`` V (running mean of ĝ_w², shape (d,)) and ``scale`` s."""
+    """Per chain: ``moment`` V, the running mean of ĝ_w² (shape (d,)); ``scale`` is
+    s = (V + V_min)^(-1/2)."""
 
     moment: jax.Array
-    scale: jax.Array
+
+    @property
+    def scale(self) -> jax.Array:
+        return jax.lax.rsqrt(self.moment + MIN_MOMENT)
 
 
 def adaptation_window(num_warmup: int) -> int:
@@ -83,14 +87,9 @@ def check_adaptation_warmup(label: str, num_warmup: int) -> None:
         )
 
 
-def _scale(moment: jax.Array) -> jax.Array:
-    return jax.lax.rsqrt(moment + MIN_MOMENT)
-
-
 def init_adaptation(grad_w: jax.Array) -> ScaleAdaptation:
     """The state before the first step, from the gradient estimate ``grad_w`` at the start."""
-    moment = 1.0 + grad_w * grad_w
-    return ScaleAdaptation(moment, _scale(moment))
+    return ScaleAdaptation(1.0 + grad_w * grad_w)
 
 
 def update_adaptation(state: ScaleAdaptation, grad_w: jax.Array, i: jax.Array,
@@ -99,9 +98,7 @@ def update_adaptation(state: ScaleAdaptation, grad_w: jax.Array, i: jax.Array,
     ρ = max(1/(i + 2), 1/``window``) and s = (V + V_min)^(-1/2); afterwards unchanged."""
     rho = jnp.maximum(1.0 / (i + 2.0), 1.0 / window).astype(grad_w.dtype)
     moment = state.moment + rho * (grad_w * grad_w - state.moment)
-    adapt = i < num_warmup
-    moment = jnp.where(adapt, moment, state.moment)
-    return ScaleAdaptation(moment, jnp.where(adapt, _scale(moment), state.scale))
+    return ScaleAdaptation(jnp.where(i < num_warmup, moment, state.moment))
 
 
 def adaptive_step_size(rule: Callable[[float, float], float], points: int = 101) -> float:

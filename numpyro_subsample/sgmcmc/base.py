@@ -46,13 +46,13 @@ from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_ti
 from numpyro_subsample.sgmcmc.preprocess import (
     STRUCTURED,
     ProxyRequest,
-    adapted_preprocessed,
     check_dimension,
     check_initial_gradient,
     check_request,
     fit_proxy,
     local_preprocessing,
     proxy_choice,
+    unmeasured_preprocessed,
     whitened_curvature,
     whitening,
 )
@@ -343,7 +343,7 @@ class SGMCMCKernel(SubsampleKernel):
         if self._adapts(potential):
             step_size = self._step_size or adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu))
-            return adapted_preprocessed(potential, wh, estimator, step_size, t0)
+            return unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
         return measured_preprocessed(
             potential, wh, estimator, k_noise, data, corrected=corrected,
             step_size=self._step_size, rule=self._default_step_size,

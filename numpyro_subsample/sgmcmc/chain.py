@@ -190,10 +190,10 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         adapt = state.adapt
         if cfg.adapt_window:  # move u = w / s (sgmcmc.adaptation)
             adapt = update_adaptation(adapt, grad_w, state.i, cfg.num_warmup, cfg.adapt_window)
-            u, mom, xi = dynamics.step(k_dyn, state.w / adapt.scale, state.momentum,
-                                       state.thermostat, adapt.scale * grad_w, p.step_size,
-                                       p.noise_scale)
-            w = adapt.scale * u
+            s = adapt.scale
+            u, mom, xi = dynamics.step(k_dyn, state.w / s, state.momentum, state.thermostat,
+                                       s * grad_w, p.step_size, p.noise_scale)
+            w = s * u
         else:
             w, mom, xi = dynamics.step(k_dyn, state.w, state.momentum, state.thermostat, grad_w,
                                        p.step_size, p.noise_scale)

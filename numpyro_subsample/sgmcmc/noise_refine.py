@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,11 +35,9 @@ from numpyro_subsample.sgmcmc.dynamics import injected_noise_scale
 
 __all__ = [
     "MAX_NOISE_EXTENSIONS",
-    "NoiseStep",
     "correction_step_cap",
     "corrected_noise_scale",
     "measured_preprocessed",
-    "noise_and_step_size",
     "refine_noise",
     "with_time_step",
 ]
@@ -110,18 +108,10 @@ def corrected_noise_scale(noise_cov: Any, step_size: float, dtype: Any, diffusio
     return jnp.asarray(np.asarray(s, dtype))
 
 
-class NoiseStep(NamedTuple):
-    """The measured gradient noise, the standard errors of its eigenvalues
-    (:func:`~numpyro_subsample.estimators.noise.direction_errors`) and the time step h."""
-
-    measured: WhitenedNoise
-    errors: np.ndarray
-    step_size: float
-
-
-def noise_and_step_size(
-    estimator: GradientEstimator,
+def measured_preprocessed(
+    potential: Potential,
     wh: Whitening,
+    estimator: GradientEstimator,
     key: jax.Array,
     data: ModelData,
     *,
@@ -132,14 +122,17 @@ def noise_and_step_size(
     diffusion: float,
     max_variance_inflation: float,
     chunk_size: int,
-) -> NoiseStep:
-    """The estimator's gradient noise at proxy draws in whitened coordinates
-    (:func:`~numpyro_subsample.estimators.noise.whitened_noise`, refined by
-    :func:`refine_noise` for a ``corrected`` dynamic) and the time step: ``step_size`` if
-    given, else ``rule(noise, corrected, curvature)`` (the dynamic's step-size rule, of the
-    largest noise eigenvalue), capped by :func:`correction_step_cap` for a corrected dynamic;
-    a default step limited by the noise warns
-    (:func:`~numpyro_subsample.estimators.noise.warn_if_noise_limited`)."""
+    started: float,
+) -> Preprocessed:
+    """The preprocessing's end with a measured noise: the estimator's gradient noise at proxy
+    draws in whitened coordinates (:func:`~numpyro_subsample.estimators.noise.whitened_noise`,
+    refined by :func:`refine_noise` for a ``corrected`` dynamic), the time step (``step_size``
+    if given, else ``rule(noise, corrected, curvature)``, the dynamic's step-size rule of the
+    largest noise eigenvalue, capped by :func:`correction_step_cap` for a corrected dynamic; a
+    default step limited by the noise warns,
+    :func:`~numpyro_subsample.estimators.noise.warn_if_noise_limited`), the corrected
+    dynamic's injected-noise scale and the sampler's arrays. ``started`` is the
+    preprocessing's ``time.perf_counter()`` at its start."""
 
     def chosen(noise: float, corr: bool, mu: float = 1.0) -> float:
         return step_size if step_size is not None else rule(noise, corr, mu)
@@ -161,34 +154,6 @@ def noise_and_step_size(
         h = min(h, correction_step_cap(errors, diffusion, max_variance_inflation))
     if step_size is None:
         warn_if_noise_limited(estimator, noise, h, curvature=curvature, stacklevel=3)
-    return NoiseStep(measured, errors, h)
-
-
-def measured_preprocessed(
-    potential: Potential,
-    wh: Whitening,
-    estimator: GradientEstimator,
-    key: jax.Array,
-    data: ModelData,
-    *,
-    corrected: bool,
-    step_size: float | None,
-    rule: Callable[[float, bool, float], float],
-    curvature: float,
-    diffusion: float,
-    max_variance_inflation: float,
-    chunk_size: int,
-    started: float,
-) -> Preprocessed:
-    """The preprocessing's end with a measured noise (:func:`noise_and_step_size`, same
-    arguments): the time step, the corrected dynamic's injected-noise scale, the sampler's
-    arrays; ``started`` is the preprocessing's ``time.perf_counter()`` at its start."""
-    ns = noise_and_step_size(
-        estimator, wh, key, data, corrected=corrected, step_size=step_size, rule=rule,
-        curvature=curvature, diffusion=diffusion,
-        max_variance_inflation=max_variance_inflation, chunk_size=chunk_size,
-    )
-    measured, h = ns.measured, ns.step_size
     passes = wh.data_passes + estimator.data_passes + measured.data_passes
     dtype = wh.centre.dtype
     scale = (corrected_noise_scale(measured.cov, h, dtype, diffusion, stacklevel=5)
@@ -198,9 +163,9 @@ def measured_preprocessed(
         wh.init_tril, jnp.asarray(np.asarray(passes, dtype)), scale,
     )
     return Preprocessed(
-        potential, wh.proxy, estimator, float(h), measured.largest, wh.centre, wh.scale_tril,
+        potential, wh.proxy, estimator, float(h), noise, wh.centre, wh.scale_tril,
         time.perf_counter() - started, passes, params, noise_cov=measured.cov,
-        noise_draws=int(measured.points.shape[0] - 1), noise_errors=ns.errors,
+        noise_draws=int(measured.points.shape[0] - 1), noise_errors=errors,
         noise_corrected=corrected,
     )
 

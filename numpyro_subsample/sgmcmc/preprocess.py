@@ -38,13 +38,13 @@ __all__ = [
     "MAX_ZV_DEGREE2_DIM",
     "STRUCTURED",
     "ProxyRequest",
-    "adapted_preprocessed",
     "check_initial_gradient",
     "check_dimension",
     "check_request",
     "fit_proxy",
     "local_preprocessing",
     "proxy_choice",
+    "unmeasured_preprocessed",
     "whitened_curvature",
     "whitening",
 ]
@@ -340,21 +340,14 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
                             potential.init_theta.dtype)
     estimator = local_estimator(potential, design, local)
     wh = whitening(None, potential, preconditioning=False, structured=structured)
-    dtype = wh.centre.dtype
-    h = float(given["step_size"])
-    params = SamplerParams(
-        wh.centre, wh.scale_tril, jnp.asarray(np.asarray(h, dtype)), estimator.params,
-        wh.init_tril, jnp.zeros((), dtype), None,
-    )
-    return Preprocessed(potential, None, estimator, h, float("nan"), wh.centre, wh.scale_tril,
-                        time.perf_counter() - t0, 0.0, params)
+    return unmeasured_preprocessed(potential, wh, estimator, float(given["step_size"]), t0)
 
 
-def adapted_preprocessed(potential: Potential, wh: Whitening, estimator: GradientEstimator,
-                         step_size: float, started: float) -> Preprocessed:
-    """The preprocessing's end for the adapted preconditioner
-    (:mod:`~numpyro_subsample.sgmcmc.adaptation`): no noise is measured (its noise figure is
-    NaN) and the time step is ``step_size``; ``started`` is the preprocessing's
+def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: GradientEstimator,
+                            step_size: float, started: float) -> Preprocessed:
+    """The preprocessing's end without a noise measurement (the adapted preconditioner,
+    :mod:`~numpyro_subsample.sgmcmc.adaptation`, and local latent sites): the noise figure is
+    NaN and the time step is ``step_size``; ``started`` is the preprocessing's
     ``time.perf_counter()`` at its start."""
     dtype = wh.centre.dtype
     passes = wh.data_passes + estimator.data_passes
