@@ -98,6 +98,10 @@ _SGMCMC: dict[str, Option] = {
     "zv_stream": _flag("whether zero-variance statistics are accumulated while sampling"),
     "zv_degree": Option("int", "the polynomial degree of the zero-variance control variates",
                         choices=(1, 2), remedy="Pass 1 or 2."),
+    "zv_covariates": Option(
+        "str", "the degree-1 zero-variance covariates", choices=("auto", "gradient", "linearised"),
+        remedy="Pass 'auto' (the gradient's d coordinates up to MAX_ZV_COVARIATES = 2000 "
+        "parameters, else one linearised covariate per function), 'gradient' or 'linearised'."),
     "zv_fn": Option("callable", "the function of the constrained sample whose mean the "
                     "zero-variance statistics estimate", none=True,
                     remedy="Pass a function of the sample dict, or None (every coordinate and "

@@ -5,6 +5,18 @@ Mira et al. 2013) averages g̃(θ) = g(θ) − βᵀu(θ, ŝ), with u zero-mean 
 the stochastic gradient ŝ ≈ ∇ log π(θ) the sampler computes anyway. This module holds the
 pieces the sampling loop needs (covariates, Welford sufficient statistics); the fit of β and
 the ArviZ output are in :mod:`numpyro_subsample.post.zv`.
+
+Two sets of degree-1 covariates:
+
+- ``"gradient"``: the d coordinates of ŝ, every function g_i regressed on all of them
+  (Eq. 14 as written): a p × p co-moment matrix, refused above :data:`MAX_ZV_COVARIATES`;
+- ``"linearised"``: one covariate per function, u_i = ∇g_i(θ̄)ᵀ Σ̂ ŝ, with θ̄ and Σ̂ fixed
+  before sampling (the sampler's centre and proxy covariance), and a scalar β_i per
+  function: O(d·k + m) per draw for m functions. Each u_i is a fixed linear combination of
+  ŝ, so a degree-1 ZV variate (Q = β_i (Σ̂∇g_i(θ̄))ᵀθ, Eq. 13) with E[u_i] = 0.
+  It is our reduction, not the paper's: for a Gaussian posterior N(μ, Σ̂) and the exact
+  gradient, Σ̂ŝ = −(θ − μ) and a g linear in θ is corrected to zero variance; otherwise it
+  removes the part of g's fluctuation that is linear about θ̄ along Σ̂ŝ.
 """
 
 from __future__ import annotations
@@ -16,12 +28,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ZVStats", "zv_covariates", "empty_stats", "welford_update", "flat_fn",
-           "default_g", "check_degree", "num_covariates", "check_covariates",
-           "MAX_ZV_COVARIATES"]
+__all__ = ["ZVStats", "ZVPairedStats", "zv_covariates", "linearised_covariates",
+           "empty_stats", "empty_paired_stats", "welford_update", "flat_fn", "default_g",
+           "check_degree", "num_covariates", "check_covariates", "covariate_choice",
+           "COVARIATES", "MAX_ZV_COVARIATES"]
 
 #: Most covariates a ZV fit regresses on: its p × p co-moment matrix and O(p³) solve are dense.
 MAX_ZV_COVARIATES = 2000
+
+#: The covariate sets of degree 1 (module docstring), and ``"auto"``.
+COVARIATES = ("auto", "gradient", "linearised")
 
 
 def zv_covariates(theta: Any, grad: Any, degree: int = 1, xp: Any = jnp) -> Any:
@@ -38,6 +54,35 @@ def zv_covariates(theta: Any, grad: Any, degree: int = 1, xp: Any = jnp) -> Any:
     diag = 1.0 + theta * grad
     cross = theta[..., j] * grad[..., k] + theta[..., k] * grad[..., j]
     return xp.concatenate([grad, diag, cross], axis=-1)
+
+
+def linearised_covariates(g_flat: Callable, centre: Any, direction: Any) -> Any:
+    """u = J_g(θ̄) v for directions v = Σ̂ŝ of shape (..., d) (module docstring).
+
+    ``g_flat``: θ ↦ g as a flat (m,) vector; ``centre``: θ̄ (d,). Returns (..., m).
+    """
+    _, lin = jax.linearize(g_flat, centre)
+    flat_dirs = direction.reshape((-1, direction.shape[-1])).astype(centre.dtype)
+    out = jax.vmap(lin)(flat_dirs)
+    return out.reshape(direction.shape[:-1] + out.shape[-1:])
+
+
+def covariate_choice(covariates: str, degree: int, dim: int) -> str:
+    """``"gradient"`` or ``"linearised"`` for ``covariates`` (``"auto"``: gradient up to
+    :data:`MAX_ZV_COVARIATES` parameters, else linearised) at ``degree`` and ``dim``."""
+    if covariates not in COVARIATES:
+        raise ValueError(f"covariates must be one of {COVARIATES}, got {covariates!r}.")
+    if degree == 2:
+        if covariates == "linearised":
+            raise ValueError(
+                "covariates='linearised' is a reduction of degree 1 (one covariate per "
+                "function); degree=2 regresses on the d(d+3)/2 covariates of Eq. 13. Pass "
+                "degree=1."
+            )
+        return "gradient"
+    if covariates == "auto":
+        return "gradient" if dim <= MAX_ZV_COVARIATES else "linearised"
+    return covariates
 
 
 def check_degree(degree: int) -> None:
@@ -65,22 +110,43 @@ class ZVStats(NamedTuple):
     m_gg: Any
 
 
+class ZVPairedStats(NamedTuple):
+    """Welford statistics of m pairs (u_i, g_i), one covariate per function (the linearised
+    covariates): count and, each of shape (m,), the means and the co-moments Σ(u_i − ū_i)²,
+    Σ(u_i − ū_i)(g_i − ḡ_i), Σ(g_i − ḡ_i)². O(m) memory; a leading chain axis when stacked.
+    """
+
+    count: Any
+    mean_u: Any
+    mean_g: Any
+    m_uu: Any
+    m_ug: Any
+    m_gg: Any
+
+
 def empty_stats(p: int, m: int, dtype) -> ZVStats:
     z = lambda *s: jnp.zeros(s, dtype)  # noqa: E731
     return ZVStats(z(), z(p), z(m), z(p, p), z(p, m), z(m))
 
 
-def welford_update(stats: ZVStats, u, g, active) -> ZVStats:
-    """One masked Welford step (active=False leaves the statistics unchanged)."""
+def empty_paired_stats(m: int, dtype) -> ZVPairedStats:
+    z = lambda *s: jnp.zeros(s, dtype)  # noqa: E731
+    return ZVPairedStats(z(), z(m), z(m), z(m), z(m), z(m))
+
+
+def welford_update(stats: ZVStats | ZVPairedStats, u, g, active):
+    """One masked Welford step (active=False leaves the statistics unchanged); elementwise
+    co-moments for :class:`ZVPairedStats`."""
     a = active.astype(stats.count.dtype)
     count = stats.count + a
     w = a / jnp.maximum(count, 1.0)
     du, dg = u - stats.mean_u, g - stats.mean_g
     mean_u, mean_g = stats.mean_u + w * du, stats.mean_g + w * dg
     du2, dg2 = a * (u - mean_u), a * (g - mean_g)
-    return ZVStats(
+    prod = jnp.multiply if isinstance(stats, ZVPairedStats) else jnp.outer
+    return type(stats)(
         count, mean_u, mean_g,
-        stats.m_uu + jnp.outer(du, du2), stats.m_ug + jnp.outer(du, dg2), stats.m_gg + dg * dg2,
+        stats.m_uu + prod(du, du2), stats.m_ug + prod(du, dg2), stats.m_gg + dg * dg2,
     )
 
 
@@ -107,8 +173,6 @@ def flat_fn(fn: Callable, example: dict) -> tuple[Callable, Callable]:
     return flat, unflatten
 
 
-
-
 def check_covariates(p: int, degree: int) -> None:
     """Raise if the fit of β would form a dense p × p matrix with p > :data:`MAX_ZV_COVARIATES`
     (degree 1 regresses on all d gradient coordinates)."""
@@ -118,8 +182,9 @@ def check_covariates(p: int, degree: int) -> None:
             f"coordinates{'' if degree == 1 else ' and their products with θ'}): a dense p × p "
             f"co-moment matrix ({p * p * 8 / 2**30:.2g} GiB in float64) and an O(p³) solve, "
             f"beyond MAX_ZV_COVARIATES={MAX_ZV_COVARIATES} "
-            "(numpyro_subsample.estimators.zv). Skip ZV for this model (the plain averages and "
-            "their Monte Carlo errors are in the ArviZ summary)."
+            "(numpyro_subsample.estimators.zv). "
+            + ("Use covariates='linearised' (one covariate per function, O(d) per draw)."
+               if degree == 1 else "Use degree=1 (its linearised covariates are O(d) per draw).")
         )
 
 

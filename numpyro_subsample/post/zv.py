@@ -22,6 +22,14 @@ gradient is taken in, with the log-Jacobian inside log π. It then holds for **a
 are unbiased, but a polynomial in θ removes less variance from a nonlinear T(θ) (e.g. a scale
 τ = exp θ) than from a real-valued site. ``unconstrained=True`` targets θ itself instead.
 
+Above :data:`~numpyro_subsample.estimators.zv.MAX_ZV_COVARIATES` parameters degree 1 uses
+the linearised covariates (``covariates="auto"``): one per function, u_i = ∇g_i(θ̄)ᵀ Σ̂ ŝ, with
+θ̄ the kernel's centre and Σ̂ = L Lᵀ its whitening (the proxy's covariance; the identity
+without preconditioning), both fixed before sampling and shared by the chains (not the
+diagonal adapted per chain during warm-up, which would give each chain other covariates
+than the pooled β fits); a scalar β_i each (:mod:`numpyro_subsample.estimators.zv`). One
+linearisation of g at θ̄ and one application of Σ̂ per draw: O(d·k + m), no p × p matrix.
+
 The optimal coefficients are solved from the covariance of standardised covariates with a
 least-squares solver (and optional ridge), per chain or on the pooled chains. The same solver
 serves the stored draws and the streaming sufficient statistics (Welford co-moments that an SG
@@ -32,7 +40,6 @@ and updates in :mod:`numpyro_subsample.estimators.zv`), so both agree to float t
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import arviz as az
@@ -44,16 +51,25 @@ import xarray as xr
 
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.zv import (
+    COVARIATES,
+    ZVPairedStats,
     ZVStats,
     check_covariates,
     check_degree,
+    covariate_choice,
     default_g,
     flat_fn,
     num_covariates,
     zv_covariates,
 )
-from numpyro_subsample.post.protocol import kernel_of, run_data, unconstrain
-from numpyro_subsample.post.zv_solver import Draws, ZVResult, fit_draws, fit_stats, make_result
+from numpyro_subsample.post.protocol import run_data
+from numpyro_subsample.post.zv_draws import (
+    draws_from_idata,
+    draws_from_mcmc,
+    unconstrained_draws,
+    zv_kernel_of,
+)
+from numpyro_subsample.post.zv_solver import ZVResult, fit_draws, fit_stats, make_result
 
 __all__ = [
     "ZVStats",
@@ -71,102 +87,6 @@ _STATS = ("mean", "var", "raw_mean", "raw_var", "mcse_mean", "raw_mcse_mean",
           "variance_reduction")
 
 
-@partial(jax.jit, static_argnames=("fn",))
-def _flat_values(fn: Callable, samples: dict) -> jax.Array:
-    """g of every sample (leading axis B) as a flat vector (B, m), in batches."""
-    flat = flat_fn(fn, jax.tree.map(lambda v: v[0], samples))[0]
-    return jax.lax.map(flat, samples, batch_size=256)
-
-
-def _eval_fn(fn: Callable, samples: dict) -> tuple[np.ndarray, Callable]:
-    """fn over all (chain, draw) samples -> (C, D, m) and the unflattener."""
-    C, D = next(iter(samples.values())).shape[:2]
-    flat = {k: jnp.asarray(v).reshape((C * D,) + v.shape[2:]) for k, v in samples.items()}
-    unflatten = flat_fn(fn, {k: v[0] for k, v in flat.items()})[1]
-    G = _flat_values(fn, flat)
-    return np.asarray(G, np.float64).reshape(C, D, -1), unflatten
-
-
-def _kernel_of(mcmc):
-    return kernel_of(mcmc, "ZV post-processing (zv_mean, zv_fit; or pass the InferenceData of "
-                           "numpyro_subsample.to_arviz)")
-
-
-def unconstrained_draws(mcmc, data: ModelData | None = None) -> np.ndarray:
-    """Flat unconstrained θ (chain, draw, d) of a run (inverse transforms of the stored draws).
-
-    ``data``: the model's data (default: those of the run).
-    """
-    pot = _kernel_of(mcmc).potential
-    data = run_data(mcmc) if data is None else data
-    samples = mcmc.get_samples(group_by_chain=True)
-    C, D = next(iter(samples.values())).shape[:2]
-    latent = {k: jnp.asarray(samples[k]).reshape((C * D,) + samples[k].shape[2:])
-              for k in pot.latent_sites}
-    return np.asarray(unconstrain(pot, latent, data)).reshape(C, D, -1)
-
-
-def _draws_from_mcmc(mcmc, fn, degree, unconstrained, data) -> Draws | None:
-    _kernel_of(mcmc)
-    extra = mcmc.get_extra_fields(group_by_chain=True)
-    if "grad" not in extra:
-        return None
-    if unconstrained and fn is not None:
-        raise ValueError("Pass either fn or unconstrained=True, not both.")
-    grad = np.asarray(extra["grad"], np.float64)
-    need_theta = degree == 2 or unconstrained
-    theta = unconstrained_draws(mcmc, data) if need_theta else None
-    if unconstrained:
-        samples = {"theta": theta}
-    else:
-        samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
-    G, unflatten = _eval_fn(fn or default_g, samples)
-    U = zv_covariates(theta, grad, degree, np) if degree == 2 else grad
-    return Draws(np.asarray(U, np.float64), G, unflatten)
-
-
-def _draws_from_idata(idata, fn, degree, unconstrained) -> Draws:
-    local = idata.posterior.attrs.get("local_sites") if "posterior" in idata.groups() else None
-    if local:
-        raise ValueError(
-            f"ZV needs the gradient of the marginal posterior of the global sites; this run's "
-            f"model has local latent sites ({local}), whose chain gradient is the joint's at "
-            "their current values. Use the plain means of the draws."
-        )
-    if "sample_stats" not in idata.groups() or "grad" not in idata.sample_stats:
-        raise ValueError(
-            "The InferenceData has no sample_stats.grad: run MCMC with "
-            "extra_fields=('grad',) before to_arviz (or use the kernel's zv_stream=True and "
-            "read idata.zv_posterior)."
-        )
-    grad = np.asarray(idata.sample_stats["grad"].values, np.float64)
-    theta = None
-    if degree == 2 or unconstrained:
-        if "unconstrained_posterior" not in idata.groups():
-            raise ValueError(
-                "degree=2 / unconstrained=True need the unconstrained draws: create the "
-                "InferenceData with to_arviz(mcmc, zv=True), which adds unconstrained_posterior."
-            )
-        up = idata.unconstrained_posterior
-        C, D = grad.shape[:2]
-        theta = np.concatenate(
-            [np.asarray(up[k].values).reshape(C, D, -1) for k in sorted(up.data_vars)], -1
-        )
-        if theta.shape[-1] != grad.shape[-1]:
-            raise ValueError(
-                f"unconstrained_posterior has {theta.shape[-1]} coordinates, grad has "
-                f"{grad.shape[-1]}."
-            )
-    if unconstrained:
-        if fn is not None:
-            raise ValueError("Pass either fn or unconstrained=True, not both.")
-        samples = {"theta": theta}
-    else:
-        samples = {k: np.asarray(v.values) for k, v in idata.posterior.data_vars.items()}
-    G, unflatten = _eval_fn(fn or default_g, samples)
-    U = zv_covariates(theta, grad, degree, np) if degree == 2 else grad
-    return Draws(np.asarray(U, np.float64), G, unflatten)
-
 def zv_fit(
     source: Any,
     fn: Callable[[dict], Any] | None = None,
@@ -178,6 +98,7 @@ def zv_fit(
     unconstrained: bool = False,
     mode: str = "auto",
     data: ModelData | None = None,
+    covariates: str = "auto",
 ) -> ZVResult:
     """ZV-corrected estimates of E[g] (Baker et al. 2019, Eq. 14, Algorithm 2) with diagnostics.
 
@@ -207,8 +128,16 @@ def zv_fit(
         state, ``zv_stats``) or ``"auto"`` (stored if the gradients were collected).
     data
         The model's data for the unconstrained draws and the streamed g (default: the run's).
+    covariates
+        Of degree 1: ``"gradient"`` (the d coordinates of ŝ, Eq. 13-14 as written; a dense
+        d × d fit, refused above :data:`~numpyro_subsample.estimators.zv.MAX_ZV_COVARIATES`),
+        ``"linearised"`` (one covariate per function, module docstring; needs the ``MCMC``
+        run, not an InferenceData) or ``"auto"`` (gradient up to that d, else linearised).
+        Streamed statistics hold the covariates of the kernel's ``zv_covariates``.
     """
     check_degree(degree)
+    if covariates not in COVARIATES:
+        raise ValueError(f"covariates must be one of {COVARIATES}, got {covariates!r}.")
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}.")
     if mode not in ("auto", "stored", "stream"):
@@ -216,19 +145,20 @@ def zv_fit(
     if isinstance(source, az.InferenceData):
         if mode == "stream":
             raise ValueError("mode='stream' needs the MCMC object (the run's last state).")
-        draws = _draws_from_idata(source, fn, degree, unconstrained)
+        draws = draws_from_idata(source, fn, degree, unconstrained, covariates)
         check_covariates(draws.U.shape[-1], degree)
         return make_result(fit_draws(draws, by_chain, cross_fit, ridge), draws.unflatten,
                        by_chain, degree)
-    _refuse_local(_kernel_of(source))
+    _refuse_local(zv_kernel_of(source))
     data = run_data(source) if data is None else data
     draws = None
     if mode in ("auto", "stored"):
-        draws = _draws_from_mcmc(source, fn, degree, unconstrained, data)
+        draws = draws_from_mcmc(source, fn, degree, unconstrained, data, covariates)
         if draws is None and mode == "stored":
             raise ValueError("mode='stored' needs MCMC(..).run(..., extra_fields=('grad',)).")
     if draws is not None:
-        check_covariates(draws.U.shape[-1], degree)
+        if not draws.paired:
+            check_covariates(draws.U.shape[-1], degree)
         return make_result(fit_draws(draws, by_chain, cross_fit, ridge), draws.unflatten,
                        by_chain, degree)
     if fn is not None or unconstrained:
@@ -238,8 +168,9 @@ def zv_fit(
         )
     if cross_fit:
         raise ValueError("cross_fit needs the stored draws (extra_fields=('grad',)).")
-    stats, unflatten = _streamed(source, degree, data)
-    check_covariates(int(np.shape(stats.mean_u)[-1]), degree)
+    stats, unflatten = _streamed(source, degree, data, covariates)
+    if isinstance(stats, ZVStats):
+        check_covariates(int(np.shape(stats.mean_u)[-1]), degree)
     return make_result(fit_stats(stats, by_chain, ridge), unflatten, by_chain, degree)
 
 
@@ -259,9 +190,10 @@ def _refuse_local(kernel: Any) -> None:
         )
 
 
-def _streamed(mcmc, degree: int, data: ModelData) -> tuple[ZVStats, Callable]:
+def _streamed(mcmc, degree: int, data: ModelData, covariates: str,
+              ) -> tuple[ZVStats | ZVPairedStats, Callable]:
     """The ZV statistics of the run's last state and the unflattener of the kernel's g."""
-    kernel = _kernel_of(mcmc)
+    kernel = zv_kernel_of(mcmc)
     stats = getattr(mcmc.last_state, "zv_stats", None)
     if stats is None:
         raise ValueError(
@@ -269,12 +201,21 @@ def _streamed(mcmc, degree: int, data: ModelData) -> tuple[ZVStats, Callable]:
             "with zv_stream=True to accumulate the statistics without storing the chain."
         )
     pot = kernel.potential
-    p = int(np.shape(stats.mean_u)[-1])
-    streamed = next((k for k in (1, 2) if num_covariates(pot.dim, k) == p), None)
+    if isinstance(stats, ZVPairedStats):
+        streamed, kind = 1, "linearised"
+    else:
+        p = int(np.shape(stats.mean_u)[-1])
+        streamed = next((k for k in (1, 2) if num_covariates(pot.dim, k) == p), None)
+        kind = "gradient"
     if streamed != degree:
         raise ValueError(
             f"The streaming statistics were accumulated for degree={streamed}; pass "
             f"degree={streamed} or build the kernel with zv_degree={degree}."
+        )
+    if covariates not in ("auto", kind):
+        raise ValueError(
+            f"The streaming statistics hold the {kind} covariates; pass covariates='{kind}' "
+            f"(or 'auto'), or build the kernel with zv_covariates={covariates!r}."
         )
     g = getattr(kernel, "zv_fn", None) or default_g
     _, unflatten = flat_fn(lambda z: g(pot.constrain(z, data)), pot.unravel(pot.init_theta))
@@ -332,7 +273,7 @@ def add_zv_groups(
     variance_reduction (Var g / Var g̃ per draw, for g = x). ``data``: the model's data
     (default: those of the run).
     """
-    kernel = _kernel_of(mcmc)
+    kernel = zv_kernel_of(mcmc)
     data = run_data(mcmc) if data is None else data
     extra = mcmc.get_extra_fields()
     if "grad" in extra:
@@ -346,7 +287,10 @@ def add_zv_groups(
         })
         if "unconstrained_posterior" not in idata.groups():
             idata.add_groups(unconstrained_posterior=ds)
-        res = zv_fit(idata, degree=degree)
+        if covariate_choice("auto", degree, kernel.potential.dim) == "linearised":
+            res = zv_fit(mcmc, degree=degree, data=data)
+        else:
+            res = zv_fit(idata, degree=degree)
     else:
         res = zv_fit(mcmc, degree=degree, mode="stream", data=data)
     if ZV_GROUP in idata.groups():
@@ -358,14 +302,18 @@ def add_zv_groups(
 def zv_summary(idata: az.InferenceData, degree: int | None = None, **kwargs: Any) -> pd.DataFrame:
     """A table like ``az.summary``: raw and ZV means, their MCSEs, sds, variance reduction.
 
-    Computed from ``sample_stats.grad`` when present (keyword arguments as :func:`zv_fit`),
-    else read from the ``zv_posterior`` group (streaming mode: no MCSEs).
+    Computed from ``sample_stats.grad`` when present (keyword arguments as :func:`zv_fit`)
+    and the gradient covariates apply, else read from the ``zv_posterior`` group (streaming
+    mode: no MCSEs; the linearised covariates of :func:`to_arviz` ``zv=True`` above
+    ``MAX_ZV_COVARIATES`` parameters).
     """
     has_grad = "sample_stats" in idata.groups() and "grad" in idata.sample_stats
-    if has_grad:
-        if degree is None:
-            degree = int(idata[ZV_GROUP].attrs.get("zv_degree", 1)) if ZV_GROUP in \
-                idata.groups() else 1
+    if degree is None:
+        degree = int(idata[ZV_GROUP].attrs.get("zv_degree", 1)) if ZV_GROUP in \
+            idata.groups() else 1
+    if has_grad and not (ZV_GROUP in idata.groups() and covariate_choice(
+            kwargs.get("covariates", "auto"), degree,
+            idata.sample_stats["grad"].shape[-1]) == "linearised"):
         ds = _zv_dataset(zv_fit(idata, degree=degree, **kwargs))
     elif ZV_GROUP in idata.groups():
         ds = idata[ZV_GROUP]

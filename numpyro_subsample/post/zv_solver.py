@@ -4,7 +4,9 @@ its estimates, from stored draws or from sufficient statistics.
 Pure NumPy on the host, in float64: the covariates U and function values G of the draws, or the
 Welford statistics :class:`~numpyro_subsample.estimators.zv.ZVStats` accumulated in the
 sampling loop, in; β, the ZV means, their MCSEs and the variance reductions out. The same
-solver serves both sources, so they agree to float tolerance.
+solver serves both sources, so they agree to float tolerance. With the linearised covariates
+(one per function, :class:`~numpyro_subsample.estimators.zv.ZVPairedStats`) every regression
+is a scalar one and every array has g's length m.
 """
 
 from __future__ import annotations
@@ -17,50 +19,65 @@ import jax
 import numpy as np
 import xarray as xr
 
-from numpyro_subsample.estimators.zv import ZVStats
+from numpyro_subsample.estimators.zv import ZVPairedStats, ZVStats
 
 __all__ = ["ZVResult", "Draws", "fit_draws", "fit_stats", "make_result"]
 
 
-def _moments(U: np.ndarray, G: np.ndarray) -> ZVStats:
-    """The same statistics from stored draws U (M, p), G (M, m), in float64."""
+def _moments(U: np.ndarray, G: np.ndarray, paired: bool = False) -> ZVStats | ZVPairedStats:
+    """The same statistics from stored draws U (M, p), G (M, m), in float64 (``paired``: U
+    (M, m), one covariate per column of G)."""
     U = np.asarray(U, np.float64)
     G = np.asarray(G, np.float64)
     mu, mg = U.mean(0), G.mean(0)
     Uc, Gc = U - mu, G - mg
+    if paired:
+        return ZVPairedStats(float(U.shape[0]), mu, mg, (Uc * Uc).sum(0), (Uc * Gc).sum(0),
+                             (Gc * Gc).sum(0))
     return ZVStats(float(U.shape[0]), mu, mg, Uc.T @ Uc, Uc.T @ Gc, (Gc * Gc).sum(0))
 
 
-def _pool(stats: ZVStats) -> ZVStats:
+def _prod(stats, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The co-moment increment of a pair of deviations: outer, or elementwise when paired."""
+    return a * b if isinstance(stats, ZVPairedStats) else np.outer(a, b)
+
+
+def _pool(stats: ZVStats | ZVPairedStats) -> ZVStats | ZVPairedStats:
     """Combine per-chain statistics (leading chain axis) into pooled ones (Chan et al.)."""
+    kind = type(stats)
     s = jax.tree.map(lambda x: np.asarray(x, np.float64), stats)
-    out = ZVStats(*(x[0] for x in s))
+    out = kind(*(x[0] for x in s))
     for c in range(1, s.count.shape[0]):
-        b = ZVStats(*(x[c] for x in s))
+        b = kind(*(x[c] for x in s))
         n = out.count + b.count
         if n == 0:
             continue
         du, dg = b.mean_u - out.mean_u, b.mean_g - out.mean_g
         f = out.count * b.count / n
-        out = ZVStats(
+        out = kind(
             n,
             out.mean_u + du * b.count / n,
             out.mean_g + dg * b.count / n,
-            out.m_uu + b.m_uu + f * np.outer(du, du),
-            out.m_ug + b.m_ug + f * np.outer(du, dg),
+            out.m_uu + b.m_uu + f * _prod(out, du, du),
+            out.m_ug + b.m_ug + f * _prod(out, du, dg),
             out.m_gg + b.m_gg + f * dg * dg,
         )
     return out
 
 
-def _solve(stats: ZVStats, ridge: float) -> np.ndarray:
+def _solve(stats: ZVStats | ZVPairedStats, ridge: float) -> np.ndarray:
     """β = Var(u)⁻¹ Cov(u, g) (Baker et al. 2019, after Eq. 14), solved stably.
 
     Covariates are standardised and the system solved by least squares (``np.linalg.lstsq``,
     small singular values cut), optionally with a ridge ``ridge``·I on the standardised scale.
+    Paired statistics: β_i = Cov(u_i, g_i) / ((1 + ridge) Var u_i), 0 where u_i is constant
+    (m,).
     """
     c_uu = np.asarray(stats.m_uu, np.float64)
     c_ug = np.asarray(stats.m_ug, np.float64)
+    if isinstance(stats, ZVPairedStats):
+        ok = c_uu > 0
+        return np.where(ok, c_ug / np.where(ok, (1 + ridge) * c_uu, 1.0), 0.0)
     sd = np.sqrt(np.clip(np.diag(c_uu), 0.0, None))
     sd = np.where(sd > 0, sd, 1.0)
     A = c_uu / np.outer(sd, sd)
@@ -70,15 +87,25 @@ def _solve(stats: ZVStats, ridge: float) -> np.ndarray:
     return beta / sd[:, None]
 
 
-def _apply(stats: ZVStats, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _apply(stats: ZVStats | ZVPairedStats, beta: np.ndarray,
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ZV mean, per-draw variance of g, per-draw variance of g̃) from statistics and β."""
     n = max(float(stats.count), 1.0)
-    mean = np.asarray(stats.mean_g, np.float64) - beta.T @ np.asarray(stats.mean_u, np.float64)
+    mean = np.asarray(stats.mean_g, np.float64) - _correction(beta,
+                                                             np.asarray(stats.mean_u, np.float64))
     var_g = np.asarray(stats.m_gg, np.float64) / n
     c_uu = np.asarray(stats.m_uu, np.float64) / n
     c_ug = np.asarray(stats.m_ug, np.float64) / n
-    var_res = var_g - 2 * np.sum(beta * c_ug, 0) + np.sum(beta * (c_uu @ beta), 0)
+    if isinstance(stats, ZVPairedStats):
+        var_res = var_g - 2 * beta * c_ug + beta * beta * c_uu
+    else:
+        var_res = var_g - 2 * np.sum(beta * c_ug, 0) + np.sum(beta * (c_uu @ beta), 0)
     return mean, var_g, np.maximum(var_res, 0.0)
+
+
+def _correction(beta: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """βᵀu for u (..., p) and β (p, m), or β ⊙ u for paired β (m,) and u (..., m)."""
+    return u * beta if beta.ndim == 1 else u @ beta
 
 
 class ZVResult(NamedTuple):
@@ -95,16 +122,17 @@ class ZVResult(NamedTuple):
     mcse_mean: Any
     raw_mcse_mean: Any
     variance_reduction: Any
-    beta: Any  # (p, m) coefficients, or a list of them per chain / per cross-fit half
+    beta: Any  # (p, m) coefficients ((m,) linearised), or a list per chain / cross-fit half
     degree: int
 
 
 class Draws(NamedTuple):
     """Covariates U and function values G of the stored draws, and G's unflattener."""
 
-    U: np.ndarray  # (C, D, p)
+    U: np.ndarray  # (C, D, p), or (C, D, m) when paired
     G: np.ndarray  # (C, D, m)
     unflatten: Callable[[np.ndarray], Any]  # (..., m) -> pytree with leading dims
+    paired: bool = False  # one covariate per function (the linearised covariates)
 
 
 def _mcse(series: np.ndarray) -> np.ndarray:
@@ -130,22 +158,23 @@ def fit_draws(draws: Draws, by_chain: bool, cross_fit: bool, ridge: float) -> di
                 raise ValueError("cross_fit needs at least 4 draws per chain.")
             h = D // 2
             halves = [slice(0, h), slice(h, 2 * h)]
-            stats = [_moments(u[:, s].reshape(-1, u.shape[-1]), g[:, s].reshape(-1, g.shape[-1]))
-                     for s in halves]
+            stats = [_moments(u[:, s].reshape(-1, u.shape[-1]), g[:, s].reshape(-1, g.shape[-1]),
+                              draws.paired) for s in halves]
             betas = [_solve(st, ridge) for st in stats]
             # β fitted on one half, applied to the other (E[u] = 0 is known, so no intercept).
-            means = [st.mean_g - betas[1 - i].T @ st.mean_u for i, st in enumerate(stats)]
+            means = [st.mean_g - _correction(betas[1 - i], st.mean_u)
+                     for i, st in enumerate(stats)]
             mean = 0.5 * (means[0] + means[1])
             series = np.concatenate(
-                [g[:, s] - u[:, s] @ betas[1 - i] for i, s in enumerate(halves)], 1
+                [g[:, s] - _correction(betas[1 - i], u[:, s]) for i, s in enumerate(halves)], 1
             )
             raw_series = g[:, : 2 * h]
             beta = betas
         else:
-            st = _moments(u.reshape(-1, u.shape[-1]), g.reshape(-1, g.shape[-1]))
+            st = _moments(u.reshape(-1, u.shape[-1]), g.reshape(-1, g.shape[-1]), draws.paired)
             beta = _solve(st, ridge)
             mean, *_ = _apply(st, beta)
-            series = g - u @ beta
+            series = g - _correction(beta, u)
             raw_series = g
         var_raw = raw_series.reshape(-1, g.shape[-1]).var(0)
         var_zv = series.reshape(-1, g.shape[-1]).var(0)
@@ -158,15 +187,16 @@ def fit_draws(draws: Draws, by_chain: bool, cross_fit: bool, ridge: float) -> di
     return out
 
 
-def fit_stats(stats: ZVStats, by_chain: bool, ridge: float) -> dict:
+def fit_stats(stats: ZVStats | ZVPairedStats, by_chain: bool, ridge: float) -> dict:
     """β and the estimates from Welford statistics (a leading chain axis), per chain or pooled.
     """
+    kind = type(stats)
     s = jax.tree.map(lambda x: np.asarray(x, np.float64), stats)
     if s.count.ndim == 0:
         s = jax.tree.map(lambda x: x[None], s)
     if not np.all(s.count > 1):
         raise ValueError("The streaming statistics hold fewer than 2 post-warmup draws.")
-    groups = [ZVStats(*(x[c] for x in s)) for c in range(s.count.shape[0])] if by_chain else [
+    groups = [kind(*(x[c] for x in s)) for c in range(s.count.shape[0])] if by_chain else [
         _pool(s)]
     out = {k: [] for k in ("mean", "raw", "mcse", "raw_mcse", "vr", "beta")}
     for st in groups:

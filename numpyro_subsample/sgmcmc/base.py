@@ -31,6 +31,7 @@ from numpyro_subsample.estimators.registry import (
     check_estimator_request,
     configure_estimator,
 )
+from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.sgmcmc import adaptation
@@ -135,12 +136,15 @@ class SGMCMCKernel(SubsampleKernel):
         shared by all chains and runs.
     progress_bar
         Progress bars for preprocessing (default: on, off under CI).
-    zv_stream, zv_degree, zv_fn
+    zv_stream, zv_degree, zv_covariates, zv_fn
         Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
         post-warmup draws inside the sampling loop, with polynomial degree 1 or 2 and the
         function g of the constrained sample (default: every coordinate and its square); read
         them with :func:`~numpyro_subsample.post.zv.zv_mean`. Degree 1 keeps d × d
-        co-moments per chain (whatever the proxy); degree 2 is refused above
+        co-moments per chain with the gradient covariates, O(m) for m functions with the
+        linearised ones (``zv_covariates``: ``"auto"`` picks them above
+        :data:`~numpyro_subsample.estimators.zv.MAX_ZV_COVARIATES` parameters;
+        :mod:`numpyro_subsample.estimators.zv`); degree 2 is refused above
         :data:`MAX_ZV_DEGREE2_DIM` parameters.
     local_update, local_steps
         For a model with local latent sites (one value per datum inside the plate): an exact
@@ -176,6 +180,7 @@ class SGMCMCKernel(SubsampleKernel):
         progress_bar: bool | None = None,
         zv_stream: bool = False,
         zv_degree: int = 1,
+        zv_covariates: str = "auto",
         zv_fn: Callable | None = None,
         local_update: Callable | None = None,
         local_steps: int = DEFAULT_LOCAL_STEPS,
@@ -188,7 +193,8 @@ class SGMCMCKernel(SubsampleKernel):
             proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
             store_datum_grads=store_datum_grads, noise_correction=noise_correction,
             init_strategy=init_strategy, seed=seed,
-            progress_bar=progress_bar, zv_stream=zv_stream, zv_degree=zv_degree, zv_fn=zv_fn,
+            progress_bar=progress_bar, zv_stream=zv_stream, zv_degree=zv_degree,
+            zv_covariates=zv_covariates, zv_fn=zv_fn,
             local_update=local_update, local_steps=local_steps,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
@@ -219,6 +225,7 @@ class SGMCMCKernel(SubsampleKernel):
         self.init_strategy = init_strategy
         self.progress_bar = default_progress() if progress_bar is None else progress_bar
         self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
+        self.zv_covariates = zv_covariates
         self.local = LocalConfig(steps=int(local_steps), update=local_update)
 
     # -- what a subclass chooses ------------------------------------------------------------
@@ -331,7 +338,7 @@ class SGMCMCKernel(SubsampleKernel):
         structured = self._is_structured(potential.dim)
         check_dimension(
             potential.dim, zv_degree=self.zv_degree if self.zv_stream else 0,
-            structured=structured,
+            zv_covariates=self.zv_covariates, structured=structured,
             noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
         )
         corrected = self._noise_correction and not structured
@@ -373,6 +380,8 @@ class SGMCMCKernel(SubsampleKernel):
             self.zv_degree if self.zv_stream else 0, self.zv_fn,
             int(num_warmup) if self.zv_stream or adapt else 0, est.init_state, est.update,
             adaptation.adaptation_window(num_warmup) if adapt else 0,
+            self.zv_stream and covariate_choice(self.zv_covariates, self.zv_degree,
+                                                pre.potential.dim) == "linearised",
         )
 
     def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):

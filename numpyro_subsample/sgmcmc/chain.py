@@ -27,10 +27,13 @@ from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import raw_key, split_step_key
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.zv import (
+    ZVPairedStats,
     ZVStats,
     default_g,
+    empty_paired_stats,
     empty_stats,
     flat_fn,
+    linearised_covariates,
     num_covariates,
     welford_update,
     zv_covariates,
@@ -88,7 +91,8 @@ class SGMCMCState(NamedTuple):
     coordinate that failed (−1 while the chain is healthy); ``data_passes``: cumulative data
     evaluations / N, including preprocessing; ``params``: the preprocessing's arrays (shared
     by vectorized chains);
-    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``);
+    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``; paired ones with
+    the linearised covariates);
     ``est_state``: the estimator's own state (None for a stateless estimator; SAGA's table,
     SVRG's anchor: :mod:`numpyro_subsample.estimators.variance_reduced`), updated by every
     gradient estimate of the steps, also after a failure (the chain is frozen then and its
@@ -111,7 +115,7 @@ class SGMCMCState(NamedTuple):
     data_passes: jax.Array
     rng_key: jax.Array
     params: SamplerParams
-    zv_stats: ZVStats | None = None
+    zv_stats: ZVStats | ZVPairedStats | None = None
     est_state: Any = None
     adapt: ScaleAdaptation | None = None
 
@@ -163,6 +167,7 @@ class _Config(NamedTuple):
     init_state: Callable | None = None
     update: Callable | None = None
     adapt_window: int = 0  # > 0: the diagonal preconditioner adapts (sgmcmc.adaptation)
+    zv_linearised: bool = False  # degree-1 ZV with one linearised covariate per function
 
 
 @lru_cache(maxsize=64)
@@ -226,7 +231,12 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         )
         if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
             theta_z = ravel_pytree(new.z)[0]
-            u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
+            if cfg.zv_linearised:  # u = J_g(θ̂) L Lᵀ ŝ (estimators.zv)
+                v = whiten_matvec(p.scale_tril, whiten_rmatvec(p.scale_tril, new.grad))
+                u = linearised_covariates(
+                    lambda th: zv_flat(pot.unravel(th), data).astype(th.dtype), p.centre, v)
+            else:
+                u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
             gv = zv_flat(new.z, data).astype(theta_z.dtype)
             stats = welford_update(state.zv_stats, u, gv, new.i > cfg.num_warmup)
             new = new._replace(zv_stats=stats)
@@ -255,7 +265,8 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         stats = None
         if cfg.zv_degree:
             m = jax.eval_shape(zv_flat, pot.unravel(theta), data).shape[0]
-            stats = empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype)
+            stats = (empty_paired_stats(m, centre.dtype) if cfg.zv_linearised
+                     else empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype))
         return SGMCMCState(
             jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
             jnp.asarray(n, jnp.int32), jnp.zeros((), bool), jnp.full((), -1, jnp.int32),

@@ -25,7 +25,7 @@ from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.local import LocalConfig, local_estimator
 from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_request
 from numpyro_subsample.estimators.selection import uniform_design
-from numpyro_subsample.estimators.zv import check_covariates
+from numpyro_subsample.estimators.zv import check_covariates, covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
@@ -159,12 +159,15 @@ def check_dimension(
     zv_degree: int,
     structured: bool,
     noise_correction_requested: bool,
+    zv_covariates: str = "auto",
 ) -> None:
     """Checks of a kernel's options that need the model's dimension ``dim``, before the proxy
-    fit: ``zv_degree`` (0 without ``zv_stream``) and an explicit ``noise_correction=True``
-    (with preconditioning) with a structured proxy."""
-    if zv_degree == 1:
+    fit: ``zv_degree`` (0 without ``zv_stream``) with ``zv_covariates``, and an explicit
+    ``noise_correction=True`` (with preconditioning) with a structured proxy."""
+    if zv_degree == 1 and covariate_choice(zv_covariates, 1, dim) == "gradient":
         check_covariates(dim, 1)
+    if zv_degree == 2:
+        covariate_choice(zv_covariates, 2, dim)  # raises for 'linearised'
     if zv_degree == 2 and dim > MAX_ZV_DEGREE2_DIM:
         raise ValueError(
             f"zv_degree=2 streams d(d+3)/2 = {dim * (dim + 3) // 2} covariates and their "
