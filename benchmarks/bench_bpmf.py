@@ -31,8 +31,9 @@ warm-up, chains started at proxy draws, the adapted coordinates' step size):
   10 with ``--quick``, none otherwise; ``kernel.with_step_size``: the preprocessing is shared
   and its time charged again);
 - ZV post-processing of the predictions (Baker et al. 2019, Sect. 4, Eq. 14) with degree 1:
-  the package's ``post.zv.zv_fit`` on the default runs' draws (it regresses on all d gradient
-  coordinates; its result or the error it raises is recorded), and a local version: each test
+  the package's ``post.zv.zv_fit`` on the default runs' draws (above 2000 parameters one
+  linearised covariate ∇g_t(θ̂)ᵀΣ̂ŝ per prediction, ``docs/zv.md``; its result or the error it
+  raises is recorded), and a local version: each test
   prediction g = U_lᵀV_m corrected with the 2D stored gradient coordinates of U_l and V_m (a
   subset of the degree-1 control variates, still zero-mean), β by least squares on the
   window's draws, post-processing time added;
