@@ -110,18 +110,11 @@ class ZVStats(NamedTuple):
     m_gg: Any
 
 
-class ZVPairedStats(NamedTuple):
-    """Welford statistics of m pairs (u_i, g_i), one covariate per function (the linearised
-    covariates): count and, each of shape (m,), the means and the co-moments Σ(u_i − ū_i)²,
-    Σ(u_i − ū_i)(g_i − ḡ_i), Σ(g_i − ḡ_i)². O(m) memory; a leading chain axis when stacked.
+class ZVPairedStats(ZVStats):
+    """The fields of :class:`ZVStats` for m pairs (u_i, g_i), one covariate per function (the
+    linearised covariates): every field but ``count`` of shape (m,), the co-moments
+    elementwise, Σ(u_i − ū_i)², Σ(u_i − ū_i)(g_i − ḡ_i), Σ(g_i − ḡ_i)². O(m) memory.
     """
-
-    count: Any
-    mean_u: Any
-    mean_g: Any
-    m_uu: Any
-    m_ug: Any
-    m_gg: Any
 
 
 def empty_stats(p: int, m: int, dtype) -> ZVStats:

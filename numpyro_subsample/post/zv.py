@@ -169,7 +169,7 @@ def zv_fit(
     if cross_fit:
         raise ValueError("cross_fit needs the stored draws (extra_fields=('grad',)).")
     stats, unflatten = _streamed(source, degree, data, covariates)
-    if isinstance(stats, ZVStats):
+    if not isinstance(stats, ZVPairedStats):
         check_covariates(int(np.shape(stats.mean_u)[-1]), degree)
     return make_result(fit_stats(stats, by_chain, ridge), unflatten, by_chain, degree)
 
