@@ -231,7 +231,8 @@ def zv_mean(
     """ZV-corrected posterior means (Baker et al. 2019, Eq. 14): dict site → mean by default.
 
     With ``fn`` the result has fn's output structure. Keyword arguments as :func:`zv_fit`
-    (``by_chain``, ``cross_fit``, ``ridge``, ``unconstrained``, ``mode``, ``data``).
+    (``by_chain``, ``cross_fit``, ``ridge``, ``unconstrained``, ``mode``, ``data``,
+    ``covariates``).
     """
     res = zv_fit(source, fn, degree, **kwargs)
     if fn is None:
