@@ -17,6 +17,7 @@ import numpyro.distributions as dist
 import pytest
 from models import linreg_data, linreg_exact, linreg_model
 
+import numpyro_subsample.proxies.choice as choice_module
 import numpyro_subsample.sgmcmc.preprocess as kernel_module
 from numpyro_subsample import MCMC, SGHMC, SGLD, DistributedSGLD, Proxy, to_arviz, zv_mean
 from numpyro_subsample.core.potential import ModelData, build_potential
@@ -269,6 +270,7 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     init and step, or the Lanczos program of the noise; with the default adapted
     preconditioner (``adapt=None``) and with the measured-noise step rule (False)."""
     monkeypatch.setattr(kernel_module, "MAX_DENSE_DIM", 200)
+    monkeypatch.setattr(choice_module, "MAX_DENSE_DIM", 200)
     d, N = 300, 250
     rng = np.random.default_rng(0)
     X = jnp.asarray((3 * rng.normal(size=(N, d)) / np.sqrt(d)).astype(np.float32))
@@ -313,6 +315,7 @@ def test_default_proxy_is_dense_below_and_low_rank_above_max_dense_dim(linreg, m
     assert isinstance(dense.proxy, Proxy) and dense.noise_corrected
     assert dense.noise_cov.shape == (D, D)
     monkeypatch.setattr(kernel_module, "MAX_DENSE_DIM", D - 1)
+    monkeypatch.setattr(choice_module, "MAX_DENSE_DIM", D - 1)
     kernel = SGLD(linreg_model)
     assert kernel.noise_correction is True  # as requested, until d is known
     pre = kernel.preprocess((X, y), {})
@@ -333,7 +336,7 @@ def _no_fit(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the proxy was fitted before the bad input was reported")
 
-    monkeypatch.setattr(kernel_module, "fit_structured", fail)
+    monkeypatch.setattr(choice_module, "fit_structured", fail)
     monkeypatch.setattr(kernel_module, "fit_laplace", fail)
 
 
@@ -350,6 +353,7 @@ def test_refusals_name_the_argument(linreg, small_fit, monkeypatch):
         DistributedSGLD(linreg_model, num_shards=1, proxy="low-rank")
     _no_fit(monkeypatch)
     monkeypatch.setattr(kernel_module, "MAX_DENSE_DIM", D - 1)
+    monkeypatch.setattr(choice_module, "MAX_DENSE_DIM", D - 1)
     with pytest.raises(ValueError, match="noise_correction=True .*MAX_DENSE_DIM"):
         SGLD(linreg_model, noise_correction=True).preprocess((X, y), {})
     with pytest.raises(ValueError, match=r"proxy_kwargs \['max_newton_steps'\]"):

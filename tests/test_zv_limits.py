@@ -136,6 +136,7 @@ def test_wide_model_stored_draws_match_the_stream(wide):
         zv_fit(mcmc, degree=1, mode="stream", covariates="gradient")
 
 
+@pytest.mark.slow
 def test_wide_model_arviz_group_and_summary(wide):
     mcmc, exact, sd = wide
     with warnings.catch_warnings():  # 2000 SGLD draws: min ESS < 100 over 2001 coordinates
@@ -151,12 +152,13 @@ def test_wide_model_arviz_group_and_summary(wide):
 
 
 def test_degree2_and_gradient_streaming_refused_before_the_fit(monkeypatch):
+    from numpyro_subsample.proxies import choice
     from numpyro_subsample.sgmcmc import preprocess
 
     def no_fit(*args, **kwargs):
         raise AssertionError("the proxy was fitted before the ZV check")
 
-    monkeypatch.setattr(preprocess, "fit_structured", no_fit)
+    monkeypatch.setattr(choice, "fit_structured", no_fit)
     monkeypatch.setattr(preprocess, "fit_laplace", no_fit)
     y = jnp.zeros((N, D))
     kernel = SGLD(wide_model, zv_stream=True, zv_covariates="gradient", progress_bar=False)

@@ -121,15 +121,18 @@ _SGHMC: dict[str, Option] = {
 }
 
 _ECS: dict[str, Option] = {
-    "proxy": replace(_PROXY, remedy="Pass proxy='laplace' (the default), 'variational' or a "
-                     "fitted Proxy; the per-datum likelihood approximation is "
-                     "likelihood_proxy=."),
+    "proxy": replace(_PROXY, choices=("laplace", "variational", "diagonal", "low-rank"),
+                     must="'laplace', 'variational', 'diagonal', 'low-rank' or a Proxy",
+                     remedy="Pass proxy='laplace' (the default; low-rank above MAX_DENSE_DIM = "
+                     "2000 parameters), 'variational', 'diagonal', 'low-rank' or a fitted "
+                     "Proxy; the per-datum likelihood approximation is likelihood_proxy=."),
     "likelihood_proxy": Option(
         "str", "the per-datum approximation q_i ≈ ℓ_i of the difference estimator",
         choices=("taylor", "hybrid", "variational"), none=True,
         remedy="Pass 'taylor', 'hybrid', 'variational' or None (the default for the proxy)."),
     "taylor_order": Option("int", "the order of the Taylor likelihood proxy", choices=(1, 2),
-                           remedy="Pass 1 or 2."),
+                           none=True, remedy="Pass 1, 2 or None (2 with a dense proxy, 1 with "
+                           "a structured one)."),
     "hybrid_order": Option("int", "the order of the hybrid likelihood proxy", choices=(1, 2),
                            remedy="Pass 1 or 2."),
     "num_blocks": _positive_int("G, the number of blocks of the subsample (one is redrawn per "

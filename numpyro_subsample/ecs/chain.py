@@ -32,6 +32,7 @@ from numpyro_subsample.ecs.difference import (
 )
 from numpyro_subsample.ecs.gibbs import block_gibbs_update, propose_block
 from numpyro_subsample.ecs.likelihood_proxies import LikelihoodProxy, LikelihoodSpec
+from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_solve
 
 __all__ = ["ECSParams", "ECSState", "ChainConfig", "chain_programs"]
 
@@ -108,7 +109,7 @@ def chain_programs(cfg: ChainConfig) -> tuple[Callable, Callable]:
         terms = subsample_terms(pot, spec, lp, sel, idx, data)
         if init_params is not None:
             theta = ravel_pytree(init_params)[0].astype(lp.ref.dtype)
-            w = jax.scipy.linalg.solve_triangular(lp.tril, theta - lp.ref, lower=True)
+            w = whiten_solve(lp.tril, theta - lp.ref)
         else:
             w = 0.5 * jax.random.normal(k_w, lp.ref.shape, lp.ref.dtype)
         hs = init_kernel(
@@ -117,7 +118,8 @@ def chain_programs(cfg: ChainConfig) -> tuple[Callable, Callable]:
         )
         _, loglik, sigma2 = difference_estimate(pot, lp, w, idx, terms, data)
         return ECSState(
-            jnp.zeros((), jnp.int32), pot.unravel(lp.ref + lp.tril @ w), hs, idx, terms,
+            jnp.zeros((), jnp.int32), pot.unravel(lp.ref + whiten_matvec(lp.tril, w)), hs, idx,
+            terms,
             sigma2, loglik, jnp.ones_like(hs.potential_energy), hs.accept_prob, hs.num_steps,
             hs.diverging, raw_key(key), params,
         )
@@ -137,7 +139,7 @@ def chain_programs(cfg: ChainConfig) -> tuple[Callable, Callable]:
         _, loglik, sigma2 = difference_estimate(pot, lp, hs.z, idx, terms, data)
         like = lambda x, old: jnp.asarray(x, old.dtype)  # noqa: E731  (carry keeps its dtypes)
         return ECSState(
-            state.i + 1, pot.unravel(lp.ref + lp.tril @ hs.z), hs, idx, terms,
+            state.i + 1, pot.unravel(lp.ref + whiten_matvec(lp.tril, hs.z)), hs, idx, terms,
             like(sigma2, state.sigma2), like(loglik, state.loglik_estimate),
             like(index_prob, state.index_accept_prob), like(hs.accept_prob, state.accept_prob),
             like(hs.num_steps, state.num_steps), hs.diverging, key, params,

@@ -27,6 +27,7 @@ from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.ecs.likelihood_proxies import LikelihoodProxy, LikelihoodSpec, datum_terms
 from numpyro_subsample.estimators.alias import alias_draw, build_alias_table
 from numpyro_subsample.estimators.preferential import mix_with_uniform
+from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_solve
 
 __all__ = [
     "SELECTIONS",
@@ -85,7 +86,7 @@ def difference_estimate(
     terms: SubsampleTerms, data: ModelData,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(f0(θ), l̂(θ; u) − A, σ̂²(θ; u)) at θ = θ_ref + L w (module docstring; A = Σ_i a_i)."""
-    theta = lp.ref + lp.tril @ w
+    theta = lp.ref + whiten_matvec(lp.tril, w)
     f0, fi = potential.terms(theta, idx, data)
     q_sub = terms.a
     total = jnp.zeros((), theta.dtype)
@@ -115,7 +116,7 @@ def loglik_estimates(
 ) -> tuple[jax.Array, jax.Array]:
     """l̂(θ; u) − A and σ̂²(θ; u) for ``num_subsamples`` fresh subsamples u (the keys are
     ``jax.random.split(rng_key, num_subsamples)``)."""
-    w = jax.scipy.linalg.solve_triangular(lp.tril, theta - lp.ref, lower=True)
+    w = whiten_solve(lp.tril, theta - lp.ref)
 
     def one(key):
         idx = draw_indices(sel, key, subsample_size, potential.num_data)
@@ -132,7 +133,8 @@ def _error_scale(potential, spec, chunk_size, lp, zs, data):
 
     def chunk(idx):
         a, b, c = datum_terms(potential, spec, lp, idx, data)
-        vals = jax.vmap(lambda z: -potential.data_terms(lp.ref + lp.tril @ z, idx, data))(zs)
+        vals = jax.vmap(
+            lambda z: -potential.data_terms(lp.ref + whiten_matvec(lp.tril, z), idx, data))(zs)
         q = jnp.broadcast_to(a, vals.shape)
         if b is not None:
             q = q + zs @ b.T

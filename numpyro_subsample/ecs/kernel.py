@@ -34,7 +34,10 @@ from numpyro_subsample.ecs.difference import (
     uniform_selection,
 )
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.choice import fit_kernel_structured, structured_choice
 from numpyro_subsample.proxies.laplace import fit_laplace
+from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.proxies.whitening import Scale, is_structured
 
 __all__ = ["EnergyConservingHMC", "ECSState", "ECSParams", "ECSPreprocessed"]
 
@@ -50,7 +53,7 @@ class ECSPreprocessed(NamedTuple):
     """Everything computed once per data set before sampling."""
 
     potential: Potential
-    proxy: Proxy
+    proxy: Proxy | StructuredProxy
     spec: lik.LikelihoodSpec
     subsample_size: int
     seconds: float
@@ -64,8 +67,8 @@ class ECSPreprocessed(NamedTuple):
         return self.params.likelihood.ref
 
     @property
-    def scale_tril(self) -> jax.Array:
-        """L."""
+    def scale_tril(self) -> Scale:
+        """L (dense triangular, or the structured operator of a structured proxy)."""
         return self.params.likelihood.tril
 
 
@@ -79,9 +82,14 @@ class EnergyConservingHMC(SubsampleKernel):
         A NumPyro model with its likelihood in ``numpyro.plate(name, N, subsample_size=m)``;
         m is the subsample size of the estimator.
     proxy
-        The posterior proxy N(θ̂, Σ̂): ``"laplace"`` (mode and inverse Hessian),
-        ``"variational"`` (an autoguide fitted by SVI; ``guide=``, ``guide_params=`` in
-        ``proxy_kwargs``) or a :class:`~numpyro_subsample.proxies.base.Proxy`. The spellings
+        The posterior proxy N(θ̂, Σ̂): ``"laplace"`` (mode and inverse Hessian; above
+        :data:`~numpyro_subsample.proxies.choice.MAX_DENSE_DIM` parameters the structured
+        ``"low-rank"`` one), ``"diagonal"`` or ``"low-rank"`` (matrix-free,
+        :func:`~numpyro_subsample.proxies.structured.fit_structured`; only the first-order
+        Taylor likelihood proxy then, no d × d array), ``"variational"`` (an autoguide fitted
+        by SVI; ``guide=``, ``guide_params=`` in ``proxy_kwargs``) or a
+        :class:`~numpyro_subsample.proxies.base.Proxy` /
+        :class:`~numpyro_subsample.proxies.structured.StructuredProxy`. The spellings
         ``"taylor"`` and ``"hybrid"`` of earlier releases are deprecated (they mean
         ``proxy="laplace"`` and ``proxy="variational"`` with that ``likelihood_proxy``).
     likelihood_proxy
@@ -89,7 +97,8 @@ class EnergyConservingHMC(SubsampleKernel):
         q = the proxy) or ``"variational"`` (E_q[ℓ_i]; Rønning and Hamelryck 2021, Eq. 2-4).
         Default: ``"taylor"`` for a Laplace proxy, ``"hybrid"`` for a variational one.
     taylor_order, hybrid_order
-        1 or 2 (default) for the Taylor and hybrid likelihood proxies.
+        1 or 2 for the Taylor and hybrid likelihood proxies (default 2; ``taylor_order=None``,
+        the default, is 1 with a structured proxy).
     num_blocks
         G, blocks of u; one block is redrawn per iteration (default 10; m must be a multiple).
     subsample_size
@@ -129,9 +138,9 @@ max_tree_depth, trajectory_length, num_steps
         self,
         model: Callable,
         *,
-        proxy: str | Proxy = "laplace",
+        proxy: str | Proxy | StructuredProxy = "laplace",
         likelihood_proxy: str | None = None,
-        taylor_order: int = 2,
+        taylor_order: int | None = None,
         hybrid_order: int = 2,
         num_blocks: int = 10,
         subsample_size: int | None = None,
@@ -173,7 +182,7 @@ max_tree_depth, trajectory_length, num_steps
             target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
             trajectory_length=trajectory_length, num_steps=num_steps, proxy_kwargs=proxy_kwargs,
             chunk_size=chunk_size, seed=seed, progress_bar=progress_bar,
-            **({} if isinstance(proxy, Proxy) else {"proxy": proxy}),
+            **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
         if subsample_size is not None and subsample_size % num_blocks:
             raise ValueError(
@@ -186,7 +195,8 @@ max_tree_depth, trajectory_length, num_steps
             trajectory_length = 2 * np.pi
         self._proxy_spec = proxy
         self.likelihood_proxy = likelihood_proxy
-        self.taylor_order, self.hybrid_order = int(taylor_order), int(hybrid_order)
+        self.taylor_order = None if taylor_order is None else int(taylor_order)
+        self.hybrid_order = int(hybrid_order)
         self.num_blocks = int(num_blocks)
         self._subsample_size = subsample_size
         self.selection = selection
@@ -212,8 +222,9 @@ max_tree_depth, trajectory_length, num_steps
         return ("z", "diverging")
 
     @property
-    def proxy(self) -> Proxy:
-        """The posterior proxy: ``proxy.centre`` (θ̂, flat unconstrained), ``proxy.cov``."""
+    def proxy(self) -> Proxy | StructuredProxy:
+        """The posterior proxy: ``proxy.centre`` (θ̂, flat unconstrained), ``proxy.cov`` (or
+        ``proxy.cov_op`` of a structured proxy)."""
         return self.preprocessed.proxy
 
     def get_diagnostics_str(self, state: ECSState) -> str:
@@ -225,18 +236,30 @@ max_tree_depth, trajectory_length, num_steps
         )
 
     # -- preprocessing --------------------------------------------------------------------------
-    def _likelihood_spec(self, proxy: Proxy) -> lik.LikelihoodSpec:
+    def _likelihood_spec(self, proxy: Proxy | StructuredProxy) -> lik.LikelihoodSpec:
         kind = self.likelihood_proxy
         if kind is None:
             kind = "hybrid" if proxy.kind == "variational" else "taylor"
-        order = {"taylor": self.taylor_order, "hybrid": self.hybrid_order}.get(kind, 0)
+        taylor = self.taylor_order
+        if taylor is None:
+            taylor = 1 if is_structured(proxy) else 2
+        order = {"taylor": taylor, "hybrid": self.hybrid_order}.get(kind, 0)
         return lik.LikelihoodSpec(kind, order)
 
-    def _fit_proxy(self, potential: Potential, data: ModelData, key) -> Proxy:
+    def _fit_proxy(self, potential: Potential, data: ModelData, key,
+                   ) -> Proxy | StructuredProxy:
         proxy = self._proxy_spec
+        structure = structured_choice(proxy, potential.dim)
+        if structure is not None:
+            return fit_kernel_structured(
+                potential, data, key, structure, self.proxy_kwargs,
+                laplace_requested=proxy == "laplace", chunk_size=self.chunk_size,
+                store_datum_grads=False, progress=self.progress_bar,
+                label="EnergyConservingHMC",
+            )
         opts = dict(chunk_size=self.chunk_size, store_datum_grads=False,
                     progress=self.progress_bar, **self.proxy_kwargs)
-        if isinstance(proxy, Proxy):
+        if isinstance(proxy, (Proxy, StructuredProxy)):
             if proxy.centre.shape != (potential.dim,):
                 raise ValueError(
                     f"The given proxy has centre shape {tuple(proxy.centre.shape)}; the model "

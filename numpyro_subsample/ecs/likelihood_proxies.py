@@ -27,6 +27,9 @@ only. The kinds (a static :class:`LikelihoodSpec`):
   per-datum terms exactly.
 
 All passes are module-level jitted programs with the potential static and the data an argument.
+With a structured posterior proxy (diagonal or low-rank Σ̂ = L Lᵀ, L never formed) only the
+first-order Taylor proxy is available: it needs B = Lᵀ Σ_i ∇ℓ_i(θ_ref) (one gradient pass) and
+per datum b_i = Lᵀ∇ℓ_i(θ_ref), O(d·k) each; the second-order terms are d × d.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ import numpy as np
 from numpyro_subsample.core.datapass import map_data, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.proxies.whitening import (
+    Scale,
+    is_structured,
+    proxy_scale,
+    whiten_matvec,
+    whiten_rmatvec,
+    whiten_solve,
+)
 
 __all__ = [
     "LIKELIHOOD_PROXIES",
@@ -67,7 +79,8 @@ class LikelihoodSpec(NamedTuple):
 
 
 class LikelihoodProxy(NamedTuple):
-    """The arrays of q_i(w) = a_i + b_iᵀw + ½ wᵀC_i w with θ = ``ref`` + ``tril`` w.
+    """The arrays of q_i(w) = a_i + b_iᵀw + ½ wᵀC_i w with θ = ``ref`` + ``tril`` w (``tril``
+    a :data:`~numpyro_subsample.proxies.whitening.Scale`: dense triangular or structured).
 
     ``sum_b`` (d,) and ``sum_c`` (d, d) are B and C in whitened coordinates (None when the
     proxy has no such term); ``a`` (N,) and ``b`` (N, d) are per-datum tables (variational and
@@ -75,7 +88,7 @@ class LikelihoodProxy(NamedTuple):
     """
 
     ref: jax.Array
-    tril: jax.Array
+    tril: Scale
     sum_b: jax.Array | None = None
     sum_c: jax.Array | None = None
     a: jax.Array | None = None
@@ -96,7 +109,7 @@ def datum_terms(
     ref, tril = lp.ref, lp.tril
     if spec.kind == "taylor":
         def one(i):
-            f = lambda z: _loglik(potential, ref + tril @ z, i, data)  # noqa: E731
+            f = lambda z: _loglik(potential, ref + whiten_matvec(tril, z), i, data)  # noqa: E731
             z0 = jnp.zeros_like(ref)
             a, b = jax.value_and_grad(f)(z0)
             return a, b, (jax.hessian(f)(z0) if spec.order == 2 else None)
@@ -138,7 +151,7 @@ def _taylor_sums(potential, chunk_size, second, ref, tril, data):
     """B = Lᵀ Σ∇ℓ_i(θ_ref) and C = Lᵀ Σ∇²ℓ_i(θ_ref) L: one data pass, the prior removed."""
     _, g_all, h_all = value_grad_hessian(potential, ref, data, chunk_size, hessian=second)
     prior = lambda t: potential.prior(t, data)  # noqa: E731
-    sum_b = tril.T @ -(g_all - jax.grad(prior)(ref))
+    sum_b = whiten_rmatvec(tril, -(g_all - jax.grad(prior)(ref)))
     sum_c = tril.T @ -(h_all - jax.hessian(prior)(ref)) @ tril if second else None
     return sum_b, sum_c
 
@@ -204,7 +217,7 @@ def _is_gaussian(proxy: Proxy) -> bool:
 def fit_likelihood_proxy(
     potential: Potential,
     data: ModelData,
-    proxy: Proxy,
+    proxy: Proxy | StructuredProxy,
     spec: LikelihoodSpec,
     rng_key: jax.Array,
     *,
@@ -212,11 +225,19 @@ def fit_likelihood_proxy(
     chunk_size: int,
 ) -> tuple[LikelihoodProxy, float, dict]:
     """The arrays of the proxy ``spec`` around the posterior proxy ``proxy`` (centre θ_ref,
-    Cholesky factor L). Returns ``(LikelihoodProxy, data passes, info)``."""
+    square root L of its covariance). Returns ``(LikelihoodProxy, data passes, info)``."""
     t0 = time.perf_counter()
-    ref, tril = proxy.centre, proxy.scale_tril
+    ref, tril = proxy.centre, proxy_scale(proxy)
     d, S = potential.dim, int(num_mc_draws)
     info: dict = {"dim": d}
+    if is_structured(tril) and spec != ("taylor", 1):
+        raise ValueError(
+            f"likelihood_proxy={spec.kind!r} of order {spec.order} needs d × d terms "
+            f"(per-datum Hessians or second moments), and this run's posterior proxy is "
+            f"structured ({proxy.kind}, d = {d}, no d × d array): use the first-order Taylor "
+            "proxy (likelihood_proxy='taylor', taylor_order=1, the default with a structured "
+            "proxy), or pass a dense proxy."
+        )
     if spec.kind == "taylor":
         sum_b, sum_c = _taylor_sums(potential, chunk_size, spec.order == 2, ref, tril, data)
         lp, passes = LikelihoodProxy(ref, tril, sum_b, sum_c), 1.0
@@ -288,7 +309,7 @@ def proxy_total(
     Hamelryck (2021, Eq. 2 with Eq. 3), for q = N(θ_ref, LLᵀ) (``draws`` from q give
     E_q[log π]); for the others A + Bᵀw (+ ½ wᵀCw).
     """
-    w = jax.scipy.linalg.solve_triangular(lp.tril, theta - lp.ref, lower=True)
+    w = whiten_solve(lp.tril, theta - lp.ref)
     total = proxy_constant(potential, spec, lp, data, chunk_size)
     if spec.kind != "variational":
         if lp.sum_b is not None:

@@ -11,7 +11,6 @@ sampling step then form no d × d array.
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any, NamedTuple
 
@@ -27,8 +26,14 @@ from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_requ
 from numpyro_subsample.estimators.selection import uniform_design
 from numpyro_subsample.estimators.zv import check_covariates, covariate_choice
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.choice import (
+    DEFAULT_RANK,
+    MAX_DENSE_DIM,
+    STRUCTURED,
+    fit_kernel_structured,
+)
 from numpyro_subsample.proxies.laplace import fit_laplace
-from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
+from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.proxies.whitening import identity_scale, proxy_scale
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
 
@@ -49,30 +54,13 @@ __all__ = [
     "whitening",
 ]
 
-#: ``proxy="laplace"`` (the default) fits the dense Laplace proxy up to this many parameters
-#: d, and the structured ``"low-rank"`` proxy above (its d × d Hessian, Cholesky factor and
-#: noise covariance would take d² numbers each: 16 MB at d = 2000 in float32). Above it a
-#: structured fit uses the Hessian with a Hutchinson estimate of its diagonal (one data pass)
-#: unless ``proxy_kwargs`` set ``diagonal``: the exact Hessian diagonal costs d
-#: Hessian-vector products per datum. Negative curvature is clipped
-#: (:mod:`~numpyro_subsample.proxies.structured`). The empirical Fisher
-#: (``proxy_kwargs={"curvature": "fisher"}``) is second order in the residuals, so it
-#: underestimates the curvature of a model that fits its data closely.
-MAX_DENSE_DIM = 2000
 
-#: The rank k of ``proxy="low-rank"`` unless ``proxy_kwargs={"rank": k}`` (capped at d − 1).
-DEFAULT_RANK = 20
 
 #: ``zv_degree=2`` streams d(d+3)/2 covariates and their (d(d+3)/2)² co-moments per chain: it
 #: is refused above this d (5150 covariates, 2.7·10^7 co-moments at d = 100). Degree 1 keeps
 #: d × d co-moments, whatever the proxy.
 MAX_ZV_DEGREE2_DIM = 100
 
-#: The names of the structured proxies.
-STRUCTURED = ("diagonal", "low-rank")
-# options of fit_structured that a kernel sets itself
-_FIT_OPTIONS = frozenset(inspect.signature(fit_structured).parameters) - {
-    "potential", "data", "rng_key", "structure", "chunk_size", "store_datum_grads", "progress"}
 
 
 class ProxyRequest(NamedTuple):
@@ -200,29 +188,11 @@ def proxy_choice(spec: str | Proxy | StructuredProxy, dim: int, supports_structu
 
 def _fit_structured(request: ProxyRequest, potential: Potential, data: ModelData, key: Any,
                     structure: str) -> StructuredProxy:
-    d = potential.dim
-    kwargs = dict(request.kwargs)
-    allowed = _FIT_OPTIONS
-    unknown = sorted(set(kwargs) - allowed)
-    if unknown:
-        why = (f"proxy='laplace' is fitted as proxy='low-rank' for d={d} > MAX_DENSE_DIM="
-               f"{MAX_DENSE_DIM} (numpyro_subsample.sgmcmc.kernel); "
-               if request.spec == "laplace" else "")
-        raise ValueError(
-            f"{why}proxy_kwargs {unknown} are not options of the structured fit "
-            f"(fit_structured; the structure is chosen by proxy=); valid: {sorted(allowed)}."
-            + (" Pass a fitted Proxy to keep a dense proxy." if why else "")
-        )
-    if structure == "low-rank":
-        kwargs.setdefault("rank", min(DEFAULT_RANK, d - 1))
-    if d > MAX_DENSE_DIM and "diagonal" not in kwargs:
-        # the exact Hessian diagonal costs d Hessian-vector products per datum
-        kwargs.setdefault("curvature", "hessian")
-        if kwargs["curvature"] == "hessian":
-            kwargs["diagonal"] = "hutchinson"
-    return fit_structured(
-        potential, data, key, structure=structure, chunk_size=request.chunk_size,
-        store_datum_grads=request.store_datum_grads, progress=request.progress, **kwargs,
+    return fit_kernel_structured(
+        potential, data, key, structure, request.kwargs,
+        laplace_requested=request.spec == "laplace", chunk_size=request.chunk_size,
+        store_datum_grads=request.store_datum_grads, progress=request.progress,
+        label="the SG kernel",
     )
 
 
