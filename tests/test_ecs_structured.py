@@ -18,6 +18,8 @@ import numpyro_subsample.proxies.choice as choice_module
 from numpyro_subsample import EnergyConservingHMC
 from numpyro_subsample.core.datapass import datum_values_and_grads
 from numpyro_subsample.core.potential import ModelData
+from numpyro_subsample.ecs.difference import MAX_SIGMA2
+from numpyro_subsample.proxies.base import ProxyFitWarning
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.proxies.whitening import whiten_matvec
 
@@ -38,6 +40,13 @@ def diagonal_run(data):
     mcmc = MCMC(kernel, num_warmup=250, num_samples=800, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=M, extra_fields=("sigma2",))
     return mcmc
+
+
+def test_no_variance_warning_where_the_estimator_is_precise(diagonal_run):
+    """The diagonal proxy's first-order Taylor on the d = 4 logistic model: σ̂² at proxy draws
+    below MAX_SIGMA2, so preprocessing (inside the fixture's run) did not warn."""
+    s2 = diagonal_run.sampler.preprocessed.info["sigma2_at_proxy_draws"]
+    assert s2.shape == (16,) and np.median(s2) < MAX_SIGMA2, s2
 
 
 @pytest.mark.slow
@@ -119,8 +128,12 @@ def test_wide_model_runs_without_a_square_array(monkeypatch):
     kernel = EnergyConservingHMC(wide_model, proxy_kwargs={"rank": 10}, max_tree_depth=4,
                                  chunk_size=125)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=50, progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X, y)
+    # the first-order proxy leaves the likelihood's quadratic part in d_i: σ̂² ≫ 1, said loudly
+    with pytest.warns(ProxyFitWarning, match=r"σ̂² at 16 proxy draws has median .*Raise "
+                                             r"subsample_size \(σ̂² ∝ 1/m: no m below N"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
     pre = kernel.preprocessed
+    assert np.median(pre.info["sigma2_at_proxy_draws"]) > MAX_SIGMA2
     assert isinstance(pre.proxy, StructuredProxy) and pre.spec == ("taylor", 1)
     assert np.all(np.isfinite(np.asarray(mcmc.get_samples()["beta"])))
     big = [x.shape for x in jax.tree.leaves(pre.params) if sum(s >= d for s in x.shape) >= 2]

@@ -39,7 +39,14 @@ __all__ = [
     "subsample_terms",
     "difference_estimate",
     "loglik_estimates",
+    "variance_at_proxy_draws",
+    "MAX_SIGMA2",
 ]
+
+#: The largest median σ̂² at proxy draws that preprocessing accepts without a warning: σ̂ ≈ 1.7,
+#: the upper end of the standard deviations of the log-likelihood estimator that Doucet, Pitt,
+#: Deligiannidis and Kohn (2015) find efficient for pseudo-marginal MCMC (about 1.0-1.7).
+MAX_SIGMA2 = 3.0
 
 SELECTIONS = ("uniform", "preferential")
 
@@ -172,3 +179,22 @@ def preferential_selection(
     r = 1.0 / (potential.num_data * np.asarray(table.probs, np.float64))
     info = {"selection_probs": table.probs, "selection_seconds": time.perf_counter() - t0}
     return SelectionLaw(table, jnp.asarray(r, lp.ref.dtype)), float(num_draws), info
+
+
+@partial(jax.jit, static_argnames=("potential", "spec", "subsample_size", "num_draws"))
+def variance_at_proxy_draws(
+    potential: Potential, spec: LikelihoodSpec, subsample_size: int, num_draws: int,
+    lp: LikelihoodProxy, sel: SelectionLaw, rng_key: jax.Array, data: ModelData,
+) -> jax.Array:
+    """σ̂²(θ; u) at ``num_draws`` draws θ = θ_ref + L z, z ~ N(0, I), one fresh subsample u
+    each: the variance of the estimator where the chain will be."""
+    k_z, k_u = jax.random.split(rng_key)
+    zs = jax.random.normal(k_z, (num_draws, lp.ref.shape[0]), lp.ref.dtype)
+
+    def one(args):
+        z, key = args
+        idx = draw_indices(sel, key, subsample_size, potential.num_data)
+        terms = subsample_terms(potential, spec, lp, sel, idx, data)
+        return difference_estimate(potential, lp, z, idx, terms, data)[2]
+
+    return jax.lax.map(one, (zs, jax.random.split(k_u, num_draws)))

@@ -29,11 +29,13 @@ from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.ecs import likelihood_proxies as lik
 from numpyro_subsample.ecs.chain import ChainConfig, ECSParams, ECSState, chain_programs
 from numpyro_subsample.ecs.difference import (
+    MAX_SIGMA2,
     loglik_estimates,
     preferential_selection,
     uniform_selection,
+    variance_at_proxy_draws,
 )
-from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.choice import fit_kernel_structured, structured_choice
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.proxies.structured import StructuredProxy
@@ -47,6 +49,26 @@ _OLD_PROXIES = {"taylor": ("laplace", "taylor"), "hybrid": ("variational", "hybr
 def _divisor(m: int) -> int:
     """The largest divisor of m up to 100 (a suggestion for num_blocks)."""
     return max(g for g in range(1, min(m, 100) + 1) if m % g == 0)
+
+
+def _check_variance(s2: np.ndarray, m: int, num_data: int, spec) -> None:
+    """Warn when the median σ̂² at proxy draws exceeds :data:`MAX_SIGMA2` (or is not finite)."""
+    med = float(np.median(s2))
+    if med <= MAX_SIGMA2:
+        return
+    need = m * med if np.isfinite(med) else np.inf
+    better = (f" (σ̂² ∝ 1/m: m ≈ {int(np.ceil(need))} gives σ̂² ≈ 1)" if need < num_data
+              else f" (σ̂² ∝ 1/m: no m below N = {num_data} gets σ̂² near 1)")
+    order2 = ("" if spec == ("taylor", 2) else
+              "; likelihood_proxy='taylor' with taylor_order=2 (a dense proxy)")
+    warnings.warn(
+        f"EnergyConservingHMC: the difference estimator's variance σ̂² at 16 proxy draws has "
+        f"median {med:.3g} (range {np.min(s2):.3g}-{np.max(s2):.3g}) with m = {m} and the "
+        f"{spec.kind} likelihood proxy of order {spec.order}, above MAX_SIGMA2 = {MAX_SIGMA2}: "
+        "the subsample updates will rarely be accepted and the ½σ̂² correction is inexact, so "
+        f"the draws may be biased. Raise subsample_size{better}{order2}; or use an SG kernel.",
+        ProxyFitWarning, stacklevel=4,
+    )
 
 
 class ECSPreprocessed(NamedTuple):
@@ -304,6 +326,10 @@ max_tree_depth, trajectory_length, num_steps
                 chunk_size=self.chunk_size,
             )
         info.update(sel_info)
+        s2 = np.asarray(variance_at_proxy_draws(potential, spec, m, 16, lp, sel, k_sel, data),
+                        np.float64)
+        info["sigma2_at_proxy_draws"] = s2
+        _check_variance(s2, m, potential.num_data, spec)
         return ECSPreprocessed(
             potential, proxy, spec, m, time.perf_counter() - t0,
             float(proxy.num_data_passes + passes + sel_passes), info, ECSParams(lp, sel),
