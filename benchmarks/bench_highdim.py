@@ -197,6 +197,42 @@ def run_sg(name: str, cls, kw: dict, args: tuple, kwargs: dict, *, warmup: int, 
     return row, draws
 
 
+def run_ecs(name: str, kw: dict, args: tuple, kwargs: dict, *, warmup: int, samples: int,
+            thinning: int, seed: int) -> tuple[dict, dict | None]:
+    """``EnergyConservingHMC`` on the mixed model (one chain), timed with preprocessing and
+    compilation; its median σ̂² at proxy draws and along the chain; draws ``(1, S, ...)``."""
+    from numpyro_subsample import EnergyConservingHMC
+
+    row = {"method": name}
+    with record_warnings() as rec:
+        try:
+            with CompileTimer() as ct:
+                t0 = time.perf_counter()
+                kernel = EnergyConservingHMC(lmm_model, progress_bar=False, **kw)
+                kernel.preprocess(args, kwargs)
+                row["prep_s"] = time.perf_counter() - t0
+                mcmc = MCMC(kernel, num_warmup=warmup, num_samples=samples, thinning=thinning,
+                            progress_bar=False)
+                mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=("sigma2", "num_steps"),
+                         **kwargs)
+                draws = {k: np.asarray(v)[None] for k, v in mcmc.get_samples().items()}
+                row["wall_s"] = time.perf_counter() - t0
+            row["compile_s"] = ct.seconds
+            check_run(mcmc, warn=True)
+            ef = mcmc.get_extra_fields()
+            row["sigma2_chain"] = float(np.median(np.asarray(ef["sigma2"])))
+            row["sigma2_proxy"] = float(np.median(
+                kernel.preprocessed.info["sigma2_at_proxy_draws"]))
+            row["leapfrog"] = float(np.mean(np.asarray(ef["num_steps"])))
+            row["steps_per_s"] = (warmup + samples) / (row["wall_s"] - row["prep_s"])
+        except Exception as err:  # noqa: BLE001 - one row failing must not stop the others
+            row["error"] = f"{type(err).__name__}: {shorten(str(err), 300)}"
+            row["traceback"] = traceback.format_exc()
+            draws = None
+    row["warnings"] = [f"{c}: {' '.join(str(m).split())}" for c, m, _ in rec]
+    return row, draws
+
+
 def run_structured_proxy(name: str, model, args, kwargs, fit_kw: dict, num_draws: int,
                          seed: int):
     """The structured proxy alone: fit, then θ̂ + L ξ (``scale_matvec``), timed with
@@ -291,6 +327,18 @@ def experiment_lmm(a) -> dict:
         name = f"{structure} proxy alone (θ̂ + Lξ)"
         fk = dict(pk, structure=structure, subsample_size=a.subsample_size)
         row, draws = run_structured_proxy(name, lmm_model, args, kwargs, fk, 2000, a.seed)
+        if draws is not None:
+            row.update(lmm_metrics(_flat(draws), mean, sd, cols_u))
+        log(f"    {_brief(row)}")
+        rows.append(row)
+    if a.lmm_ecs:
+        structure = structures[0]
+        pk = dict(fit_kw, **({"rank": a.rank} if structure == "low-rank" else {}))
+        name = f"EnergyConservingHMC, {structure} (first-order Taylor), 1 chain"
+        log(f"[lmm] {name}: ({a.lmm_ecs[0]} + {a.lmm_ecs[1]})")
+        row, draws = run_ecs(name, {"proxy": structure, "proxy_kwargs": pk}, args, kwargs,
+                             warmup=a.lmm_ecs[0], samples=a.lmm_ecs[1],
+                             thinning=max(a.lmm_ecs[1] // 1000, 1), seed=a.seed)
         if draws is not None:
             row.update(lmm_metrics(_flat(draws), mean, sd, cols_u))
         log(f"    {_brief(row)}")
@@ -677,6 +725,10 @@ def markdown(res: dict, cmd: str) -> str:
                 f"{fmt(r.get('data_passes'), '.1f')} | {fmt(r.get('step_size'), '.2e')} | "
                 f"{_warn(r)} |")
         for r in lm["rows"]:
+            if "sigma2_chain" in r:
+                out += ["", f"{r['method']}: median σ̂² {r['sigma2_chain']:.3g} along the chain, "
+                            f"{r['sigma2_proxy']:.3g} at proxy draws; "
+                            f"{r['leapfrog']:.0f} leapfrog steps per iteration."]
             if r["method"].startswith("NUTS"):
                 out += ["", (f"NUTS (peer): {r['method']}: failed, {r['error']}"
                              if r.get("error") else
@@ -750,6 +802,8 @@ def main(argv=None) -> int:
     p.add_argument("--lmm-warmup", type=int, default=None)
     p.add_argument("--lmm-samples", type=int, default=None)
     p.add_argument("--subsample-size", type=int, default=1000)
+    p.add_argument("--lmm-ecs", type=int, nargs=2, default=None, metavar=("WARMUP", "SAMPLES"),
+                   help="add an EnergyConservingHMC row (first structure, one chain)")
     p.add_argument("--rank", type=int, default=10)
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--nuts-draws", type=int, default=20, help="0: no NUTS timing")
