@@ -54,6 +54,7 @@ import platform
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import arviz as az
@@ -161,112 +162,109 @@ def lmm_metrics(chains: np.ndarray, mean, sd, cols_u) -> dict:
     return out
 
 
-def run_sg(name: str, cls, kw: dict, args: tuple, kwargs: dict, *, warmup: int, samples: int,
-           chains: int, thinning: int, seed: int) -> dict:
-    """Kernel construction, preprocessing and ``MCMC`` (vectorized chains), timed together with
-    compilation; draws ``(C, S, ...)`` in NumPy (thinned)."""
-    row = {"method": name}
+@contextmanager
+def row_guard(row: dict):
+    """The block's warnings into ``row["warnings"]``; an exception into ``row["error"]`` and
+    ``row["traceback"]`` instead of raising (one row failing must not stop the others)."""
     with record_warnings() as rec:
         try:
-            with CompileTimer() as ct:
-                t0 = time.perf_counter()
-                kernel = cls(lmm_model if "model" not in kw else kw["model"],
-                             progress_bar=False, **{k: v for k, v in kw.items() if k != "model"})
-                kernel.preprocess(args, kwargs)
-                row["prep_s"] = time.perf_counter() - t0
-                mcmc = MCMC(kernel, num_warmup=warmup, num_samples=samples, num_chains=chains,
-                            thinning=thinning, chain_method="vectorized", progress_bar=False)
-                mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=("data_passes",),
-                         **kwargs)
-                draws = {k: np.asarray(v) for k, v in mcmc.get_samples(True).items()}
-                row["wall_s"] = time.perf_counter() - t0
-            row["compile_s"] = ct.seconds
-            check_run(mcmc, warn=True)  # the package's own verdict on the run (not timed)
-            ef = mcmc.get_extra_fields(group_by_chain=True)
-            row["data_passes"] = float(np.max(np.asarray(ef["data_passes"])[..., -1]))
-            row["step_size"] = float(kernel.step_size)
-            row["noise"] = float(getattr(kernel.preprocessed, "noise", float("nan")))
-            row["steps_per_s"] = chains * (warmup + samples) / (row["wall_s"] - row["prep_s"])
-            row["adapted"] = mcmc.last_state.adapt is not None
-            info = getattr(kernel.preprocessed.proxy, "info", None) or {}
-            row["proxy_info"] = {k: info[k] for k in ("structure", "rank", "curvature",
-                                                      "converged", "clipped") if k in info}
-        except Exception as err:  # noqa: BLE001 - one row failing must not stop the others
+            yield
+        except Exception as err:  # noqa: BLE001
             row["error"] = f"{type(err).__name__}: {shorten(str(err), 300)}"
             row["traceback"] = traceback.format_exc()
-            draws = None
     row["warnings"] = [f"{c}: {' '.join(str(m).split())}" for c, m, _ in rec]
-    return row, draws
+
+
+def timed_mcmc(row: dict, make_kernel, args: tuple, kwargs: dict, *, seed: int,
+               extra_fields: tuple, **mcmc_kw):
+    """Kernel construction, preprocessing and ``MCMC.run``, timed together with compilation
+    (``row``: prep_s, wall_s, compile_s), then the package's own verdict on the run
+    (``check_run``, not timed). Returns the kernel, the ``MCMC`` and the draws ``(C, S, ...)``
+    in NumPy."""
+    with CompileTimer() as ct:
+        t0 = time.perf_counter()
+        kernel = make_kernel()
+        kernel.preprocess(args, kwargs)
+        row["prep_s"] = time.perf_counter() - t0
+        mcmc = MCMC(kernel, progress_bar=False, **mcmc_kw)
+        mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=extra_fields, **kwargs)
+        draws = {k: np.asarray(v) for k, v in mcmc.get_samples(True).items()}
+        row["wall_s"] = time.perf_counter() - t0
+    row["compile_s"] = ct.seconds
+    check_run(mcmc, warn=True)
+    return kernel, mcmc, draws
+
+
+def run_sg(name: str, cls, kw: dict, args: tuple, kwargs: dict, *, warmup: int, samples: int,
+           chains: int, thinning: int, seed: int) -> dict:
+    """An SG kernel (vectorized chains) by :func:`timed_mcmc`; draws ``(C, S, ...)`` (thinned),
+    None when the row failed."""
+    row, draws = {"method": name}, None
+    with row_guard(row):
+        kernel, mcmc, draws = timed_mcmc(
+            row, lambda: cls(kw.get("model", lmm_model), progress_bar=False,
+                             **{k: v for k, v in kw.items() if k != "model"}),
+            args, kwargs, seed=seed, extra_fields=("data_passes",), num_warmup=warmup,
+            num_samples=samples, num_chains=chains, thinning=thinning,
+            chain_method="vectorized")
+        ef = mcmc.get_extra_fields(group_by_chain=True)
+        row["data_passes"] = float(np.max(np.asarray(ef["data_passes"])[..., -1]))
+        row["step_size"] = float(kernel.step_size)
+        row["noise"] = float(getattr(kernel.preprocessed, "noise", float("nan")))
+        row["steps_per_s"] = chains * (warmup + samples) / (row["wall_s"] - row["prep_s"])
+        row["adapted"] = mcmc.last_state.adapt is not None
+        info = getattr(kernel.preprocessed.proxy, "info", None) or {}
+        row["proxy_info"] = {k: info[k] for k in ("structure", "rank", "curvature",
+                                                  "converged", "clipped") if k in info}
+    return row, (None if "error" in row else draws)
 
 
 def run_ecs(name: str, kw: dict, args: tuple, kwargs: dict, *, warmup: int, samples: int,
             thinning: int, seed: int) -> tuple[dict, dict | None]:
-    """``EnergyConservingHMC`` on the mixed model (one chain), timed with preprocessing and
-    compilation; its median σ̂² at proxy draws and along the chain; draws ``(1, S, ...)``."""
+    """``EnergyConservingHMC`` on the mixed model (one chain) by :func:`timed_mcmc`; its
+    median σ̂² at proxy draws and along the chain; draws ``(1, S, ...)``."""
     from numpyro_subsample import EnergyConservingHMC
 
-    row = {"method": name}
-    with record_warnings() as rec:
-        try:
-            with CompileTimer() as ct:
-                t0 = time.perf_counter()
-                kernel = EnergyConservingHMC(lmm_model, progress_bar=False, **kw)
-                kernel.preprocess(args, kwargs)
-                row["prep_s"] = time.perf_counter() - t0
-                mcmc = MCMC(kernel, num_warmup=warmup, num_samples=samples, thinning=thinning,
-                            progress_bar=False)
-                mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=("sigma2", "num_steps"),
-                         **kwargs)
-                draws = {k: np.asarray(v)[None] for k, v in mcmc.get_samples().items()}
-                row["wall_s"] = time.perf_counter() - t0
-            row["compile_s"] = ct.seconds
-            check_run(mcmc, warn=True)
-            ef = mcmc.get_extra_fields()
-            row["sigma2_chain"] = float(np.median(np.asarray(ef["sigma2"])))
-            row["sigma2_proxy"] = float(np.median(
-                kernel.preprocessed.info["sigma2_at_proxy_draws"]))
-            row["leapfrog"] = float(np.mean(np.asarray(ef["num_steps"])))
-            row["steps_per_s"] = (warmup + samples) / (row["wall_s"] - row["prep_s"])
-        except Exception as err:  # noqa: BLE001 - one row failing must not stop the others
-            row["error"] = f"{type(err).__name__}: {shorten(str(err), 300)}"
-            row["traceback"] = traceback.format_exc()
-            draws = None
-    row["warnings"] = [f"{c}: {' '.join(str(m).split())}" for c, m, _ in rec]
-    return row, draws
+    row, draws = {"method": name}, None
+    with row_guard(row):
+        kernel, mcmc, draws = timed_mcmc(
+            row, lambda: EnergyConservingHMC(lmm_model, progress_bar=False, **kw), args,
+            kwargs, seed=seed, extra_fields=("sigma2", "num_steps"), num_warmup=warmup,
+            num_samples=samples, thinning=thinning)
+        ef = mcmc.get_extra_fields()
+        row["sigma2_chain"] = float(np.median(np.asarray(ef["sigma2"])))
+        row["sigma2_proxy"] = float(np.median(kernel.preprocessed.info["sigma2_at_proxy_draws"]))
+        row["leapfrog"] = float(np.mean(np.asarray(ef["num_steps"])))
+        row["steps_per_s"] = (warmup + samples) / (row["wall_s"] - row["prep_s"])
+    return row, (None if "error" in row else draws)
 
 
 def run_structured_proxy(name: str, model, args, kwargs, fit_kw: dict, num_draws: int,
                          seed: int):
     """The structured proxy alone: fit, then θ̂ + L ξ (``scale_matvec``), timed with
     compilation; returns the row and the unravelled draws (1, S, ...)."""
-    row = {"method": name}
+    row, draws = {"method": name}, None
     k_model, k_fit, k_draw = jax.random.split(jax.random.PRNGKey(seed), 3)
-    with record_warnings() as rec:
-        try:
-            with CompileTimer() as ct:
-                t0 = time.perf_counter()
-                data = ModelData.from_args(args, kwargs)
-                pot = build_potential(model, data, k_model)
-                prox = fit_structured(pot, data, k_fit, **fit_kw)
-                jax.block_until_ready(prox.centre)
-                row["prep_s"] = time.perf_counter() - t0
-                xi = jax.random.normal(k_draw, (num_draws, pot.dim), prox.centre.dtype)
-                flat = jax.jit(jax.vmap(lambda c, op, x: c + scale_matvec(op, x),
-                                        (None, None, 0)))(prox.centre, prox.cov_op, xi)
-                draws = jax.vmap(pot.unravel)(flat)
-                draws = {k: np.asarray(v)[None] for k, v in draws.items()}
-                row["wall_s"] = time.perf_counter() - t0
-            row["compile_s"] = ct.seconds
-            row["data_passes"] = float(prox.num_data_passes)
-            row["proxy_info"] = {k: prox.info[k] for k in ("structure", "rank", "curvature",
-                                                           "converged", "clipped")
-                                 if k in prox.info}
-        except Exception as err:  # noqa: BLE001
-            row["error"] = f"{type(err).__name__}: {shorten(str(err), 300)}"
-            row["traceback"] = traceback.format_exc()
-            draws = None
-    row["warnings"] = [f"{c}: {' '.join(str(m).split())}" for c, m, _ in rec]
-    return row, draws
+    with row_guard(row):
+        with CompileTimer() as ct:
+            t0 = time.perf_counter()
+            data = ModelData.from_args(args, kwargs)
+            pot = build_potential(model, data, k_model)
+            prox = fit_structured(pot, data, k_fit, **fit_kw)
+            jax.block_until_ready(prox.centre)
+            row["prep_s"] = time.perf_counter() - t0
+            xi = jax.random.normal(k_draw, (num_draws, pot.dim), prox.centre.dtype)
+            flat = jax.jit(jax.vmap(lambda c, op, x: c + scale_matvec(op, x),
+                                    (None, None, 0)))(prox.centre, prox.cov_op, xi)
+            draws = jax.vmap(pot.unravel)(flat)
+            draws = {k: np.asarray(v)[None] for k, v in draws.items()}
+            row["wall_s"] = time.perf_counter() - t0
+        row["compile_s"] = ct.seconds
+        row["data_passes"] = float(prox.num_data_passes)
+        row["proxy_info"] = {k: prox.info[k] for k in ("structure", "rank", "curvature",
+                                                       "converged", "clipped")
+                             if k in prox.info}
+    return row, (None if "error" in row else draws)
 
 
 def nuts_timing(args, kwargs, num: int) -> dict:
@@ -493,7 +491,7 @@ def nuts_reference(dd: dict, maps: list[dict], warmup: int, samples: int, depth:
            "mean_leapfrog_steps": float(ef["num_steps"].mean()),
            "ess_draw_ll": float(az.ess(ds)["ll"]), "rhat_draw_ll": float(az.rhat(ds)["ll"]),
            "draw_ll_mean": float(lls.mean())}
-    return row, draws
+    return row, (None if "error" in row else draws)
 
 
 def map_adam(dd: dict, f, steps: int, lr: float, seed: int) -> tuple[dict, dict]:
