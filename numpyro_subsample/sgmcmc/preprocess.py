@@ -31,6 +31,7 @@ from numpyro_subsample.proxies.choice import (
     MAX_DENSE_DIM,
     STRUCTURED,
     fit_kernel_structured,
+    structured_choice,
 )
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.proxies.structured import StructuredProxy
@@ -181,9 +182,7 @@ def proxy_choice(spec: str | Proxy | StructuredProxy, dim: int, supports_structu
         return "given-structured"
     if isinstance(spec, Proxy):
         return "given"
-    if spec == "laplace" and dim > MAX_DENSE_DIM and supports_structured:
-        return "low-rank"
-    return spec
+    return (structured_choice(spec, dim) if supports_structured else None) or spec
 
 
 def _fit_structured(request: ProxyRequest, potential: Potential, data: ModelData, key: Any,
