@@ -119,8 +119,9 @@ class EnergyConservingHMC(SubsampleKernel):
         q = the proxy) or ``"variational"`` (E_q[ℓ_i]; Rønning and Hamelryck 2021, Eq. 2-4).
         Default: ``"taylor"`` for a Laplace proxy, ``"hybrid"`` for a variational one.
     taylor_order, hybrid_order
-        1 or 2 for the Taylor and hybrid likelihood proxies (default 2; ``taylor_order=None``,
-        the default, is 1 with a structured proxy).
+        1 or 2 for the Taylor and hybrid likelihood proxies. ``taylor_order=None`` (the
+        default) is 2 with a dense proxy and 1 with a structured one; ``hybrid_order``
+        defaults to 2.
     num_blocks
         G, blocks of u; one block is redrawn per iteration (default 10; m must be a multiple).
     subsample_size

@@ -31,6 +31,7 @@ import numpy as np
 __all__ = ["ZVStats", "ZVPairedStats", "zv_covariates", "linearised_covariates",
            "empty_stats", "empty_paired_stats", "welford_update", "flat_fn", "default_g",
            "check_degree", "num_covariates", "check_covariates", "covariate_choice",
+           "check_covariate_name",
            "COVARIATES", "MAX_ZV_COVARIATES"]
 
 #: Most covariates a ZV fit regresses on: its p × p co-moment matrix and O(p³) solve are dense.
@@ -67,11 +68,16 @@ def linearised_covariates(g_flat: Callable, centre: Any, direction: Any) -> Any:
     return out.reshape(direction.shape[:-1] + out.shape[-1:])
 
 
+def check_covariate_name(covariates: str) -> None:
+    """Raise a ``ValueError`` unless ``covariates`` is one of :data:`COVARIATES`."""
+    if covariates not in COVARIATES:
+        raise ValueError(f"covariates must be one of {COVARIATES}, got {covariates!r}.")
+
+
 def covariate_choice(covariates: str, degree: int, dim: int) -> str:
     """``"gradient"`` or ``"linearised"`` for ``covariates`` (``"auto"``: gradient up to
     :data:`MAX_ZV_COVARIATES` parameters, else linearised) at ``degree`` and ``dim``."""
-    if covariates not in COVARIATES:
-        raise ValueError(f"covariates must be one of {COVARIATES}, got {covariates!r}.")
+    check_covariate_name(covariates)
     if degree == 2:
         if covariates == "linearised":
             raise ValueError(

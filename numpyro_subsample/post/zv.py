@@ -51,9 +51,9 @@ import xarray as xr
 
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.zv import (
-    COVARIATES,
     ZVPairedStats,
     ZVStats,
+    check_covariate_name,
     check_covariates,
     check_degree,
     covariate_choice,
@@ -136,8 +136,7 @@ def zv_fit(
         Streamed statistics hold the covariates of the kernel's ``zv_covariates``.
     """
     check_degree(degree)
-    if covariates not in COVARIATES:
-        raise ValueError(f"covariates must be one of {COVARIATES}, got {covariates!r}.")
+    check_covariate_name(covariates)
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}.")
     if mode not in ("auto", "stored", "stream"):
