@@ -5,12 +5,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 from compile_utils import persistent_cache
 from models import logistic_data, logistic_model
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGLD
+from numpyro_subsample import SGHMC, SGLD, EnergyConservingHMC
 from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, build_potential
@@ -80,3 +82,31 @@ def test_program_size_does_not_grow_with_the_data():
         sizes[N] = len(text)
     assert abs(sizes[100_000] - sizes[10_000]) < 0.02 * sizes[10_000], sizes
     assert sizes[100_000] < 200_000  # no constant of N·d floats (4·10^5 of them) inside
+
+
+class _RecordingNormal(dist.Normal):
+    """A normal prior that records whether each log-density evaluation saw a traced value."""
+
+    traced: list = []
+
+    def log_prob(self, value):
+        type(self).traced.append(isinstance(value, jax.core.Tracer))
+        return super().log_prob(value)
+
+
+def _recording_model(X, y=None, subsample_size=100):
+    beta = numpyro.sample("beta", _RecordingNormal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ beta), obs=y[idx])
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, EnergyConservingHMC])
+def test_cold_run_evaluates_the_model_only_inside_compiled_programs(kernel_cls):
+    """Run op by op, the model costs one XLA compilation per primitive (about 20 ms each on
+    CPU, seconds in all): every evaluation of the model during preprocessing, init and
+    sampling is traced."""
+    _RecordingNormal.traced.clear()
+    mcmc = MCMC(kernel_cls(_recording_model), num_warmup=100, num_samples=50,
+                progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *_data(6, N=1000))
+    assert _RecordingNormal.traced and all(_RecordingNormal.traced), _RecordingNormal.traced

@@ -395,8 +395,12 @@ class SGMCMCKernel(SubsampleKernel):
         return axes
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
-        with jax.ensure_compile_time_eval():  # concrete checks also under pmap
-            potential = self.potential_for(ModelData.from_args(model_args, model_kwargs))
+        data = ModelData.from_args(model_args, model_kwargs)
+        if isinstance(rng_key, jax.core.Tracer):  # under pmap: keep the checks concrete
+            with jax.ensure_compile_time_eval():
+                potential = self.potential_for(data)
+        else:  # evaluated eagerly, the model build would run op by op
+            potential = self.potential_for(data)
         vectorized = not (isinstance(rng_key, jax.core.Tracer) or is_prng_key(rng_key))
         if self.estimator_name == "saga" and vectorized:  # one table per chain, checked early
             check_estimator_request(self.estimator_name, self.estimator_options,
