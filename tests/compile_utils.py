@@ -7,6 +7,7 @@ import contextlib
 import tempfile
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 
 @contextlib.contextmanager
@@ -18,8 +19,10 @@ def persistent_cache():
     with tempfile.TemporaryDirectory() as d:
         for k, v in zip(keys, (d, 0.0, 0), strict=True):
             jax.config.update(k, v)
+        compilation_cache.reset_cache()  # JAX opens the cache once: point it at d
         try:
             yield
         finally:
             for k, v in zip(keys, old, strict=True):
                 jax.config.update(k, v)
+            compilation_cache.reset_cache()
