@@ -201,3 +201,21 @@ def test_numpy_arrays_are_accepted_as_data(data):
     np.testing.assert_allclose(pot.data_terms(theta, idx, md_np),
                                pot.data_terms(theta, idx, md), rtol=1e-6)
     assert md_np.signature() == md.signature() and md_np.same_values(md)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, jnp.bfloat16])
+def test_host_finiteness_check_matches_the_compiled_one(monkeypatch, dtype):
+    """CPU data are checked by NumPy in chunks (no compiled program); the rows it flags are
+    those of the compiled check, across chunk boundaries and for NumPy inputs too."""
+    from numpyro_subsample.core import potential as pot_mod
+
+    monkeypatch.setattr(pot_mod, "_HOST_CHUNK", 7)  # chunks of 3 rows of (N, 2, 1)
+    x = np.ones((50, 2, 1), np.float32)
+    x[[2, 3, 29, 49], [0, 1, 1, 0], 0] = [np.nan, np.inf, -np.inf, np.nan]
+    arr = jnp.asarray(x, dtype)
+    expected = np.asarray(pot_mod._rows_finite(arr))
+    assert np.flatnonzero(~expected).tolist() == [2, 3, 29, 49]
+    np.testing.assert_array_equal(pot_mod._host_rows_finite(arr), expected)
+    np.testing.assert_array_equal(pot_mod._host_rows_finite(np.asarray(x)), expected)
+    with pytest.raises(ValueError, match="non-finite values in 4 rows, the first at row 2"):
+        check_data_finite(_md(arr))

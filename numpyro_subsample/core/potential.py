@@ -250,7 +250,9 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
             continue
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             continue
-        finite = np.asarray(_rows_finite(leaf))
+        finite = _host_rows_finite(leaf)
+        if finite is None:
+            finite = np.asarray(_rows_finite(leaf))
         if not finite.all():
             bad = np.flatnonzero(~finite)
             raise ValueError(
@@ -263,6 +265,24 @@ def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
 @jax.jit
 def _rows_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(x).reshape(x.shape[0], -1).all(-1)
+
+
+_HOST_CHUNK = 1 << 20  # values per NumPy pass of the host check
+
+
+def _host_rows_finite(leaf: Any) -> np.ndarray | None:
+    """Row finiteness of a NumPy array or a JAX array on the CPU, computed by NumPy in chunks
+    (no compiled program, whose compilation costs more than the check); None for arrays on
+    other devices, which ``_rows_finite`` checks where they are."""
+    if isinstance(leaf, jax.Array) and any(dev.platform != "cpu" for dev in leaf.devices()):
+        return None
+    try:
+        rows = np.asarray(leaf).reshape(leaf.shape[0], -1)
+        step = max(1, _HOST_CHUNK // max(1, rows.shape[1]))
+        return np.concatenate([np.isfinite(rows[s:s + step]).all(1)
+                               for s in range(0, rows.shape[0], step)])
+    except TypeError:  # a dtype NumPy cannot test
+        return None
 
 
 def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Potential:
