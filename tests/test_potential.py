@@ -10,7 +10,7 @@ from models import logistic_data, logistic_hier_model
 from numpyro.infer.util import potential_energy
 
 from numpyro_subsample import SGLD, ModelData, build_potential
-from numpyro_subsample.core.potential import check_data_finite
+from numpyro_subsample.core.data import check_data_finite
 
 KEY = jax.random.PRNGKey(0)
 
@@ -207,7 +207,7 @@ def test_numpy_arrays_are_accepted_as_data(data):
 def test_host_finiteness_check_matches_the_compiled_one(monkeypatch, dtype):
     """CPU data are checked by NumPy in chunks (no compiled program); the rows it flags are
     those of the compiled check, across chunk boundaries and for NumPy inputs too."""
-    from numpyro_subsample.core import potential as pot_mod
+    from numpyro_subsample.core import data as pot_mod
 
     monkeypatch.setattr(pot_mod, "_HOST_CHUNK", 7)  # chunks of 3 rows of (N, 2, 1)
     x = np.ones((50, 2, 1), np.float32)

@@ -40,7 +40,7 @@ from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 
-from numpyro_subsample.core.data import ModelData, indexed_axes
+from numpyro_subsample.core.data import ModelData, check_data_finite, indexed_axes
 from numpyro_subsample.core.enumeration import (
     check_enumeration_scope,
     enumerate_sites,
@@ -235,54 +235,6 @@ class Potential:
         return observed_log_likelihood(
             self.model, self.plate, dict(self.enumerated_dims), latent, idx, data
         )
-
-
-def check_data_finite(data: ModelData, num_data: int | None = None) -> None:
-    """Raise if a floating array of the data holds non-finite values.
-
-    With ``num_data`` only arrays whose leading dimension is N (the data the plate indexes)
-    are checked; without it, every floating array.
-    """
-    for name, leaf in zip(data.names(), data.arrays, strict=True):
-        if isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0 or leaf.size == 0:
-            continue
-        if num_data is not None and leaf.shape[0] != num_data:
-            continue
-        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
-            continue
-        finite = _host_rows_finite(leaf)
-        if finite is None:
-            finite = np.asarray(_rows_finite(leaf))
-        if not finite.all():
-            bad = np.flatnonzero(~finite)
-            raise ValueError(
-                f"The data argument {name} (shape {tuple(leaf.shape)}) has non-finite values "
-                f"in {bad.size} rows, the first at row {int(bad[0])}. Remove or impute those "
-                "rows before sampling."
-            )
-
-
-@jax.jit
-def _rows_finite(x: jax.Array) -> jax.Array:
-    return jnp.isfinite(x).reshape(x.shape[0], -1).all(-1)
-
-
-_HOST_CHUNK = 1 << 20  # values per NumPy pass of the host check
-
-
-def _host_rows_finite(leaf: Any) -> np.ndarray | None:
-    """Row finiteness of a NumPy array or a JAX array on the CPU, computed by NumPy in chunks
-    (no compiled program, whose compilation costs more than the check); None for arrays on
-    other devices, which ``_rows_finite`` checks where they are."""
-    if isinstance(leaf, jax.Array) and any(dev.platform != "cpu" for dev in leaf.devices()):
-        return None
-    try:
-        rows = np.asarray(leaf).reshape(leaf.shape[0], -1)
-        step = max(1, _HOST_CHUNK // max(1, rows.shape[1]))
-        return np.concatenate([np.isfinite(rows[s:s + step]).all(1)
-                               for s in range(0, rows.shape[0], step)])
-    except TypeError:  # a dtype NumPy cannot test
-        return None
 
 
 def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Potential:
