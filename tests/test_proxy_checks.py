@@ -156,33 +156,3 @@ def test_excursion_axes_keep_the_extreme_sds_in_high_dimension():
     assert len(axes) == MAX_AXES and np.all(np.diff(axes) > 0)
     assert set(sd[axes]) == set(range(MAX_AXES // 2)) | set(range(300 - MAX_AXES // 2, 300))
     np.testing.assert_array_equal(excursion_axes(sd[:MAX_AXES]), np.arange(MAX_AXES))
-
-
-def test_newton_first_skips_adam_and_finds_the_same_laplace(logistic):
-    """Where a full Hessian pass is cheap, Newton from the initial point replaces Adam; the
-    mode and covariance are those of Adam + Newton."""
-    pot, data = logistic
-    first = fit_laplace(pot, data, jax.random.PRNGKey(1), store_datum_grads=False)
-    adam = fit_laplace(pot, data, jax.random.PRNGKey(1), store_datum_grads=False,
-                       newton_first=False)
-    assert first.info["adam_steps"] == 0 and first.info["converged"]
-    assert adam.info["adam_steps"] > 0 and adam.info["converged"]
-    sd = np.sqrt(np.diag(np.asarray(adam.cov)))
-    assert np.max(np.abs(np.asarray(first.centre - adam.centre)) / sd) < 1e-3
-    np.testing.assert_allclose(first.cov, adam.cov, rtol=1e-3, atol=1e-6)
-    # one pass per Newton evaluation, plus the excursions
-    assert first.num_data_passes >= first.info["newton_steps"] + 2
-
-
-def test_newton_first_falls_back_to_adam_when_it_does_not_converge(logistic, monkeypatch):
-    from numpyro_subsample.proxies import laplace
-
-    pot, data = logistic
-    adam = fit_laplace(pot, data, jax.random.PRNGKey(1), store_datum_grads=False,
-                       newton_first=False)
-    monkeypatch.setattr(laplace, "NEWTON_FIRST_STEPS", 1)  # one step from the prior median
-    fallback = fit_laplace(pot, data, jax.random.PRNGKey(1), store_datum_grads=False,
-                           newton_first=True)
-    assert fallback.info["adam_steps"] == adam.info["adam_steps"] > 0
-    np.testing.assert_array_equal(fallback.centre, adam.centre)  # the same Adam + Newton
-    assert fallback.num_data_passes >= adam.num_data_passes + 2  # the attempt's passes

@@ -3,10 +3,7 @@
 As in Baker, Fearnhead, Fox and Nemeth (2019, Sect. 3: the centring value replaces burn-in),
 the mode is found by stochastic optimisation (Optax Adam on the model's own minibatches, a
 couple of epochs), then polished with damped Newton steps on the full data, each one chunked
-data pass that also yields the Hessian; Σ̂ is the inverse Hessian at the mode. Where a full
-Hessian pass is cheap (N·d·(d + 1) ≤ :data:`NEWTON_FIRST_MAX_WORK`), Newton starts from the
-initial point and Adam runs only if it has not converged after :data:`NEWTON_FIRST_STEPS`
-steps: a few cheap passes instead of compiling the Adam program. The sum of the
+data pass that also yields the Hessian; Σ̂ is the inverse Hessian at the mode. The sum of the
 per-datum gradients Σ_i ∇f_i(θ̂) comes from the last Newton pass; the (N, d) table of ∇f_i(θ̂)
 is computed only on request. A failed fit is reported by site (:mod:`.checks`).
 """
@@ -16,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +41,7 @@ from numpyro_subsample.proxies.checks import (
     warn_proxy,
 )
 
-__all__ = ["NEWTON_FIRST_MAX_WORK", "NEWTON_FIRST_STEPS", "fit_laplace", "proxy_from_moments"]
-
-#: Newton from the initial point first when N·d·(d + 1) (the work of one full-data Hessian
-#: pass) is at most this: NEWTON_FIRST_STEPS such passes then cost about what compiling the
-#: Adam program does on a CPU (a few tenths of a second).
-NEWTON_FIRST_MAX_WORK = 1e8
-#: Damped Newton steps from the initial point before falling back to Adam + Newton.
-NEWTON_FIRST_STEPS = 10
+__all__ = ["fit_laplace", "proxy_from_moments"]
 
 
 def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,16 +98,8 @@ def fit_laplace(
     chunk_size: int = DEFAULT_CHUNK,
     store_datum_grads: bool = True,
     progress: bool = False,
-    newton_first: bool | None = None,
 ) -> Proxy:
     """Laplace proxy: mode by Adam + full-data Newton, Σ̂ = (∇²f(θ̂))⁻¹ (Baker et al. 2019, Sect. 3).
-
-    ``newton_first``: try up to :data:`NEWTON_FIRST_STEPS` Newton steps from the initial
-    point before Adam, which then runs (from the initial point) only if they did not converge
-    to a positive definite Hessian. None (default): when N·d·(d + 1) ≤
-    :data:`NEWTON_FIRST_MAX_WORK` and ``max_newton_steps`` > 0. It trades the compilation of
-    the Adam program for full-data passes (about twice the Newton steps, with the line
-    search).
 
     The data passes used are counted in ``num_data_passes`` (Adam epochs + one per Newton
     evaluation + one for the axis excursions of :mod:`.checks` + one for the per-datum
@@ -127,37 +108,77 @@ def fit_laplace(
     load on). Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and
     a remedy) if the fit stopped short of the mode, the centre is at a support's boundary, or
     the Gaussian is far wider than the posterior along a coordinate (:mod:`.checks`).
-    ``proxy.info`` holds ``adam_steps`` (0 if Newton from the initial point converged),
-    ``newton_steps``, ``potential`` f(θ̂), ``converged``
+    ``proxy.info`` holds ``adam_steps``, ``newton_steps``, ``potential`` f(θ̂), ``converged``
     (Newton's criterion met), ``newton_decrement``, ``axis_excursions`` (2, K, on the
     coordinates of :func:`~.checks.excursion_axes`) and the ``warnings`` issued.
     """
     t0 = time.perf_counter()
     N = potential.num_data
     n = int(subsample_size or potential.plate.subsample_size)
-    d = potential.init_theta.shape[0]
+    num_steps = int(min(max(math.ceil(num_epochs * N / n), 500), 50_000))
+    num_steps = -(-num_steps // 250) * 250  # whole blocks: one compiled block program
+    passes = num_steps * n / N
+    theta = _adam_phase(
+        potential, data, potential.init_theta, n, num_steps, rng_key, learning_rate, progress
+    )
+
     vgh = lambda t: value_grad_hessian(potential, t, data, chunk_size)  # noqa: E731
-    if newton_first is None:
-        newton_first = N * d * (d + 1) <= NEWTON_FIRST_MAX_WORK
-    passes, num_steps, newton = 0.0, 0, None
-    if newton_first and max_newton_steps > 0:
-        newton = _newton(vgh, potential.init_theta, min(NEWTON_FIRST_STEPS, max_newton_steps),
-                         N, chunk_size, progress)
-        passes += newton.passes
-        if newton.stop is not None or not _positive_definite(newton.h):
-            newton = None  # not converged: Adam + Newton from the initial point, as without
-    if newton is None:
-        num_steps = int(min(max(math.ceil(num_epochs * N / n), 500), 50_000))
-        num_steps = -(-num_steps // 250) * 250  # whole blocks: one compiled block program
-        passes += num_steps * n / N
-        theta = _adam_phase(
-            potential, data, potential.init_theta, n, num_steps, rng_key, learning_rate,
-            progress,
+    f, g, h = vgh(theta)
+    passes += 1
+    bar = tqdm(total=max_newton_steps, desc="proxy: Newton on full data", disable=not progress)
+    newton_steps = 0
+    stop = f"the Newton iterations were exhausted (max_newton_steps={max_newton_steps})"
+    for _ in range(max_newton_steps):
+        hn = np.asarray(h, np.float64)
+        gn = np.asarray(g, np.float64)
+        if not (np.isfinite(f) and np.all(np.isfinite(gn)) and np.all(np.isfinite(hn))):
+            stop = "the potential or its derivatives were not finite"
+            break
+        damping = 0.0
+        while True:
+            try:
+                chol = np.linalg.cholesky(hn + damping * np.eye(hn.shape[0]))
+                break
+            except np.linalg.LinAlgError:
+                damping = max(1e-6 * np.abs(np.diag(hn)).max(), 10 * damping)
+        step = np.linalg.solve(chol.T, np.linalg.solve(chol, gn))
+        decrement = float(gn @ step)  # Newton decrement λ²: squared distance in Σ̂ units
+        if decrement < 1e-8 * max(1, theta.shape[0]):
+            stop = None
+            break
+        # Rounding of the full-data sum f (about eps·|f|·sqrt(chunks)) hides the decrease of a
+        # step close to the mode; there the Newton decrement at the candidate (from gradients,
+        # which keep their precision) decides instead of the Armijo test on f.
+        f_resolution = 4 * np.finfo(np.dtype(theta.dtype)).eps * abs(float(f)) * np.sqrt(
+            max(1, potential.num_data // chunk_size)
         )
-        newton = _newton(vgh, theta, max_newton_steps, N, chunk_size, progress)
-        passes += newton.passes
-    theta, f, g, h = newton.theta, newton.f, newton.g, newton.h
-    newton_steps, stop = newton.steps, newton.stop
+        t = 1.0
+        accepted = False
+        while t > 1e-6:
+            cand = jnp.asarray((np.asarray(theta) - t * step).astype(theta.dtype))  # on the host
+            fc, gc, hc = vgh(cand)
+            passes += 1
+            if not np.isfinite(fc):
+                t *= 0.5
+                continue
+            armijo = float(fc) <= float(f) - 1e-4 * t * decrement
+            unresolved = abs(float(fc) - float(f)) <= f_resolution + 1e-4 * t * decrement
+            if not armijo and unresolved:
+                gcn = np.asarray(gc, np.float64)
+                armijo = float(gcn @ np.linalg.solve(chol.T, np.linalg.solve(chol, gcn))) < (
+                    decrement
+                )
+            if armijo:
+                theta, f, g, h = cand, fc, gc, hc
+                accepted = True
+                break
+            t *= 0.5
+        newton_steps += 1
+        bar.update(1)
+        if not accepted:
+            stop = "the line search found no decrease"
+            break
+    bar.close()
 
     hn = np.asarray(h, np.float64)
     gn = np.asarray(g, np.float64)
@@ -227,89 +248,6 @@ def fit_laplace(
             "warnings": messages,
         },
     )
-
-
-class _NewtonResult(NamedTuple):
-    theta: jax.Array
-    f: jax.Array
-    g: jax.Array
-    h: jax.Array
-    steps: int
-    passes: int
-    stop: str | None  # why it stopped short of the convergence criterion; None if it met it
-
-
-def _positive_definite(h) -> bool:
-    hn = np.asarray(h, np.float64)
-    try:
-        np.linalg.cholesky(0.5 * (hn + hn.T))
-    except np.linalg.LinAlgError:
-        return False
-    return bool(np.all(np.isfinite(hn)))
-
-
-def _newton(vgh, theta, max_steps: int, num_data: int, chunk_size: int,
-            progress: bool) -> _NewtonResult:
-    """Damped Newton steps with an Armijo line search from ``theta``, each evaluation one
-    full-data pass of ``vgh`` (value, gradient, Hessian); stops when the Newton decrement
-    falls below 1e-8·max(1, d)."""
-    f, g, h = vgh(theta)
-    passes = 1
-    bar = tqdm(total=max_steps, desc="proxy: Newton on full data", disable=not progress)
-    newton_steps = 0
-    stop = f"the Newton iterations were exhausted (max_newton_steps={max_steps})"
-    for _ in range(max_steps):
-        hn = np.asarray(h, np.float64)
-        gn = np.asarray(g, np.float64)
-        if not (np.isfinite(f) and np.all(np.isfinite(gn)) and np.all(np.isfinite(hn))):
-            stop = "the potential or its derivatives were not finite"
-            break
-        damping = 0.0
-        while True:
-            try:
-                chol = np.linalg.cholesky(hn + damping * np.eye(hn.shape[0]))
-                break
-            except np.linalg.LinAlgError:
-                damping = max(1e-6 * np.abs(np.diag(hn)).max(), 10 * damping)
-        step = np.linalg.solve(chol.T, np.linalg.solve(chol, gn))
-        decrement = float(gn @ step)  # Newton decrement λ²: squared distance in Σ̂ units
-        if decrement < 1e-8 * max(1, theta.shape[0]):
-            stop = None
-            break
-        # Rounding of the full-data sum f (about eps·|f|·sqrt(chunks)) hides the decrease of a
-        # step close to the mode; there the Newton decrement at the candidate (from gradients,
-        # which keep their precision) decides instead of the Armijo test on f.
-        f_resolution = 4 * np.finfo(np.dtype(theta.dtype)).eps * abs(float(f)) * np.sqrt(
-            max(1, num_data // chunk_size)
-        )
-        t = 1.0
-        accepted = False
-        while t > 1e-6:
-            cand = jnp.asarray((np.asarray(theta) - t * step).astype(theta.dtype))  # on the host
-            fc, gc, hc = vgh(cand)
-            passes += 1
-            if not np.isfinite(fc):
-                t *= 0.5
-                continue
-            armijo = float(fc) <= float(f) - 1e-4 * t * decrement
-            unresolved = abs(float(fc) - float(f)) <= f_resolution + 1e-4 * t * decrement
-            if not armijo and unresolved:
-                gcn = np.asarray(gc, np.float64)
-                armijo = float(gcn @ np.linalg.solve(chol.T, np.linalg.solve(chol, gcn))) < (
-                    decrement
-                )
-            if armijo:
-                theta, f, g, h = cand, fc, gc, hc
-                accepted = True
-                break
-            t *= 0.5
-        newton_steps += 1
-        bar.update(1)
-        if not accepted:
-            stop = "the line search found no decrease"
-            break
-    bar.close()
-    return _NewtonResult(theta, f, g, h, newton_steps, passes, stop)
 
 
 def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size):
