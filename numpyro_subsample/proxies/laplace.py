@@ -26,6 +26,7 @@ from numpyro_subsample.core.datapass import (
     value_grad_hessian,
 )
 from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.checks import (
     MAX_DECREMENT,
@@ -51,23 +52,23 @@ def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cov, np.linalg.cholesky(cov)
 
 
-@partial(jax.jit, static_argnames=("potential", "n", "num_steps", "lr", "block"))
-def _adam_block(potential, n, num_steps, lr, block, carry, start, key, data):
-    """``block`` Adam steps on minibatches of size n, from step ``start`` (cosine schedule)."""
-    N = potential.num_data
+@partial(jax.jit, static_argnames=("potential", "num_steps", "lr"))
+def _adam_block(potential, num_steps, lr, carry, idxs, data):
+    """Adam steps on the minibatches ``idxs`` (steps, n), one per row (cosine schedule over
+    ``num_steps``, continued from the optimiser state in ``carry``)."""
+    N, n = potential.num_data, idxs.shape[1]
     opt = optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05))
 
     def loss(t, idx):
         f0, fi = potential.terms(t, idx, data)
         return f0 + (N / n) * jnp.sum(fi)
 
-    def step(c, i):
+    def step(c, idx):
         t, s = c
-        idx = jax.random.randint(jax.random.fold_in(key, i), (n,), 0, N)
         upd, s = opt.update(jax.grad(loss)(t, idx), s, t)
         return (optax.apply_updates(t, upd), s), None
 
-    return jax.lax.scan(step, carry, start + jnp.arange(block))[0]
+    return jax.lax.scan(step, carry, idxs)[0]
 
 
 @partial(jax.jit, static_argnames=("num_steps", "lr"))
@@ -75,13 +76,26 @@ def _adam_init(theta, num_steps, lr):
     return theta, optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05)).init(theta)
 
 
+#: Most minibatch indices drawn per block of Adam steps (4 MB of int32).
+_MAX_BLOCK_INDICES = 1 << 20
+
+
 def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
+    """``num_steps`` Adam steps (a multiple of 250) on uniform minibatches of size n, drawn
+    with replacement by NumPy's generator seeded with the bits of ``key`` (the same key gives
+    the same steps; a draw site of JAX's generator would add about 0.3 s to the program's
+    compilation, ``benchmarks/RESULTS.md``)."""
     carry = _adam_init(theta, num_steps, float(lr))
-    block = min(250, num_steps)
+    block = next(b for b in (250, 125, 50, 25, 10, 5, 2, 1)
+                 if b * n <= _MAX_BLOCK_INDICES or b == 1)
+    block = min(block, num_steps)
+    rng = np.random.default_rng(np.asarray(raw_key(key), np.uint32).ravel())
+    N = potential.num_data
     bar = tqdm(total=num_steps, desc="proxy: Adam on minibatches", disable=not progress)
     for start in range(0, num_steps, block):
-        carry = _adam_block(potential, n, num_steps, float(lr), block, carry, start, key, data)
-        bar.update(min(block, num_steps - start))
+        idxs = rng.integers(0, N, size=(min(block, num_steps - start), n), dtype=np.int32)
+        carry = _adam_block(potential, num_steps, float(lr), carry, jnp.asarray(idxs), data)
+        bar.update(idxs.shape[0])
     bar.close()
     return carry[0]
 
