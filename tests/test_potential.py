@@ -219,3 +219,30 @@ def test_host_finiteness_check_matches_the_compiled_one(monkeypatch, dtype):
     np.testing.assert_array_equal(pot_mod._host_rows_finite(np.asarray(x)), expected)
     with pytest.raises(ValueError, match="non-finite values in 4 rows, the first at row 2"):
         check_data_finite(_md(arr))
+
+
+def _start_model(y=None, subsample_size=10):
+    numpyro.sample("loc", dist.Normal(3.0, 10.0).expand([2]).to_event(1))
+    numpyro.sample("scale", dist.HalfCauchy(1.0))  # no finite mean: the feasible point 1
+    numpyro.sample("rate", dist.Gamma(4.0, 2.0))  # mean 2
+    numpyro.sample("probs", dist.Dirichlet(jnp.ones(3)))  # mean 1/3 each
+    with numpyro.plate("data", y.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y[idx])
+
+
+def test_start_is_the_prior_mean_plus_a_reproducible_jitter():
+    """The starting point is the unconstrained prior mean (the feasible point where the mean
+    is not finite) plus N(0, 0.1²) from the key: a saddle at the mean (zero weights) is left."""
+    from numpyro.distributions import biject_to
+
+    from numpyro_subsample.core.structure import INIT_JITTER
+
+    y = jnp.zeros(50)
+    pots = [build_potential(_start_model, _md(y), jax.random.PRNGKey(k)) for k in (0, 0, 1)]
+    np.testing.assert_array_equal(pots[0].init_theta, pots[1].init_theta)
+    assert not np.allclose(pots[0].init_theta, pots[2].init_theta)
+    simplex = biject_to(dist.Dirichlet(jnp.ones(3)).support)
+    mean = np.concatenate([[3.0, 3.0], np.asarray(simplex.inv(jnp.ones(3) / 3)),  # sorted
+                           [np.log(2.0)], [0.0]])  # names: loc, probs, rate, scale
+    jitter = np.stack([np.asarray(p.init_theta) - mean for p in pots])
+    assert np.all(np.abs(jitter) < 5 * INIT_JITTER) and np.all(np.abs(jitter) > 0)

@@ -86,8 +86,9 @@ def test_indefinite_hessian_error_names_the_sites():
     pot, data = _potential(product_model, jnp.asarray(y.astype(np.float32)))
     with pytest.raises(ValueError, match="not positive definite") as err:
         fit_laplace(pot, data, jax.random.PRNGKey(1), learning_rate=1e-6, max_newton_steps=0)
-    assert "negative curvature load on 'a' (" in str(err.value)
-    assert "'b' (" in str(err.value) and "proxy='variational'" in str(err.value)
+    message = str(err.value)
+    assert "negative curvature load on '" in message  # on both, about equally near (0, 0)
+    assert "'a' (" in message and "'b' (" in message and "proxy='variational'" in message
 
 
 def test_centred_hierarchical_scale_at_zero_names_tau():

@@ -204,7 +204,7 @@ def enumeration_dims(tr: dict, enumerated: tuple[str, ...]) -> dict:
 
 
 def check_enumeration_scope(
-    model, data: ModelData, plate: DataPlate, tr: dict, dims: dict, medians: dict
+    model, data: ModelData, plate: DataPlate, tr: dict, dims: dict, init_values: dict
 ) -> None:
     """Only sample sites of the plate may depend on the enumerated sites: a site outside the
     plate or a deterministic site whose shape changes when they are enumerated (compared with
@@ -215,7 +215,7 @@ def check_enumeration_scope(
         args, kwargs = data.args_kwargs()
         fn = set_plate_indices(model, name=plate.name, indices=jnp.arange(plate.subsample_size))
         fn = enumerate_sites(fn, dims=dims)
-        fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, medians))
+        fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, init_values))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             etr = handlers.trace(handlers.seed(fn, jnp.asarray(np.zeros(2, np.uint32)))

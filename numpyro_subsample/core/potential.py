@@ -64,6 +64,7 @@ from numpyro_subsample.core.structure import (
     _find_data_plate,
     _prototype_trace,
     _validate_sites,
+    jittered_start,
 )
 
 __all__ = [
@@ -85,8 +86,8 @@ class LocalSite(NamedTuple):
 
     ``axis``: the plate's axis in the site's value (batch and event dims); ``row_shape``: the
     constrained value of one datum (the value without that axis); ``support``: the site's
-    support; ``init``: a constrained starting value of one datum (the prior median at the
-    global sites' prior medians, for the plate's first row).
+    support; ``init``: a constrained starting value of one datum (its prior mean given the
+    global sites' prior means, for the plate's first row; :func:`~.structure._init_to_mean`).
     """
 
     name: str
@@ -128,7 +129,7 @@ class Potential:
     # terms(θ, idx, data[, local]): local = {site: (m, *row_shape)} for the local sites
     terms: Callable[..., tuple[jax.Array, jax.Array]]
     unravel: Callable[[jax.Array], dict]
-    init_theta: jax.Array  # flat unconstrained starting point (prior median)
+    init_theta: jax.Array  # flat unconstrained start: prior mean + jitter (jittered_start)
     latent_sites: tuple[str, ...]
     plate_deterministic_sites: tuple[str, ...]
     # unconstrained -> constrained latent values and the deterministic sites outside the plate
@@ -266,14 +267,15 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     arrays indexed by the plate without N rows, non-finite data.
     """
     check_data_finite(data)
-    tr, medians = _prototype_trace(model, data, rng_key)
+    tr, init_values = _prototype_trace(model, data, rng_key)
     plate = _find_data_plate(tr)
     latent, plate_det, enumerated, local_names = _validate_sites(tr, plate)
     dims = enumeration_dims(tr, enumerated)
     if dims:
-        check_enumeration_scope(model, data, plate, tr, dims, medians)
-    init_theta, unravel = ravel_pytree({name: medians[name] for name in latent})
-    local = tuple(_local_site(name, tr[name], medians[name], plate) for name in local_names)
+        check_enumeration_scope(model, data, plate, tr, dims, init_values)
+    init_theta, unravel = ravel_pytree({name: init_values[name] for name in latent})
+    init_theta = jittered_start(init_theta, rng_key)
+    local = tuple(_local_site(name, tr[name], init_values[name], plate) for name in local_names)
     seed_key = jnp.asarray(np.zeros(2, np.uint32))  # PRNGKey(0), without an eager program
 
     def terms(theta: jax.Array, idx: jax.Array, data: ModelData,
@@ -366,7 +368,7 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
 
 def _local_site(name: str, site: dict, unconstrained: Any, plate: DataPlate) -> LocalSite:
     """The :class:`LocalSite` of a continuous site inside the plate, from the prototype trace
-    (whose plate has the indices 0..n−1) and its unconstrained prior median there."""
+    (whose plate has the indices 0..n−1) and its unconstrained initial value there."""
     support = site["fn"].support
     value = np.asarray(biject_to(support)(unconstrained))
     axis = len(site["fn"].batch_shape) + plate.dim

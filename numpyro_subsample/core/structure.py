@@ -7,9 +7,10 @@ from __future__ import annotations
 import warnings
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from numpyro import handlers
 from numpyro.distributions import biject_to
-from numpyro.infer.initialization import init_to_median
 
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.enumeration import check_enumerable
@@ -20,13 +21,54 @@ from numpyro_subsample.core.plates import (
     first_indices,
     in_plate,
 )
+from numpyro_subsample.core.rng import raw_key
 
-__all__: list[str] = []
+__all__ = ["INIT_JITTER", "jittered_start"]
+
+
+#: Standard deviation of the jitter added to the prior mean in unconstrained coordinates to
+#: make the potential's starting point (:func:`jittered_start`). The exact prior mean can be
+#: a saddle of the posterior (the zero weights of a neural network, the zero factors of a
+#: matrix factorisation) where gradient-based fits stay; 0.1 breaks such symmetries and is
+#: small beside most priors' scales (NumPyro's ``init_to_uniform`` and Stan start uniformly
+#: in (−2, 2)).
+INIT_JITTER = 0.1
+
+
+def jittered_start(theta: jax.Array, rng_key: jax.Array) -> jax.Array:
+    """``theta`` plus N(0, INIT_JITTER² I) drawn by NumPy's generator seeded with the bits of
+    ``rng_key`` (the same key gives the same start; no compiled program)."""
+    seed = np.asarray(raw_key(rng_key), np.uint32).ravel()
+    z = np.random.default_rng(seed).standard_normal(theta.shape)
+    return jnp.asarray((np.asarray(theta) + INIT_JITTER * z).astype(theta.dtype))
+
+
+def _init_to_mean(site=None):
+    """NumPyro init strategy: the prior mean where it is defined and finite, else the point of
+    the support at 0 in unconstrained coordinates. It draws nothing, unlike NumPyro's
+    ``init_to_median``, whose random generator made most of the prototype trace's compile time
+    (``benchmarks/RESULTS.md``)."""
+    if site is None:
+        return _init_to_mean
+    if site["type"] != "sample" or site["is_observed"] or site["fn"].support.is_discrete:
+        return None
+    if site["value"] is not None:
+        return site["value"]
+    fn = site["fn"]
+    transform = biject_to(fn.support)
+    shape = tuple(site["kwargs"].get("sample_shape") or ()) + fn.shape()
+    feasible = transform(jnp.zeros(transform.inverse_shape(shape)))
+    try:
+        mean = jnp.broadcast_to(1.0 * fn.mean, feasible.shape)
+    except (NotImplementedError, ValueError, TypeError, AttributeError):
+        return feasible
+    return jnp.where(jnp.isfinite(mean), mean, feasible).astype(feasible.dtype)
 
 
 def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:
     """The model's trace (for its structure: sites, plates, supports) and the unconstrained
-    prior medians of its latent sites, in one compiled program instead of many eager ops.
+    prior means of its latent sites (:func:`_init_to_mean`), in one compiled program instead
+    of many eager ops.
 
     The trace's values are tracers of that program: only their static attributes (shapes,
     distributions, plate frames) are read afterwards.
@@ -38,7 +80,7 @@ def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:
         with check_plate_sizes(), first_indices():
             tr = handlers.trace(
                 handlers.substitute(
-                    handlers.seed(model, key), substitute_fn=init_to_median(num_samples=15)
+                    handlers.seed(model, key), substitute_fn=_init_to_mean
                 )
             ).get_trace(*args, **kwargs)
         holder["trace"] = tr

@@ -54,7 +54,7 @@ def default_guide(
 
 
 def _init_at_potential_start(site: dict, *, potential: Potential):
-    """Init strategy: the potential's starting point (prior median) for its latent sites."""
+    """Init strategy: the potential's starting point (prior mean) for its latent sites."""
     if site["type"] == "sample" and not site["is_observed"] and site["name"] in (
         potential.latent_sites
     ):
