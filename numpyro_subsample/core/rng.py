@@ -1,11 +1,14 @@
-"""Per-step random keys of the sampling loops."""
+"""Random keys: the sampling loops' per-step keys, and NumPy generators for one-off host
+draws (a draw site of a JAX generator inside a program costs compile time,
+``benchmarks/bench_rng_compile.py``)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["STEP_RNG", "raw_key", "split_step_key"]
+__all__ = ["STEP_RNG", "host_generator", "raw_key", "split_step_key"]
 
 STEP_RNG = "philox4x32"
 
@@ -18,6 +21,12 @@ def raw_key(key: jax.Array) -> jax.Array:
             data = jax.random.bits(key, (2,), jnp.uint32)
         return data
     return key
+
+
+def host_generator(key: jax.Array) -> np.random.Generator:
+    """NumPy's generator seeded with the bits of ``key`` (a legacy or typed JAX key): the same
+    key gives the same host draws."""
+    return np.random.default_rng(np.asarray(raw_key(key), np.uint32).ravel())
 
 
 def split_step_key(

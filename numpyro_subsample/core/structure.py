@@ -21,7 +21,7 @@ from numpyro_subsample.core.plates import (
     first_indices,
     in_plate,
 )
-from numpyro_subsample.core.rng import raw_key
+from numpyro_subsample.core.rng import host_generator
 
 __all__ = ["INIT_JITTER", "jittered_start"]
 
@@ -38,8 +38,7 @@ INIT_JITTER = 0.1
 def jittered_start(theta: jax.Array, rng_key: jax.Array) -> jax.Array:
     """``theta`` plus N(0, INIT_JITTER² I) drawn by NumPy's generator seeded with the bits of
     ``rng_key`` (the same key gives the same start; no compiled program)."""
-    seed = np.asarray(raw_key(rng_key), np.uint32).ravel()
-    z = np.random.default_rng(seed).standard_normal(theta.shape)
+    z = host_generator(rng_key).standard_normal(theta.shape)
     return jnp.asarray((np.asarray(theta) + INIT_JITTER * z).astype(theta.dtype))
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData
-from numpyro_subsample.core.rng import raw_key
+from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.noise_covariance import point_covariances
 from numpyro_subsample.estimators.noise_matrix_free import matrix_free_noise
@@ -115,8 +115,7 @@ def noise_points(
     The standard normals come from NumPy's generator seeded with the bits of ``rng_key`` (the
     same key gives the same points): a one-off draw that needs no compiled program.
     """
-    seed = np.asarray(raw_key(rng_key), np.uint32).ravel()
-    z = np.random.default_rng(seed).standard_normal((int(num_points) - 1, centre.shape[0]))
+    z = host_generator(rng_key).standard_normal((int(num_points) - 1, centre.shape[0]))
     return _shifted(centre, point_tril, jnp.asarray(z.astype(centre.dtype)))
 
 

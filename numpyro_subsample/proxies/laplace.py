@@ -26,7 +26,7 @@ from numpyro_subsample.core.datapass import (
     value_grad_hessian,
 )
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.core.rng import raw_key
+from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.checks import (
     MAX_DECREMENT,
@@ -89,7 +89,7 @@ def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
     block = next(b for b in (250, 125, 50, 25, 10, 5, 2, 1)
                  if b * n <= _MAX_BLOCK_INDICES or b == 1)
     block = min(block, num_steps)
-    rng = np.random.default_rng(np.asarray(raw_key(key), np.uint32).ravel())
+    rng = host_generator(key)
     N = potential.num_data
     bar = tqdm(total=num_steps, desc="proxy: Adam on minibatches", disable=not progress)
     for start in range(0, num_steps, block):
