@@ -232,3 +232,21 @@ def test_local_site_with_two_values_per_datum_is_refused():
 
     with pytest.raises(ValueError, match="Local latent site 'z'.*batch shape"):
         SGHMC(model, estimator="uniform", step_size=1e-3).preprocess((np.zeros(20),))
+
+
+def test_user_update_gets_a_key_every_numpyro_distribution_samples_with(intercepts):
+    """The local update receives a legacy uint32[2] PRNGKey (the per-step keys are Philox,
+    with which JAX cannot sample e.g. a Poisson)."""
+    Y, _, _ = intercepts
+    kinds = []
+
+    def poisson_update(rng_key, rows, values, idx, Y, n=50):
+        kinds.append((rng_key.dtype, rng_key.shape))
+        k1, k2 = jax.random.split(rng_key)
+        extra = dist.Poisson(3.0).sample(k2, rows["z"].shape)  # JAX: Threefry only
+        return {"z": exact_intercepts(k1, rows, values, idx, Y)["z"] + 0.0 * extra}
+
+    MCMC(SGLD(intercepts_model, estimator="uniform", step_size=1e-6,
+              local_update=poisson_update),
+         num_warmup=0, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), Y)
+    assert kinds and all(k == (jnp.uint32, (2,)) for k in kinds), kinds

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from numpyro.distributions import biject_to
 
 from numpyro_subsample.core.potential import LocalSite, ModelData, Potential
+from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.selection import SamplingDesign
 
@@ -75,7 +76,8 @@ class LocalConfig(NamedTuple):
     """Static configuration of the local update (hashable).
 
     ``steps``: MALA steps per update; ``update``: a user's conditional
-    ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows`` (``rows``:
+    ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows`` (``rng_key``:
+    a legacy uint32[2] ``PRNGKey``, which every NumPyro distribution samples with; ``rows``:
     the constrained local values of the subsample, {site: (m, *row)}; ``values``: the
     constrained global sites and deterministic sites outside the plate), or None for MALA;
     ``init_step``: the first MALA step.
@@ -196,7 +198,7 @@ def update_rows(
                                         cfg.steps)
     else:
         args, kwargs = data.args_kwargs()
-        new = cfg.update(key, rows, values(), idx, *args, **kwargs)
+        new = cfg.update(raw_key(key), rows, values(), idx, *args, **kwargs)
         if not isinstance(new, dict) or set(new) != set(rows):
             raise ValueError(
                 f"local_update must return a dict of the local sites {sorted(rows)} (their "
