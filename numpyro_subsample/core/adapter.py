@@ -17,6 +17,7 @@ compiled once per static configuration) wrapped by this thin class, in the manne
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from functools import lru_cache, partial
@@ -30,7 +31,8 @@ from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
-__all__ = ["SubsampleKernel", "constrained", "default_progress", "preprocess_keys"]
+__all__ = ["SubsampleKernel", "concrete_under_pmap", "constrained", "default_progress",
+           "preprocess_keys"]
 
 
 def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
@@ -38,6 +40,16 @@ def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
     noise), made by NumPy's ``SeedSequence`` (a split by JAX would compile a program)."""
     bits = np.random.SeedSequence(int(seed) % 2**32).generate_state(8, np.uint32)
     return tuple(jnp.asarray(k) for k in bits.reshape(4, 2))
+
+
+def concrete_under_pmap(rng_key: Any) -> contextlib.AbstractContextManager:
+    """``jax.ensure_compile_time_eval()`` if ``rng_key`` is traced (``init`` under ``pmap``,
+    where the data checks and the preprocessing must stay concrete), else no context: outside
+    a trace it would run every constant op of the model's build eagerly, one XLA compilation
+    per primitive."""
+    if isinstance(rng_key, jax.core.Tracer):
+        return jax.ensure_compile_time_eval()
+    return contextlib.nullcontext()
 
 
 @lru_cache(maxsize=64)
@@ -174,10 +186,7 @@ class SubsampleKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         data = ModelData.from_args(model_args, model_kwargs)
         traced = isinstance(rng_key, jax.core.Tracer)  # under pmap (chain_method="parallel")
-        if traced:
-            with jax.ensure_compile_time_eval():
-                pre = self._preprocess_data(data)
-        else:
+        with concrete_under_pmap(rng_key):
             pre = self._preprocess_data(data)
         init_one, step, params = self._programs(pre, num_warmup=num_warmup, traced=traced)
         self._batched = not is_prng_key(rng_key)

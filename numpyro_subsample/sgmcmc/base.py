@@ -19,7 +19,12 @@ import jax
 import numpy as np
 from numpyro.util import is_prng_key
 
-from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
+from numpyro_subsample.core.adapter import (
+    SubsampleKernel,
+    concrete_under_pmap,
+    default_progress,
+    preprocess_keys,
+)
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
@@ -395,12 +400,8 @@ class SGMCMCKernel(SubsampleKernel):
         return axes
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
-        data = ModelData.from_args(model_args, model_kwargs)
-        if isinstance(rng_key, jax.core.Tracer):  # under pmap: keep the checks concrete
-            with jax.ensure_compile_time_eval():
-                potential = self.potential_for(data)
-        else:  # evaluated eagerly, the model build would run op by op
-            potential = self.potential_for(data)
+        with concrete_under_pmap(rng_key):
+            potential = self.potential_for(ModelData.from_args(model_args, model_kwargs))
         vectorized = not (isinstance(rng_key, jax.core.Tracer) or is_prng_key(rng_key))
         if self.estimator_name == "saga" and vectorized:  # one table per chain, checked early
             check_estimator_request(self.estimator_name, self.estimator_options,
