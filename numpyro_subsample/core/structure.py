@@ -45,8 +45,8 @@ def jittered_start(theta: jax.Array, rng_key: jax.Array) -> jax.Array:
 def _init_to_mean(site=None):
     """NumPyro init strategy: the prior mean where it is defined and finite, else the point of
     the support at 0 in unconstrained coordinates. It draws nothing, unlike NumPyro's
-    ``init_to_median``, whose random generator made most of the prototype trace's compile time
-    (``benchmarks/RESULTS.md``)."""
+    ``init_to_median``, whose draws would be compiled into the prototype trace
+    (``benchmarks/bench_rng_compile.py``)."""
     if site is None:
         return _init_to_mean
     if site["type"] != "sample" or site["is_observed"] or site["fn"].support.is_discrete:

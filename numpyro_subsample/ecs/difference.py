@@ -41,12 +41,15 @@ __all__ = [
     "loglik_estimates",
     "variance_at_proxy_draws",
     "MAX_SIGMA2",
+    "SIGMA2_DRAWS",
 ]
 
 #: The largest median σ̂² at proxy draws that preprocessing accepts without a warning: σ̂ ≈ 1.7,
 #: the upper end of the standard deviations of the log-likelihood estimator that Doucet, Pitt,
 #: Deligiannidis and Kohn (2015) find efficient for pseudo-marginal MCMC (about 1.0-1.7).
 MAX_SIGMA2 = 3.0
+#: The proxy draws at which preprocessing measures σ̂² (:func:`variance_at_proxy_draws`).
+SIGMA2_DRAWS = 16
 
 SELECTIONS = ("uniform", "preferential")
 

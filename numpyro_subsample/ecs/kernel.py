@@ -30,6 +30,7 @@ from numpyro_subsample.ecs import likelihood_proxies as lik
 from numpyro_subsample.ecs.chain import ChainConfig, ECSParams, ECSState, chain_programs
 from numpyro_subsample.ecs.difference import (
     MAX_SIGMA2,
+    SIGMA2_DRAWS,
     loglik_estimates,
     preferential_selection,
     uniform_selection,
@@ -62,7 +63,7 @@ def _check_variance(s2: np.ndarray, m: int, num_data: int, spec) -> None:
     order2 = ("" if spec == ("taylor", 2) else
               "; likelihood_proxy='taylor' with taylor_order=2 (a dense proxy)")
     warnings.warn(
-        f"EnergyConservingHMC: the difference estimator's variance σ̂² at 16 proxy draws has "
+        f"EnergyConservingHMC: the difference estimator's variance σ̂² at {s2.size} proxy draws has "
         f"median {med:.3g} (range {np.min(s2):.3g}-{np.max(s2):.3g}) with m = {m} and the "
         f"{spec.kind} likelihood proxy of order {spec.order}, above MAX_SIGMA2 = {MAX_SIGMA2}: "
         "the subsample updates will rarely be accepted and the ½σ̂² correction is inexact, so "
@@ -327,7 +328,8 @@ max_tree_depth, trajectory_length, num_steps
                 chunk_size=self.chunk_size,
             )
         info.update(sel_info)
-        s2 = np.asarray(variance_at_proxy_draws(potential, spec, m, 16, lp, sel, k_sel, data),
+        s2 = np.asarray(variance_at_proxy_draws(potential, spec, m, SIGMA2_DRAWS, lp, sel, k_sel,
+                                                data),
                         np.float64)
         info["sigma2_at_proxy_draws"] = s2
         _check_variance(s2, m, potential.num_data, spec)

@@ -83,8 +83,8 @@ _MAX_BLOCK_INDICES = 1 << 20
 def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
     """``num_steps`` Adam steps (a multiple of 250) on uniform minibatches of size n, drawn
     with replacement by NumPy's generator seeded with the bits of ``key`` (the same key gives
-    the same steps; a draw site of JAX's generator would add about 0.3 s to the program's
-    compilation, ``benchmarks/RESULTS.md``)."""
+    the same steps; a draw site of JAX's generator would be compiled into the block program,
+    ``benchmarks/bench_rng_compile.py``)."""
     carry = _adam_init(theta, num_steps, float(lr))
     block = next(b for b in (250, 125, 50, 25, 10, 5, 2, 1)
                  if b * n <= _MAX_BLOCK_INDICES or b == 1)

@@ -229,8 +229,8 @@ def fit_structured(
 
     Mode: ``num_epochs`` epochs of Adam on minibatches of ``subsample_size`` (the model's n)
     from ``init_theta`` (default the prior mean plus a small jitter; pass a random point of a
-    suitable scale for a neural network,
-    whose prior mean is a saddle), as :func:`~numpyro_subsample.proxies.laplace.fit_laplace`, then
+    suitable scale for a neural network, whose prior mean is a saddle), as
+    :func:`~numpyro_subsample.proxies.laplace.fit_laplace`, then
     up to ``max_iterations`` L-BFGS iterations (``memory_size`` pairs) on full-data passes in
     the coordinates u = σ⁻¹ ⊙ (θ − θ_A), σ⁻² the diagonal of the empirical Fisher plus the
     prior's Hessian at the Adam point θ_A (one pass): they stop when the rms of ∇_u f, the

@@ -55,13 +55,10 @@ __all__ = [
     "whitening",
 ]
 
-
-
 #: ``zv_degree=2`` streams d(d+3)/2 covariates and their (d(d+3)/2)² co-moments per chain: it
 #: is refused above this d (5150 covariates, 2.7·10^7 co-moments at d = 100). Degree 1 keeps
 #: d × d co-moments, whatever the proxy.
 MAX_ZV_DEGREE2_DIM = 100
-
 
 
 class ProxyRequest(NamedTuple):
