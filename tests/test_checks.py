@@ -57,6 +57,19 @@ def test_disagreeing_chains_warn_rhat(logistic):
     assert mcmc.run_check.max_rhat > 1.01
 
 
+def test_a_chain_stopped_at_its_start_is_named_so():
+    """fail_step 1 is the first step, which evaluates the gradient at the initial position."""
+    from types import SimpleNamespace
+
+    from numpyro_subsample.post.checks import _failures
+
+    state = SimpleNamespace(fail_step=np.asarray([1, -1, 7]), fail_coord=np.asarray([2, -1, 0]))
+    lines = _failures(SimpleNamespace(last_state=state, sampler=None))
+    assert lines[0].startswith("chain 0 stopped at its start: the gradient estimate along θ[2]")
+    assert lines[1].startswith("chain 2 stopped at step 7: θ[0] became non-finite")
+    assert len(lines) == 3  # and the remedy
+
+
 def test_stopped_chain_names_step_and_site(capsys):
     X, y = linreg_data(N=2000, d=3)
     with pytest.warns(DeprecationWarning):

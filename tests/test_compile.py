@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -110,3 +111,33 @@ def test_cold_run_evaluates_the_model_only_inside_compiled_programs(kernel_cls):
                 progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), *_data(6, N=1000))
     assert _RecordingNormal.traced and all(_RecordingNormal.traced), _RecordingNormal.traced
+
+
+def _primitives(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_chain_init_compiles_no_generator_and_no_estimator(kernel_cls):
+    """With host draws the per-chain init is a few vector ops: no random number generator and
+    no model evaluation (the first step evaluates the gradient); without them (a traced key
+    under pmap) it draws in the program."""
+    X, y = _data(0)
+    kernel = kernel_cls(logistic_model, progress_bar=False)
+    pre = kernel.preprocess((X, y))
+    init_one, _, params = kernel._programs(pre, num_warmup=10, traced=False)
+    data = ModelData.from_args((X, y), {})
+    key = jax.random.PRNGKey(3)
+    (draws,) = kernel._init_draws(key, params)
+    assert draws.shape == (2, X.shape[1])
+    np.testing.assert_array_equal(draws, kernel._init_draws(key, params)[0])
+    with_draws = _primitives(jax.make_jaxpr(init_one)(key, None, data, params, draws).jaxpr)
+    assert not {p for p in with_draws if "random" in p or "threefry" in p}, with_draws
+    assert not {"gather", "logistic", "exp", "log", "log1p"} & with_draws, with_draws
+    in_program = _primitives(jax.make_jaxpr(init_one)(key, None, data, params).jaxpr)
+    assert {p for p in in_program if "random" in p}

@@ -68,13 +68,15 @@ def test_sgnht_thermostat_update(setup):
 
 
 def test_init_momentum():
-    key = jax.random.PRNGKey(0)
+    draw = jax.random.normal(jax.random.PRNGKey(0), (D,))
     w = jnp.zeros(D)
-    assert sgld_dynamics().init_momentum(key, w)[0].shape == (0,)
-    p, xi = sghmc_dynamics(1.0).init_momentum(key, w)
-    assert p.shape == (D,) and float(xi) == 0.0
-    p, xi = sgnht_dynamics(0.5).init_momentum(key, w)
-    assert p.shape == (D,) and float(xi) == 0.5
+    assert sgld_dynamics().init_momentum(draw, w)[0].shape == (0,)
+    p, xi = sghmc_dynamics(1.0).init_momentum(draw, w)
+    np.testing.assert_array_equal(p, draw)  # the stationary law N(0, I) of the momentum
+    assert float(xi) == 0.0
+    p, xi = sgnht_dynamics(0.5).init_momentum(draw, w)
+    np.testing.assert_array_equal(p, draw)
+    assert float(xi) == 0.5
 
 
 def test_constructors_are_cached_and_validated():

@@ -78,8 +78,9 @@ def marginal_grad(Y, mu):
                          ids=["sgld-mala", "sghmc-exact", "sgnht-mala"])
 def test_random_intercepts_posterior(intercepts, kernel, update):
     """μ within 0.2 posterior sd in mean and 0.2 in log-sd; h is small enough that the
-    discretisation and subsample inflate the variance by a few percent, so the tolerance is
-    the Monte Carlo error of ~100 effective draws (about 0.1 sd)."""
+    discretisation and subsample inflate the sd by under 0.12 in log (0.03-0.11 over four keys),
+    and 8 chains give 400-550 effective draws, a Monte Carlo error of about 0.05 sd (one chain
+    gives about 50, and an error spread of 0.17 sd over keys)."""
     Y, mean, sd = intercepts
     # unpreconditioned: h ≈ 0.005 / posterior precision for SGLD; SGHMC / SGNHT with the
     # friction (diffusion) of the posterior's scale (α ≈ 4 sqrt(precision)) and h α ≈ 0.1
@@ -87,7 +88,8 @@ def test_random_intercepts_posterior(intercepts, kernel, update):
     with warnings.catch_warnings():  # SGLD's note on its step_size convention
         warnings.simplefilter("ignore", DeprecationWarning)
         k = kernel(model=intercepts_model, estimator="uniform", local_update=update, **opts)
-    mcmc = MCMC(k, num_warmup=2000, num_samples=20000, progress_bar=False)
+    mcmc = MCMC(k, num_warmup=2000, num_samples=20000, num_chains=8,
+                chain_method="vectorized", progress_bar=False)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         mcmc.run(jax.random.PRNGKey(1), Y)
@@ -98,8 +100,8 @@ def test_random_intercepts_posterior(intercepts, kernel, update):
     assert abs(np.log(s.std() / sd)) < 0.2
     state = mcmc.last_state.est_state
     assert int(state.visits.min()) > 0  # every group's intercept was drawn
-    if update is None:
-        assert 0.3 < float(state.accept) < 0.9  # MALA steps adapted towards 0.574
+    if update is None:  # MALA steps adapted towards 0.574
+        assert np.all((np.asarray(state.accept) > 0.3) & (np.asarray(state.accept) < 0.9))
 
 
 def test_local_estimator_unbiased(intercepts):

@@ -182,6 +182,32 @@ def test_progress_bar_and_init_params(small):
     assert mcmc.get_samples()["beta"].shape == (20, 3)
 
 
+def test_first_step_evaluates_the_gradient_at_the_start_without_moving(small):
+    """The initial state holds no gradient: step 1 evaluates it at init_params (the first
+    draw with num_warmup=0, one subsample spent) and step 2 moves."""
+    X, y = small
+    kernel = SGLD(logistic_hier_model, progress_bar=False)
+    init = {"beta": jnp.asarray([0.3, -0.2, 0.1]), "tau": jnp.asarray(0.0)}
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=3, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init)
+    beta = np.asarray(mcmc.get_samples()["beta"])
+    np.testing.assert_allclose(beta[0], init["beta"], rtol=1e-6)
+    assert not np.allclose(beta[1], beta[0])
+    passes = np.asarray(mcmc.get_extra_fields()["data_passes"], np.float64)
+    n = kernel.potential.plate.subsample_size
+    np.testing.assert_allclose(passes[0], kernel.preprocessed.data_passes + n / X.shape[0],
+                               rtol=1e-5)
+
+
+def test_init_params_with_a_non_finite_gradient_raise_before_sampling(small):
+    X, y = small
+    kernel = SGLD(logistic_hier_model, progress_bar=False)
+    init = {"beta": jnp.asarray([jnp.nan, 0.0, 0.0]), "tau": jnp.asarray(0.0)}
+    mcmc = MCMC(kernel, num_warmup=5, num_samples=5, progress_bar=False)
+    with pytest.raises(ValueError, match="not finite at the initial position given by init"):
+        mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init)
+
+
 def test_divergence_is_flagged_and_samples_stay_finite(small):
     X, y = small
     with pytest.warns(DeprecationWarning):

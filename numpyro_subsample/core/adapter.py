@@ -53,13 +53,15 @@ def concrete_under_pmap(rng_key: Any) -> contextlib.AbstractContextManager:
 
 
 @lru_cache(maxsize=64)
-def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0) -> Callable:
-    """The compiled per-chain init (vmapped over keys and init params for vectorized chains,
-    with the state's shared fields unbatched), one object per init function so that reruns
-    reuse the compiled program."""
+def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0,
+                 num_draws: int = 0) -> Callable:
+    """The compiled per-chain init (vmapped over keys, init params and the ``num_draws``
+    per-chain host draws for vectorized chains, with the state's shared fields unbatched), one
+    object per init function so that reruns reuse the compiled program."""
     if not batched:
         return jax.jit(init_one)
-    return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None, None), out_axes=out_axes))
+    in_axes = (0, 0, None, None) + (0,) * num_draws
+    return jax.jit(jax.vmap(init_one, in_axes=in_axes, out_axes=out_axes))
 
 
 @partial(jax.jit, static_argnums=0)
@@ -88,9 +90,13 @@ class SubsampleKernel(MCMCKernel):
 
     - ``_preprocess(potential, data) -> Preprocessed`` (a NamedTuple with a ``potential``);
     - ``_programs(pre, num_warmup=, traced=) -> (init_one, step, params)``:
-      ``init_one(key, init_params, data, params)`` and ``step(state, data)``, pure and
-      jittable, identical objects for equal static configurations (so that compiled code is
-      reused), and the preprocessing's arrays ``params`` that ``init_one`` puts in the state.
+      ``init_one(key, init_params, data, params, *draws)`` and ``step(state, data)``, pure
+      and jittable, identical objects for equal static configurations (so that compiled code
+      is reused), and the preprocessing's arrays ``params`` that ``init_one`` puts in the
+      state;
+    - optionally ``_init_draws(rng_key, params) -> tuple``: arrays drawn on the host for
+      ``init_one`` (one per chain along a leading axis for a batch of keys; default none),
+      so that the compiled init holds no random number generator.
     """
 
     _pre = None
@@ -192,7 +198,13 @@ class SubsampleKernel(MCMCKernel):
         self._batched = not is_prng_key(rng_key)
         self._step = step
         axes = self._state_axes() if self._batched else 0
-        return _jitted_init(init_one, self._batched, axes)(rng_key, init_params, data, params)
+        draws = self._init_draws(rng_key, params)
+        init = _jitted_init(init_one, self._batched, axes, len(draws))
+        return init(rng_key, init_params, data, params, *draws)
+
+    def _init_draws(self, rng_key: Any, params: Any) -> tuple:
+        """Host draws passed to ``init_one`` after its four arguments (none here)."""
+        return ()
 
     def _state_axes(self) -> Any:
         """vmap axes of a batched state (0 everywhere; subclasses share unbatched fields)."""

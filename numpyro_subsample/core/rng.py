@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["STEP_RNG", "host_generator", "raw_key", "split_step_key"]
+__all__ = ["STEP_RNG", "host_generator", "host_normals", "raw_key", "split_step_key"]
 
 STEP_RNG = "philox4x32"
 
@@ -27,6 +27,16 @@ def host_generator(key: jax.Array) -> np.random.Generator:
     """NumPy's generator seeded with the bits of ``key`` (a legacy or typed JAX key): the same
     key gives the same host draws."""
     return np.random.default_rng(np.asarray(raw_key(key), np.uint32).ravel())
+
+
+def host_normals(key: jax.Array, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Standard normal draws of ``shape`` by :func:`host_generator` of ``key``, or of each key
+    of a batch (a leading axis of keys gives a leading axis of draws)."""
+    bits = np.asarray(raw_key(key), np.uint32)
+    batch = bits.shape[:-1]
+    rows = [np.random.default_rng(b.ravel()).standard_normal(shape)
+            for b in bits.reshape(-1, bits.shape[-1])]
+    return np.stack(rows).reshape(batch + tuple(shape)).astype(dtype)
 
 
 def split_step_key(

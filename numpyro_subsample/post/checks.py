@@ -148,8 +148,11 @@ def _failures(mcmc) -> list[str]:
         names = None
     lines = []
     for c, (s, k) in enumerate(zip(steps, coords, strict=True)):
-        if s >= 0:
-            site = names[k] if names is not None and 0 <= k < len(names) else f"θ[{k}]"
+        site = names[k] if names is not None and 0 <= k < len(names) else f"θ[{k}]"
+        if s == 1:  # step 1 evaluates the first gradient estimate, at the chain's start
+            lines.append(f"chain {c} stopped at its start: the gradient estimate along {site} "
+                         "is not finite at the initial position; every draw repeats it")
+        elif s >= 0:
             lines.append(f"chain {c} stopped at step {int(s)}: {site} became non-finite or "
                          "exploded; its later draws repeat the last valid state")
     if lines:

@@ -42,10 +42,12 @@ from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.sgmcmc import adaptation
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
+    SamplerParams,
     SGMCMCState,
     Whitening,
     _Config,
     chain_programs,
+    initial_draws,
 )
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_time_step
@@ -53,7 +55,7 @@ from numpyro_subsample.sgmcmc.preprocess import (
     STRUCTURED,
     ProxyRequest,
     check_dimension,
-    check_initial_gradient,
+    check_given_start,
     check_request,
     fit_proxy,
     local_preprocessing,
@@ -135,7 +137,9 @@ class SGMCMCKernel(SubsampleKernel):
         ∇f_i(θ̂) on the subsample, which shares the gathered data rows with the first
         evaluation (per-step costs in ``benchmarks/RESULTS.md``).
     init_strategy
-        ``"proxy"`` (each chain starts at a draw from N(θ̂, Σ̂)) or ``"centre"``.
+        ``"proxy"`` (each chain starts at a draw from N(θ̂, Σ̂), made by NumPy from the bits of
+        the chain's key) or ``"centre"``. The first step evaluates the gradient at the start
+        without moving: with ``num_warmup=0`` the first draw is the start.
     seed
         Seed of the preprocessing (proxy fit, noise measurement), done once per data set and
         shared by all chains and runs.
@@ -410,5 +414,10 @@ class SGMCMCKernel(SubsampleKernel):
         if self._adapts(potential):
             adaptation.check_adaptation_warmup(type(self).__name__, num_warmup)
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
-        check_initial_gradient(state.grad)
+        if init_params is not None and not isinstance(rng_key, jax.core.Tracer):
+            check_given_start(self.preprocessed, state.params, state.w,
+                              ModelData.from_args(model_args, model_kwargs))
         return state
+
+    def _init_draws(self, rng_key: Any, params: SamplerParams) -> tuple:
+        return initial_draws(rng_key, params)

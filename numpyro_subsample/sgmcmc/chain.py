@@ -15,7 +15,7 @@ field, so the compiled loop is reused for new data of the same shapes; the stati
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, NamedTuple
 
 import jax
@@ -24,7 +24,7 @@ from jax.flatten_util import ravel_pytree
 
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
-from numpyro_subsample.core.rng import raw_key, split_step_key
+from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key, split_step_key
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.zv import (
     ZVPairedStats,
@@ -55,6 +55,8 @@ __all__ = [
     "Preprocessed",
     "Whitening",
     "chain_programs",
+    "initial_draws",
+    "initial_estimates",
 ]
 
 #: A proposed state farther than this many proxy standard deviations from the proxy centre (in
@@ -83,7 +85,8 @@ class SGMCMCState(NamedTuple):
     """State of a stochastic-gradient chain.
 
     ``z``: unconstrained latent values (dict); ``w``: whitened position (θ = θ̂ + L w);
-    ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step;
+    ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step
+    (zeros in the initial state, ``i`` = 0, whose step evaluates it without moving);
     ``subsample_size``: data used for ``grad``; ``diverging``: the chain has failed: a
     proposed step was non-finite or farther than :data:`MAX_PROXY_SD` proxy sds from the
     centre; the chain then stops at its last valid state and every later draw is marked;
@@ -172,12 +175,17 @@ class _Config(NamedTuple):
 
 @lru_cache(maxsize=64)
 def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
-    """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)`` of a config.
+    """Pure ``init_one(key, init_params, data, params, draws=None)`` and ``step(state, data)``
+    of a config.
 
-    A stateful estimator's state is made by ``init_one``, whose initial gradient is the
-    estimate from that state (``estimate``, which leaves it as is), and advanced by every
-    ``step`` (``update``); the data passes it spends beyond the subsample are added to
-    ``data_passes``.
+    ``init_one`` places the chain (at ``init_params``, at θ̂ + L ξ_0 or at θ̂) with momentum
+    ξ_1, where ``draws`` = (ξ_0, ξ_1) are standard normal draws of shape (2, d) made by the
+    caller (on the host, :func:`initial_draws`), or from ``key`` when None. It evaluates no
+    gradient: the state at iteration 0 holds none, and the first ``step`` evaluates the
+    estimate at the initial position without moving (so a chain's first draw is its initial
+    position, and ``init_one`` compiles no estimator). A stateful estimator's state is made by
+    ``init_one`` and advanced by every ``step`` (``update``); the data passes it spends beyond
+    the subsample are added to ``data_passes``.
     """
     pot, estimate, dynamics = cfg.potential, cfg.estimate, cfg.dynamics
     inv_n = 1.0 / pot.num_data
@@ -202,6 +210,9 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         else:
             w, mom, xi = dynamics.step(k_dyn, state.w, state.momentum, state.thermostat, grad_w,
                                        p.step_size, p.noise_scale)
+        first = state.i == 0  # the initial state holds no gradient: evaluate it, do not move
+        stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
+        w, mom, xi = stay(w, state.w), stay(mom, state.momentum), stay(xi, state.thermostat)
         theta = p.centre + whiten_matvec(p.scale_tril, w)
         est_state, extra_passes = state.est_state, 0.0
         if cfg.update is None:
@@ -221,7 +232,8 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
         grad = keep(-g, state.grad)
         z = jax.tree.map(keep, pot.unravel(theta), state.z)
         if adapt is not None:
-            adapt = jax.tree.map(keep, adapt, state.adapt)
+            started = init_adaptation(whiten_rmatvec(p.scale_tril, -g))
+            adapt = jax.tree.map(keep, jax.tree.map(stay, adapt, started), state.adapt)
         fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
         fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
         new = SGMCMCState(
@@ -242,37 +254,64 @@ def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
             new = new._replace(zv_stats=stats)
         return new
 
-    def init_one(rng_key, init_params, data, params: SamplerParams) -> SGMCMCState:
-        k_pos, k_mom, k_est, key = jax.random.split(rng_key, 4)
-        key = raw_key(key)
+    def init_one(rng_key, init_params, data, params: SamplerParams,
+                 draws: jax.Array | None = None) -> SGMCMCState:
         centre, tril = params.centre, params.scale_tril
         d = centre.shape[0]
+        if draws is None:  # in the program (a traced key under pmap)
+            key, k_draw, _ = split_step_key(rng_key, cfg.rng_impl)
+            draws = jax.random.normal(k_draw, (2, d), centre.dtype)
+        else:
+            key = raw_key(rng_key)
+        draws = draws.astype(centre.dtype)
         if init_params is not None:
             theta = ravel_pytree(init_params)[0].astype(centre.dtype)
             w = whiten_solve(tril, theta - centre)
         elif cfg.init_strategy == "proxy":  # θ ~ N(θ̂, Σ̂) of the proxy
-            xi = jax.random.normal(k_pos, (d,), centre.dtype)
-            w = xi if cfg.precondition_draw else whiten_matvec(params.init_tril, xi)
+            w = draws[0] if cfg.precondition_draw else whiten_matvec(params.init_tril, draws[0])
         else:
             w = jnp.zeros((d,), centre.dtype)
         theta = centre + whiten_matvec(tril, w)
         est_state, extra_passes = None, 0.0
         if cfg.init_state is not None:
             est_state, extra_passes = cfg.init_state(params.estimator, data)
-        g, n = estimate(params.estimator, k_est, theta, data)
-        mom, xi = dynamics.init_momentum(k_mom, w)
-        adapt = init_adaptation(whiten_rmatvec(tril, -g)) if cfg.adapt_window else None
+        mom, xi = dynamics.init_momentum(draws[1], w)
+        adapt = init_adaptation(jnp.zeros_like(w)) if cfg.adapt_window else None
         stats = None
         if cfg.zv_degree:
             m = jax.eval_shape(zv_flat, pot.unravel(theta), data).shape[0]
             stats = (empty_paired_stats(m, centre.dtype) if cfg.zv_linearised
                      else empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype))
+        zero = jnp.zeros((), jnp.int32)
         return SGMCMCState(
-            jnp.zeros((), jnp.int32), pot.unravel(theta), w, mom, xi, -g,
-            jnp.asarray(n, jnp.int32), jnp.zeros((), bool), jnp.full((), -1, jnp.int32),
-            jnp.full((), -1, jnp.int32),
-            (params.data_passes + n * inv_n + extra_passes).astype(centre.dtype),
+            zero, pot.unravel(theta), w, mom, xi, jnp.zeros_like(w), zero, jnp.zeros((), bool),
+            jnp.full((), -1, jnp.int32), jnp.full((), -1, jnp.int32),
+            (params.data_passes + extra_passes).astype(centre.dtype),
             key, params, stats, est_state, adapt,
         )
 
     return init_one, step
+
+
+def initial_draws(rng_key: jax.Array, params: SamplerParams) -> tuple:
+    """``(draws,)``: ξ_0, ξ_1 of ``init_one`` (:func:`chain_programs`), (2, d) per chain, by
+    NumPy from the bits of each chain's key (a batch of keys gives a leading axis); ``()`` for
+    a traced key (under pmap: ``init_one`` draws them in the program)."""
+    if isinstance(rng_key, jax.core.Tracer):
+        return ()
+    return (host_normals(rng_key, (2, params.centre.shape[0]), params.centre.dtype),)
+
+
+@partial(jax.jit, static_argnums=0)
+def initial_estimates(estimate: Callable, params: SamplerParams, w: jax.Array,
+                      data: ModelData) -> jax.Array:
+    """The gradient estimates (P, d) at the whitened positions ``w`` (P, d), with a fixed key
+    and ``params.estimator`` the arrays of ``estimate``: the check of given ``init_params``
+    before sampling (the chains' first step evaluates the estimate there again)."""
+    key = jax.random.key(0, impl=STEP_RNG)
+
+    def one(wp):
+        theta = params.centre + whiten_matvec(params.scale_tril, wp)
+        return estimate(params.estimator, key, theta, data)[0]
+
+    return jax.vmap(one)(w)

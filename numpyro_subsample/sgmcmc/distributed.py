@@ -51,6 +51,7 @@ from numpyro_subsample.estimators.base import ControlVariate, make_estimator
 from numpyro_subsample.estimators.selection import SamplingDesign
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, SGMCMCState
 from numpyro_subsample.sgmcmc.kernel import SGLD
+from numpyro_subsample.sgmcmc.preprocess import check_given_start
 from numpyro_subsample.sgmcmc.shards import (
     ShardLayout,
     ShardParams,
@@ -345,11 +346,8 @@ class DistributedSGLD(SGLD):
             rng_key = rng_key[None]
             init_params = jax.tree.map(lambda a: jnp.asarray(a)[None], init_params)
         state = _init_chains(cfg, init_one, rng_key, init_params, params)
-        if not np.isfinite(np.asarray(state.grad)).all():
-            raise ValueError(
-                "The gradient estimate is not finite at the initial position; check the "
-                "model and init_params."
-            )
+        if init_params is not None:
+            check_given_start(pre, params, state.w, data)
         if single:
             state = jax.tree.map(lambda a: a[0], state)
         self._step, self._batched = _cycle(cfg, step, single), False

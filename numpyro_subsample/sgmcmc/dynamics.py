@@ -35,8 +35,8 @@ class Dynamics(NamedTuple):
     returns ``(w, momentum, thermostat)``; ``noise_scale`` is the matrix S of the injected noise
     S ξ of a noise-corrected dynamic (:func:`injected_noise_scale`), ignored by the others.
 
-    ``init_momentum(key, w)`` gives the auxiliary variables' starting values; SGLD has none and
-    carries a zero-length momentum.
+    ``init_momentum(xi, w)`` gives the auxiliary variables' starting values from a standard
+    normal draw ``xi`` of w's shape; SGLD has none and carries a zero-length momentum.
     """
 
     name: str
@@ -49,7 +49,7 @@ def sgld_dynamics() -> Dynamics:
     """Langevin dynamics (Welling and Teh 2011) via BlackJAX's ``overdamped_langevin``."""
     integrator = diffusions.overdamped_langevin()
 
-    def init_momentum(key, w):
+    def init_momentum(xi, w):
         return jnp.zeros((0,), w.dtype), jnp.zeros((), w.dtype)
 
     def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
@@ -84,8 +84,8 @@ def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
         raise ValueError(f"friction must be > 0, got {friction}.")
     integrator = diffusions.sghmc(alpha=friction, beta=0.0)
 
-    def init_momentum(key, w):
-        return jax.random.normal(key, w.shape, w.dtype), jnp.zeros((), w.dtype)
+    def init_momentum(xi, w):
+        return xi.astype(w.dtype), jnp.zeros((), w.dtype)
 
     def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         _, p = integrator(key, w, momentum, grad_w, step_size)
@@ -105,8 +105,8 @@ def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
         raise ValueError(f"friction must be > 0, got {friction}.")
     integrator = diffusions.sgnht(alpha=friction, beta=0.0)
 
-    def init_momentum(key, w):
-        return jax.random.normal(key, w.shape, w.dtype), jnp.asarray(friction, w.dtype)
+    def init_momentum(xi, w):
+        return xi.astype(w.dtype), jnp.asarray(friction, w.dtype)
 
     def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         _, p, xi = integrator(key, w, momentum, thermostat, grad_w, step_size)

@@ -36,7 +36,12 @@ from numpyro_subsample.proxies.choice import (
 from numpyro_subsample.proxies.laplace import fit_laplace
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.proxies.whitening import identity_scale, proxy_scale
-from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
+from numpyro_subsample.sgmcmc.chain import (
+    Preprocessed,
+    SamplerParams,
+    Whitening,
+    initial_estimates,
+)
 
 __all__ = [
     "DEFAULT_RANK",
@@ -44,7 +49,7 @@ __all__ = [
     "MAX_ZV_DEGREE2_DIM",
     "STRUCTURED",
     "ProxyRequest",
-    "check_initial_gradient",
+    "check_given_start",
     "check_dimension",
     "check_request",
     "fit_proxy",
@@ -328,13 +333,21 @@ def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: Grad
                         wh.centre, wh.scale_tril, time.perf_counter() - started, passes, params)
 
 
-def check_initial_gradient(grad: Any) -> None:
-    """Raise a ``ValueError`` when the chains' first gradient estimate is not finite (not
-    checked under tracing)."""
-    if isinstance(grad, jax.core.Tracer):
-        return
-    if not np.isfinite(np.asarray(grad)).all():
+def check_given_start(pre: Preprocessed, params: SamplerParams, w: jax.Array,
+                      data: ModelData) -> None:
+    """Raise a ``ValueError`` when the gradient estimate of ``pre.estimator`` is not finite at
+    the chains' whitened starts ``w`` ((d,) or (chains, d)), made from given ``init_params``
+    (the state's ``params``, whose estimator arrays may be placed on devices, give the
+    whitening)."""
+    est = pre.estimator
+    d = params.centre.shape[0]
+    grads = initial_estimates(est.estimate, params._replace(estimator=est.params),
+                              jnp.reshape(w, (-1, d)), data)
+    bad = ~np.isfinite(np.asarray(grads)).all(axis=1)
+    if bad.any():
         raise ValueError(
-            "The gradient estimate is not finite at the initial position; check the model and "
-            "init_params."
+            f"The gradient estimate is not finite at the initial position given by "
+            f"init_params (chain {int(np.flatnonzero(bad)[0])}); pass init_params inside the "
+            "support of every site, or leave them out (the chains then start from draws of "
+            "the proxy)."
         )
