@@ -29,6 +29,7 @@ import numpy as np
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
+from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
 __all__ = ["SubsampleKernel", "concrete_under_pmap", "constrained", "default_progress",
@@ -39,7 +40,7 @@ def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
     """Four raw uint32[2] keys from the kernel's ``seed`` (model trace, proxy, estimator,
     noise), made by NumPy's ``SeedSequence`` (a split by JAX would compile a program)."""
     bits = np.random.SeedSequence(int(seed) % 2**32).generate_state(8, np.uint32)
-    return tuple(jnp.asarray(k) for k in bits.reshape(4, 2))
+    return tuple(device_array(k) for k in bits.reshape(4, 2))
 
 
 def concrete_under_pmap(rng_key: Any) -> contextlib.AbstractContextManager:

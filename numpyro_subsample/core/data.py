@@ -14,7 +14,14 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ModelData", "check_data_finite", "indexed_axes"]
+__all__ = ["ModelData", "check_data_finite", "device_array", "indexed_axes"]
+
+
+def device_array(x: Any, dtype: Any = None) -> jax.Array:
+    """``x``, a host value (NumPy array or scalar), as a JAX array on the default device, by a
+    transfer: outside a trace ``jnp.asarray`` of a NumPy value runs an eager ``stage``
+    program, compiled once per shape and dtype."""
+    return jax.device_put(np.asarray(x, dtype))
 
 
 def _is_array(x: Any) -> bool:

@@ -12,7 +12,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions import biject_to
 
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.enumeration import check_enumerable
 from numpyro_subsample.core.plates import (
     DataPlate,
@@ -39,7 +39,7 @@ def jittered_start(theta: jax.Array, rng_key: jax.Array) -> jax.Array:
     """``theta`` plus N(0, INIT_JITTER² I) drawn by NumPy's generator seeded with the bits of
     ``rng_key`` (the same key gives the same start; no compiled program)."""
     z = host_generator(rng_key).standard_normal(theta.shape)
-    return jnp.asarray((np.asarray(theta) + INIT_JITTER * z).astype(theta.dtype))
+    return device_array((np.asarray(theta) + INIT_JITTER * z).astype(theta.dtype))
 
 
 def _init_to_mean(site=None):

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.core.rng import host_generator
@@ -116,7 +117,7 @@ def noise_points(
     same key gives the same points): a one-off draw that needs no compiled program.
     """
     z = host_generator(rng_key).standard_normal((int(num_points) - 1, centre.shape[0]))
-    return _shifted(centre, point_tril, jnp.asarray(z.astype(centre.dtype)))
+    return _shifted(centre, point_tril, device_array(z, centre.dtype))
 
 
 def _projections(cov: np.ndarray, basis: np.ndarray) -> np.ndarray:

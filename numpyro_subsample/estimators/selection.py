@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from numpyro_subsample.core.data import device_array
 
 __all__ = ["DesignMoments", "SamplingDesign", "uniform_design", "sample_without_replacement"]
 
@@ -117,7 +118,7 @@ def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> S
             f"The subsample size must be between 1 and N={num_data}, got {n!r}."
         )
     dtype = dtype or jnp.result_type(float)
-    weight = jnp.asarray(np.asarray(num_data / n, dtype=jnp.dtype(dtype)))
+    weight = device_array(num_data / n, jnp.dtype(dtype))
     key = (int(num_data), int(n), bool(replace))
     return SamplingDesign(_uniform_draw(*key), int(n), int(num_data), weight,
                           _uniform_moments(*key))

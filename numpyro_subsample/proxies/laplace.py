@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import (
     DEFAULT_CHUNK,
     datum_values_and_grads,
@@ -94,7 +95,7 @@ def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
     bar = tqdm(total=num_steps, desc="proxy: Adam on minibatches", disable=not progress)
     for start in range(0, num_steps, block):
         idxs = rng.integers(0, N, size=(min(block, num_steps - start), n), dtype=np.int32)
-        carry = _adam_block(potential, num_steps, float(lr), carry, jnp.asarray(idxs), data)
+        carry = _adam_block(potential, num_steps, float(lr), carry, device_array(idxs), data)
         bar.update(idxs.shape[0])
     bar.close()
     return carry[0]
@@ -169,7 +170,7 @@ def fit_laplace(
         t = 1.0
         accepted = False
         while t > 1e-6:
-            cand = jnp.asarray((np.asarray(theta) - t * step).astype(theta.dtype))  # on the host
+            cand = device_array((np.asarray(theta) - t * step).astype(theta.dtype))  # on the host
             fc, gc, hc = vgh(cand)
             passes += 1
             if not np.isfinite(fc):
@@ -239,14 +240,14 @@ def fit_laplace(
         sum_grads = jnp.sum(grads, axis=0)
         datum_grads = grads if store_datum_grads else None
     else:  # Σ_i ∇f_i(θ̂) from the last Newton pass: ∇f(θ̂) − ∇f0(θ̂), no further data pass
-        sum_grads = jnp.asarray(
+        sum_grads = device_array(
             (np.asarray(g) - np.asarray(prior_grad(potential, theta, data))).astype(theta.dtype)
         )
     dtype = theta.dtype
     return Proxy(
         centre=theta,
-        cov=jnp.asarray(cov, dtype),
-        scale_tril=jnp.asarray(chol, dtype),
+        cov=device_array(cov, dtype),
+        scale_tril=device_array(chol, dtype),
         datum_grads=datum_grads,
         sum_grads=sum_grads,
         num_data_passes=float(passes),
@@ -284,9 +285,9 @@ def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop
     messages += [boundary] if boundary else []
     sd = np.sqrt(np.diag(cov))
     axes = excursion_axes(sd)
-    sd_arr = jnp.asarray(np.asarray(sd, theta.dtype))
+    sd_arr = device_array(sd, theta.dtype)
     rises = np.asarray(
-        axis_excursions(potential, theta, sd_arr, jnp.asarray(axes), data, chunk_size)
+        axis_excursions(potential, theta, sd_arr, device_array(axes), data, chunk_size)
     )
     found = excursion_messages(
         [labels[k] for k in axes], sd[axes], gn[axes], np.diag(hn)[axes], rises

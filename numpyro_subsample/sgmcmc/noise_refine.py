@@ -17,10 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.noise import (
@@ -105,7 +104,7 @@ def corrected_noise_scale(noise_cov: Any, step_size: float, dtype: Any, diffusio
             UserWarning,
             stacklevel=stacklevel,
         )
-    return jnp.asarray(np.asarray(s, dtype))
+    return device_array(s, dtype)
 
 
 def measured_preprocessed(
@@ -159,8 +158,8 @@ def measured_preprocessed(
     scale = (corrected_noise_scale(measured.cov, h, dtype, diffusion, stacklevel=5)
              if corrected else None)
     params = SamplerParams(
-        wh.centre, wh.scale_tril, jnp.asarray(np.asarray(h, dtype)), estimator.params,
-        wh.init_tril, jnp.asarray(np.asarray(passes, dtype)), scale,
+        wh.centre, wh.scale_tril, device_array(h, dtype), estimator.params,
+        wh.init_tril, device_array(passes, dtype), scale,
     )
     return Preprocessed(
         potential, wh.proxy, estimator, float(h), noise, wh.centre, wh.scale_tril,
@@ -174,7 +173,7 @@ def with_time_step(pre: Preprocessed, step_size: float, diffusion: float) -> Pre
     """``pre`` with time step ``step_size`` (and, for a noise-corrected dynamic, the injected
     noise's scale for it, :func:`corrected_noise_scale`)."""
     dtype = pre.centre.dtype
-    h_arr = jnp.asarray(np.asarray(step_size, dtype))
+    h_arr = device_array(step_size, dtype)
     scale = (corrected_noise_scale(pre.noise_cov, step_size, dtype, diffusion, stacklevel=5)
              if pre.noise_corrected else None)
     return pre._replace(step_size=float(step_size),

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.local import LocalConfig, local_estimator
@@ -326,8 +326,8 @@ def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: Grad
     dtype = wh.centre.dtype
     passes = wh.data_passes + estimator.data_passes
     params = SamplerParams(
-        wh.centre, wh.scale_tril, jnp.asarray(np.asarray(step_size, dtype)), estimator.params,
-        wh.init_tril, jnp.asarray(np.asarray(passes, dtype)),
+        wh.centre, wh.scale_tril, device_array(step_size, dtype), estimator.params,
+        wh.init_tril, device_array(passes, dtype),
     )
     return Preprocessed(potential, wh.proxy, estimator, float(step_size), float("nan"),
                         wh.centre, wh.scale_tril, time.perf_counter() - started, passes, params)

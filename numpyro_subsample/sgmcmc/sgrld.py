@@ -24,7 +24,7 @@ from numpyro import handlers
 from numpyro.distributions import Dirichlet, ExpandedDistribution, Independent
 
 from numpyro_subsample.core.adapter import SubsampleKernel, constrained
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.plates import (
     check_plate_sizes,
@@ -358,8 +358,8 @@ class SGRLD(SubsampleKernel):
             a = 4.0 * self.max_variance_inflation / float(np.max(rate))
         b, c = (self.decay_offset, self.decay_power) if self.schedule == "polynomial" else (1, 0)
         schedule = (float(a), float(b), float(c))
-        params = SGRLDParams(alpha, design.params, jnp.asarray(np.asarray(schedule, dtype)),
-                             jnp.asarray(np.asarray(passes, dtype)))
+        params = SGRLDParams(alpha, design.params, device_array(schedule, dtype),
+                             device_array(passes, dtype))
         return SGRLDPreprocessed(potential, design, alpha, float(a), schedule, strata, passes,
                                  time.perf_counter() - t0, params)
 
