@@ -20,7 +20,13 @@ import jax
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_subsample import ModelData, build_potential, fit_laplace, fit_variational
+from numpyro_subsample import (
+    EnergyConservingHMC,
+    ModelData,
+    build_potential,
+    fit_laplace,
+    fit_variational,
+)
 from numpyro_subsample.compare import CompileTimer, flatten_draws, min_ess, standardised_errors
 from numpyro_subsample.compare.checks import check_code, record_warnings, run_checks, shorten
 from numpyro_subsample.compare.proxy_runs import proxy_draws
@@ -71,7 +77,8 @@ def run_kernel(method: str, build: Callable, args: tuple, kwargs: dict, *, num_w
                 mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
                             num_chains=num_chains, chain_method="vectorized",
                             progress_bar=False)
-                fields = () if "data_passes" in kernel.default_fields else ("num_steps",)
+                fields = (("num_steps",) if isinstance(kernel, EnergyConservingHMC)
+                          else ("data_passes",))
                 mcmc.run(jax.random.PRNGKey(seed), *args, extra_fields=fields, **kwargs)
                 run.samples = {k: np.asarray(v)
                                for k, v in mcmc.get_samples(group_by_chain=True).items()}

@@ -144,7 +144,8 @@ def test_adaptive_accuracy_and_data_passes(linreg, name, v0):
     kernel = SGLD(linreg_model, estimator=name, proxy=proxy, adaptive=True, v0=v0,
                   pilot_steps=100)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(2), X, y, subsample_size=n_max)
+    mcmc.run(jax.random.PRNGKey(2), X, y, subsample_size=n_max,
+             extra_fields=("subsample_size", "data_passes"))
     b = np.asarray(mcmc.get_samples()["beta"], np.float64)
     ex = mcmc.get_extra_fields()
     err = (b.mean(0) - mean) / sd

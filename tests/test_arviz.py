@@ -22,7 +22,7 @@ def run():
     kernel = SGLD(logistic_hier_model, estimator="cv")
     mcmc = MCMC(kernel, num_warmup=100, num_samples=300, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("grad",))
+    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("grad", "subsample_size", "data_passes"))
     return X, y, mcmc
 
 

@@ -43,7 +43,8 @@ def linreg_run(linreg):
     kernel = SGLD(linreg_model, estimator="cv")
     mcmc = MCMC(kernel, num_warmup=500, num_samples=5000, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("grad",))
+    mcmc.run(jax.random.PRNGKey(0), X, y,
+             extra_fields=("grad", "subsample_size", "data_passes"))
     return kernel, mcmc
 
 
@@ -189,7 +190,7 @@ def test_first_step_evaluates_the_gradient_at_the_start_without_moving(small):
     kernel = SGLD(logistic_hier_model, progress_bar=False)
     init = {"beta": jnp.asarray([0.3, -0.2, 0.1]), "tau": jnp.asarray(0.0)}
     mcmc = MCMC(kernel, num_warmup=0, num_samples=3, progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init)
+    mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init, extra_fields=("data_passes",))
     beta = np.asarray(mcmc.get_samples()["beta"])
     np.testing.assert_allclose(beta[0], init["beta"], rtol=1e-6)
     assert not np.allclose(beta[1], beta[0])
@@ -214,6 +215,7 @@ def test_divergence_is_flagged_and_samples_stay_finite(small):
         kernel = SGLD(logistic_hier_model, step_size=25.0)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=300, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert set(mcmc.get_extra_fields()) == {"diverging"}  # NumPyro HMC's default fields
     div = np.asarray(mcmc.get_extra_fields()["diverging"])
     assert div.any()
     assert np.all(np.isfinite(np.asarray(mcmc.get_samples()["beta"])))

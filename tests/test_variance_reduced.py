@@ -146,7 +146,8 @@ def test_svrg_refreshes_every_m_steps_with_one_data_pass_each(small):
     kernel = SGLD(linreg_model, estimator="svrg", update_every=7, proxy=proxy)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=30, num_chains=2, chain_method="vectorized",
                 progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=N_SMALL_SUB)
+    mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=N_SMALL_SUB,
+             extra_fields=("data_passes",))
     passes = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["data_passes"], np.float64)
     # sample k is the state after step k + 1; step 1 evaluates the first estimate, unmoved
     steps = np.arange(1, 31)

@@ -260,8 +260,8 @@ def to_arviz(
 ) -> az.InferenceData:
     """``arviz.InferenceData`` for a run of a package kernel (SG kernels or ECS).
 
-    Groups: ``posterior`` (constrained draws), ``sample_stats`` (``diverging``,
-    ``subsample_size``, ``data_passes`` and any other collected extra field such as ``grad``),
+    Groups: ``posterior`` (constrained draws), ``sample_stats`` (``diverging`` and any other
+    collected extra field, such as ``data_passes``, ``subsample_size`` or ``grad``),
     ``observed_data`` (all N data, not the last subsample) and, when ``log_likelihood=True``,
     ``log_likelihood`` on the full data (S·N evaluations). ``attrs`` record the sampler, the
     step size and estimator where the kernel has them, and the preprocessing cost. Extra

@@ -254,7 +254,7 @@ class SGMCMCKernel(SubsampleKernel):
     # -- properties users read ----------------------------------------------------------------
     @property
     def default_fields(self) -> tuple[str, ...]:
-        return ("z", "diverging", "subsample_size", "data_passes")
+        return ("z", "diverging")
 
     @property
     def proxy(self) -> Proxy | StructuredProxy | None:

@@ -224,7 +224,7 @@ class SGRLD(SubsampleKernel):
     """
 
     sample_field = "pi"
-    default_fields = ("pi", "diverging", "subsample_size", "data_passes")
+    default_fields = ("pi", "diverging")
 
     def __init__(
         self,
