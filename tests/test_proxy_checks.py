@@ -11,6 +11,7 @@ import pytest
 from models import logistic_data, logistic_model
 
 from numpyro_subsample import ModelData, ProxyFitWarning, build_potential
+from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.proxies import fit_laplace, fit_variational
 from numpyro_subsample.proxies.checks import MAX_AXES, coordinate_labels, excursion_axes
 
@@ -157,3 +158,31 @@ def test_excursion_axes_keep_the_extreme_sds_in_high_dimension():
     assert len(axes) == MAX_AXES and np.all(np.diff(axes) > 0)
     assert set(sd[axes]) == set(range(MAX_AXES // 2)) | set(range(300 - MAX_AXES // 2, 300))
     np.testing.assert_array_equal(excursion_axes(sd[:MAX_AXES]), np.arange(MAX_AXES))
+
+
+def test_newton_pass_measures_the_excursions_in_the_same_program():
+    """f, ∇f, ∇²f equal value_grad_hessian's; with the excursions on, each rise is
+    f(θ + s e_k) − f(θ) (prior included), with them off zeros; one compiled program serves
+    both (the switch is an argument)."""
+    from numpyro_subsample.core.datapass import value_grad_hessian
+    from numpyro_subsample.proxies.checks import excursion_points, newton_pass
+
+    X, y = logistic_data(N=700, d=3, seed=2)
+    pot, data = _potential(logistic_model, X, y)
+    theta = pot.init_theta + 0.1
+    coords, steps = excursion_points(np.asarray([0.2, 0.3, 0.5]), np.asarray([0, 2]))
+    np.testing.assert_array_equal(coords, [0, 2, 0, 2])
+    np.testing.assert_allclose(steps, [0.2, 0.5, -0.2, -0.5])
+    args = (pot, theta, jnp.asarray(coords), jnp.asarray(steps, theta.dtype))
+    on = newton_pass(*args, jnp.asarray(True), data, 256)
+    with CompileTimer() as ct:
+        off = newton_pass(*args, jnp.asarray(False), data, 256)
+    assert "newton_pass" not in ct.programs
+    f, g, h = value_grad_hessian(pot, theta, data, 256)
+    for a, b in ((on.value, f), (on.grad, g), (on.hessian, h), (off.hessian, h)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(on.prior_grad, jax.grad(pot.prior)(theta, data), rtol=1e-6)
+    assert on.rises.shape == (2, 2) and not np.any(np.asarray(off.rises))
+    for j, (k, s) in enumerate(zip(coords, steps, strict=True)):
+        moved = value_grad_hessian(pot, theta.at[k].add(s), data, 256, hessian=False)[0]
+        np.testing.assert_allclose(on.rises.reshape(-1)[j], moved - f, rtol=2e-3, atol=2e-3)

@@ -23,6 +23,7 @@ __all__ = [
     "chunk_at",
     "scan_chunks",
     "map_data",
+    "full_data_sums",
     "value_grad_hessian",
     "datum_values_and_grads",
 ]
@@ -67,6 +68,38 @@ def map_data(fn: Callable, num_data: int, chunk_size: int = DEFAULT_CHUNK):
     )
 
 
+def full_data_sums(
+    potential: Potential,
+    theta: jax.Array,
+    data: ModelData,
+    chunk_size: int = DEFAULT_CHUNK,
+    hessian: bool = True,
+    extra: Callable | None = None,
+    extra_init=None,
+):
+    """f(θ), ∇f(θ), ∇²f(θ) (or None) of the full potential and the sum over chunks of
+    ``extra(idx, mask)`` (a pytree like ``extra_init``; None without ``extra``), in one data
+    pass; traced, to be called inside a compiled program (:func:`value_grad_hessian`)."""
+    d = theta.shape[0]
+
+    def chunk_value(t, idx, mask):
+        return jnp.dot(mask.astype(t.dtype), potential.data_terms(t, idx, data))
+
+    def chunk_fn(idx, mask):
+        v, g = jax.value_and_grad(chunk_value)(theta, idx, mask)
+        h = jax.hessian(chunk_value)(theta, idx, mask) if hessian else jnp.zeros((0, 0))
+        return v, g, h, (extra(idx, mask) if extra is not None else None)
+
+    zero_h = jnp.zeros((d, d) if hessian else (0, 0), theta.dtype)
+    init = (jnp.zeros((), theta.dtype), jnp.zeros((d,), theta.dtype), zero_h,
+            extra_init if extra is not None else None)
+    v, g, h, more = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
+    prior = lambda t: potential.prior(t, data)  # noqa: E731
+    v0, g0 = jax.value_and_grad(prior)(theta)
+    out_h = h + jax.hessian(prior)(theta) if hessian else None
+    return v + v0, g + g0, out_h, more
+
+
 @partial(jax.jit, static_argnames=("potential", "chunk_size", "hessian"))
 def value_grad_hessian(
     potential: Potential,
@@ -76,23 +109,7 @@ def value_grad_hessian(
     hessian: bool = True,
 ):
     """f(θ), ∇f(θ) and (optionally) ∇²f(θ) of the full potential, in one data pass."""
-    d = theta.shape[0]
-
-    def chunk_value(t, idx, mask):
-        return jnp.dot(mask.astype(t.dtype), potential.data_terms(t, idx, data))
-
-    def chunk_fn(idx, mask):
-        v, g = jax.value_and_grad(chunk_value)(theta, idx, mask)
-        h = jax.hessian(chunk_value)(theta, idx, mask) if hessian else jnp.zeros((0, 0))
-        return v, g, h
-
-    zero_h = jnp.zeros((d, d) if hessian else (0, 0), theta.dtype)
-    init = (jnp.zeros((), theta.dtype), jnp.zeros((d,), theta.dtype), zero_h)
-    v, g, h = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
-    prior = lambda t: potential.prior(t, data)  # noqa: E731
-    v0, g0 = jax.value_and_grad(prior)(theta)
-    out_h = h + jax.hessian(prior)(theta) if hessian else None
-    return v + v0, g + g0, out_h
+    return full_data_sums(potential, theta, data, chunk_size, hessian)[:3]
 
 
 @partial(jax.jit, static_argnames=("potential", "chunk_size"))

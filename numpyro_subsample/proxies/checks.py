@@ -13,8 +13,8 @@ sites of the offending flat coordinates (:func:`coordinate_labels`):
   or 1), or, for a fit that failed, |θ̂_k| > :data:`DRIFT` with the optimiser still moving
   outward: the degenerate joint mode of a centred hierarchical model at τ → 0 among them
   (with the J group effects at their mean, f = (J − 1) log τ + const, unbounded below);
-* the Gaussian shape along each coordinate axis (:func:`axis_excursions`, one data pass;
-  up to :data:`MAX_AXES` axes, :func:`excursion_axes`):
+* the Gaussian shape along each coordinate axis (:func:`newton_pass`, one data pass; up to
+  :data:`MAX_AXES` axes, :func:`excursion_axes`):
   f(θ̂ ± s_k e_k) − f(θ̂), s_k = Σ̂_kk^{1/2}, against the quadratic model's ±s_k g_k +
   s_k² H_kk / 2. A rise far above it means the posterior is much narrower than the proxy on
   that side (a mode at infinity, e.g. separable data under a weak prior, where the gradient
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import warnings
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,7 @@ from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, full_data_sums
 from numpyro_subsample.core.potential import ModelData, Potential, set_plate_indices
 from numpyro_subsample.proxies.base import ProxyFitWarning
 
@@ -45,17 +46,19 @@ __all__ = [
     "BOUNDARY",
     "DRIFT",
     "MAX_DECREMENT",
+    "NewtonPass",
     "coordinate_labels",
     "transformed_coordinates",
     "describe",
     "newton_offsets",
     "boundary_message",
-    "axis_excursions",
     "excursion_axes",
+    "excursion_points",
     "excursion_messages",
     "scale_message",
     "stein_curvature",
     "stein_subsample",
+    "newton_pass",
     "prior_grad",
     "warn_proxy",
 ]
@@ -174,40 +177,65 @@ def excursion_axes(sd) -> np.ndarray:
     return np.sort(np.concatenate([order[: MAX_AXES // 2], order[-(MAX_AXES // 2):]]))
 
 
+class NewtonPass(NamedTuple):
+    """What :func:`newton_pass` returns: f(θ), ∇f(θ), ∇²f(θ), the prior term's gradient
+    ∇f0(θ) and the axis excursions ``rises`` (2, K)."""
+
+    value: jax.Array
+    grad: jax.Array
+    hessian: jax.Array
+    prior_grad: jax.Array
+    rises: jax.Array
+
+
+def excursion_points(sd, axes) -> tuple[np.ndarray, np.ndarray]:
+    """``(coords, steps)``, each (2K,), of the excursions θ̂ + s_k e_k, then θ̂ − s_k e_k, for
+    the K coordinates ``axes`` with sds ``sd`` (all coordinates' sds)."""
+    axes = np.asarray(axes, np.int32)
+    step = np.asarray(sd)[axes]
+    return np.concatenate([axes, axes]), np.concatenate([step, -step])
+
+
 @partial(jax.jit, static_argnames=("potential", "chunk_size"))
-def axis_excursions(
+def newton_pass(
     potential: Potential,
     theta: jax.Array,
-    sd: jax.Array,
-    axes: jax.Array,
+    coords: jax.Array,
+    steps: jax.Array,
+    with_excursions: jax.Array,
     data: ModelData,
     chunk_size: int = DEFAULT_CHUNK,
-) -> jax.Array:
-    """f(θ ± sd_k e_k) − f(θ) for k in ``axes``, shape (2, K), in one data pass.
+) -> NewtonPass:
+    """f(θ), ∇f(θ), ∇²f(θ), ∇f0(θ) and, if ``with_excursions`` (a traced bool; zeros otherwise), the
+    axis excursions f(θ + s_j e_{k_j}) − f(θ) for ``coords`` k and ``steps`` s
+    (:func:`excursion_points`), shape (2, K), all in one data pass: the Newton steps of a
+    Laplace fit and its excursion check share one compiled program.
 
     The differences are taken per datum before summing, so they keep their precision when f
     itself is a large sum.
     """
-    signs = jnp.array([1.0, -1.0], theta.dtype)
-    points = (signs[:, None] * sd[axes][None, :]).reshape(-1)  # (2K,) step lengths
-    coords = jnp.tile(axes, 2)
+    zero = jnp.zeros(steps.shape, theta.dtype)
 
-    def data_sum(idx, mask):
-        base = potential.data_terms(theta, idx, data)
+    def data_rises(idx, mask):
+        def rises():
+            base = potential.data_terms(theta, idx, data)
 
-        def one(args):
-            k, step = args
-            diff = potential.data_terms(theta.at[k].add(step), idx, data) - base
-            return jnp.sum(jnp.where(mask, diff, 0.0))
+            def one(args):
+                k, step = args
+                diff = potential.data_terms(theta.at[k].add(step), idx, data) - base
+                return jnp.sum(jnp.where(mask, diff, 0.0))
 
-        return jax.lax.map(one, (coords, points))
+            return jax.lax.map(one, (coords, steps))
 
-    zero = jnp.zeros(points.shape[0], theta.dtype)
-    total = scan_chunks(data_sum, potential.num_data, chunk_size, zero)
+        return jax.lax.cond(with_excursions, rises, lambda: zero)
+
+    f, g, h, total = full_data_sums(potential, theta, data, chunk_size, True, data_rises, zero)
     prior = jax.vmap(lambda k, step: potential.prior(theta.at[k].add(step), data))(
-        coords, points
+        coords, steps
     )
-    return (total + prior - potential.prior(theta, data)).reshape(2, -1)
+    rises = jnp.where(with_excursions, total + prior - potential.prior(theta, data), zero)
+    g0 = jax.grad(potential.prior)(theta, data)
+    return NewtonPass(f, g, h, g0, rises.reshape(2, -1))
 
 
 def excursion_messages(labels, sd, grad, hess_diag, rises) -> list[str]:

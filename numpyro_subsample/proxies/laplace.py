@@ -3,9 +3,10 @@
 As in Baker, Fearnhead, Fox and Nemeth (2019, Sect. 3: the centring value replaces burn-in),
 the mode is found by stochastic optimisation (Optax Adam on the model's own minibatches, a
 couple of epochs), then polished with damped Newton steps on the full data, each one chunked
-data pass that also yields the Hessian; Σ̂ is the inverse Hessian at the mode. The sum of the
-per-datum gradients Σ_i ∇f_i(θ̂) comes from the last Newton pass; the (N, d) table of ∇f_i(θ̂)
-is computed only on request. A failed fit is reported by site (:mod:`.checks`).
+data pass that also yields the Hessian; Σ̂ is the inverse Hessian at the mode. A last pass at
+θ̂, in the same compiled program, measures the axis excursions of :mod:`.checks` and gives the
+sum of the per-datum gradients Σ_i ∇f_i(θ̂); the (N, d) table of ∇f_i(θ̂) is computed only on
+request. A failed fit is reported by site (:mod:`.checks`).
 """
 
 from __future__ import annotations
@@ -21,24 +22,20 @@ import optax
 from tqdm.auto import tqdm
 
 from numpyro_subsample.core.data import device_array
-from numpyro_subsample.core.datapass import (
-    DEFAULT_CHUNK,
-    datum_values_and_grads,
-    value_grad_hessian,
-)
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, datum_values_and_grads
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.checks import (
     MAX_DECREMENT,
-    axis_excursions,
     boundary_message,
     coordinate_labels,
     describe,
     excursion_axes,
     excursion_messages,
+    excursion_points,
     newton_offsets,
-    prior_grad,
+    newton_pass,
     transformed_coordinates,
     warn_proxy,
 )
@@ -137,7 +134,15 @@ def fit_laplace(
         potential, data, potential.init_theta, n, num_steps, rng_key, learning_rate, progress
     )
 
-    vgh = lambda t: value_grad_hessian(potential, t, data, chunk_size)  # noqa: E731
+    # the Newton passes skip the excursions (of the final centre, _fit_messages) in the same
+    # compiled program
+    num_points = 2 * excursion_axes(np.ones(potential.dim)).size
+    no_points = (device_array(np.zeros(num_points, np.int32)),
+                 device_array(np.zeros(num_points), theta.dtype), device_array(False))
+
+    def vgh(t):
+        return newton_pass(potential, t, *no_points, data, chunk_size)[:3]  # f, ∇f, ∇²f
+
     f, g, h = vgh(theta)
     passes += 1
     bar = tqdm(total=max_newton_steps, desc="proxy: Newton on full data", disable=not progress)
@@ -225,7 +230,7 @@ def fit_laplace(
             "these sites, proxy='variational', or a given proxy."
             + (" " + boundary if boundary else "")
         ) from err
-    messages, decrement, rises = _fit_messages(
+    messages, decrement, final = _fit_messages(
         potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size
     )
     passes += 1  # the axis excursions
@@ -239,10 +244,8 @@ def fit_laplace(
         _check_datum_terms(potential, values, grads)
         sum_grads = jnp.sum(grads, axis=0)
         datum_grads = grads if store_datum_grads else None
-    else:  # Σ_i ∇f_i(θ̂) from the last Newton pass: ∇f(θ̂) − ∇f0(θ̂), no further data pass
-        sum_grads = device_array(
-            (np.asarray(g) - np.asarray(prior_grad(potential, theta, data))).astype(theta.dtype)
-        )
+    else:  # Σ_i ∇f_i(θ̂) = ∇f(θ̂) − ∇f0(θ̂) from the excursions' pass at θ̂
+        sum_grads = final.grad - final.prior_grad
     dtype = theta.dtype
     return Proxy(
         centre=theta,
@@ -259,7 +262,7 @@ def fit_laplace(
             "potential": float(f),
             "converged": stop is None,
             "newton_decrement": decrement,
-            "axis_excursions": rises,
+            "axis_excursions": np.asarray(final.rises),
             "warnings": messages,
         },
     )
@@ -268,7 +271,7 @@ def fit_laplace(
 def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size):
     """Warnings of a Laplace fit with a positive definite Hessian (:mod:`.checks`): not at the
     mode, at a support's boundary, far wider than the posterior along an axis; with the Newton
-    decrement and the axis excursions (one data pass)."""
+    decrement and the pass at θ̂ that measured the axis excursions (a :class:`.NewtonPass`)."""
     decrement, offsets = newton_offsets(gn, cov)
     messages = []
     if decrement > MAX_DECREMENT:
@@ -285,16 +288,16 @@ def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop
     messages += [boundary] if boundary else []
     sd = np.sqrt(np.diag(cov))
     axes = excursion_axes(sd)
-    sd_arr = device_array(sd, theta.dtype)
-    rises = np.asarray(
-        axis_excursions(potential, theta, sd_arr, device_array(axes), data, chunk_size)
-    )
+    coords, steps = excursion_points(sd, axes)
+    final = newton_pass(potential, theta, device_array(coords), device_array(steps, theta.dtype),
+                        device_array(True), data, chunk_size)
+    rises = np.asarray(final.rises)
     found = excursion_messages(
         [labels[k] for k in axes], sd[axes], gn[axes], np.diag(hn)[axes], rises
     )
     if decrement > MAX_DECREMENT:  # a fall away from the centre repeats the message above
         found = [m for m in found if "not a mode" not in m]
-    return messages + found, decrement, rises
+    return messages + found, decrement, final
 
 
 def _check_datum_terms(potential: Potential, values, grads) -> None:
