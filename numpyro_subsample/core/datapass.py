@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,9 @@ __all__ = [
     "chunk_at",
     "scan_chunks",
     "map_data",
+    "FullDataSums",
     "full_data_sums",
+    "value_grad_hessian_of",
     "value_grad_hessian",
     "datum_values_and_grads",
 ]
@@ -68,6 +71,29 @@ def map_data(fn: Callable, num_data: int, chunk_size: int = DEFAULT_CHUNK):
     )
 
 
+class FullDataSums(NamedTuple):
+    """What :func:`full_data_sums` returns."""
+
+    value: jax.Array
+    grad: jax.Array
+    hessian: jax.Array | None
+    extra: Any
+    prior_value: jax.Array
+    prior_grad: jax.Array
+
+
+def value_grad_hessian_of(fn: Callable, theta: jax.Array, hessian: bool = True):
+    """fn(θ), ∇fn(θ) and (optionally) ∇²fn(θ) from one trace of ``fn``: the Hessian's columns
+    are the JVPs of the gradient along the basis vectors (forward over reverse, as
+    ``jax.hessian``), whose primal outputs are the value and the gradient."""
+    value_grad = jax.value_and_grad(fn)
+    if not hessian:
+        return (*value_grad(theta), None)
+    basis = jnp.eye(theta.shape[0], dtype=theta.dtype)
+    (v, g), (_, h) = jax.vmap(lambda e: jax.jvp(value_grad, (theta,), (e,)))(basis)
+    return v[0], g[0], h
+
+
 def full_data_sums(
     potential: Potential,
     theta: jax.Array,
@@ -79,25 +105,24 @@ def full_data_sums(
 ):
     """f(θ), ∇f(θ), ∇²f(θ) (or None) of the full potential and the sum over chunks of
     ``extra(idx, mask)`` (a pytree like ``extra_init``; None without ``extra``), in one data
-    pass; traced, to be called inside a compiled program (:func:`value_grad_hessian`)."""
+    pass, with the prior term's f0(θ) and ∇f0(θ) (:class:`FullDataSums`); traced, to be
+    called inside a compiled program (:func:`value_grad_hessian`)."""
     d = theta.shape[0]
 
     def chunk_value(t, idx, mask):
         return jnp.dot(mask.astype(t.dtype), potential.data_terms(t, idx, data))
 
     def chunk_fn(idx, mask):
-        v, g = jax.value_and_grad(chunk_value)(theta, idx, mask)
-        h = jax.hessian(chunk_value)(theta, idx, mask) if hessian else jnp.zeros((0, 0))
+        v, g, h = value_grad_hessian_of(lambda t: chunk_value(t, idx, mask), theta, hessian)
+        h = h if hessian else jnp.zeros((0, 0), theta.dtype)
         return v, g, h, (extra(idx, mask) if extra is not None else None)
 
     zero_h = jnp.zeros((d, d) if hessian else (0, 0), theta.dtype)
     init = (jnp.zeros((), theta.dtype), jnp.zeros((d,), theta.dtype), zero_h,
             extra_init if extra is not None else None)
     v, g, h, more = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
-    prior = lambda t: potential.prior(t, data)  # noqa: E731
-    v0, g0 = jax.value_and_grad(prior)(theta)
-    out_h = h + jax.hessian(prior)(theta) if hessian else None
-    return v + v0, g + g0, out_h, more
+    v0, g0, h0 = value_grad_hessian_of(lambda t: potential.prior(t, data), theta, hessian)
+    return FullDataSums(v + v0, g + g0, h + h0 if hessian else None, more, v0, g0)
 
 
 @partial(jax.jit, static_argnames=("potential", "chunk_size", "hessian"))

@@ -114,10 +114,15 @@ def noise_points(
     """The centre and ``num_points − 1`` draws from N(centre, L Lᵀ), L = ``point_tril``.
 
     The standard normals come from NumPy's generator seeded with the bits of ``rng_key`` (the
-    same key gives the same points): a one-off draw that needs no compiled program.
+    same key gives the same points): a one-off draw that needs no compiled program, nor does
+    the shift by a dense L (made by NumPy; a structured L by its own products).
     """
     z = host_generator(rng_key).standard_normal((int(num_points) - 1, centre.shape[0]))
-    return _shifted(centre, point_tril, device_array(z, centre.dtype))
+    if is_structured(point_tril):
+        return _shifted(centre, point_tril, device_array(z, centre.dtype))
+    c = np.asarray(centre, np.float64)
+    points = np.concatenate([c[None], c + z @ np.asarray(point_tril, np.float64).T])
+    return device_array(points, centre.dtype)
 
 
 def _projections(cov: np.ndarray, basis: np.ndarray) -> np.ndarray:

@@ -229,13 +229,12 @@ def newton_pass(
 
         return jax.lax.cond(with_excursions, rises, lambda: zero)
 
-    f, g, h, total = full_data_sums(potential, theta, data, chunk_size, True, data_rises, zero)
+    sums = full_data_sums(potential, theta, data, chunk_size, True, data_rises, zero)
     prior = jax.vmap(lambda k, step: potential.prior(theta.at[k].add(step), data))(
         coords, steps
     )
-    rises = jnp.where(with_excursions, total + prior - potential.prior(theta, data), zero)
-    g0 = jax.grad(potential.prior)(theta, data)
-    return NewtonPass(f, g, h, g0, rises.reshape(2, -1))
+    rises = jnp.where(with_excursions, sums.extra + prior - sums.prior_value, zero)
+    return NewtonPass(sums.value, sums.grad, sums.hessian, sums.prior_grad, rises.reshape(2, -1))
 
 
 def excursion_messages(labels, sd, grad, hess_diag, rises) -> list[str]:

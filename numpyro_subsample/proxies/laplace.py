@@ -245,7 +245,7 @@ def fit_laplace(
         sum_grads = jnp.sum(grads, axis=0)
         datum_grads = grads if store_datum_grads else None
     else:  # Σ_i ∇f_i(θ̂) = ∇f(θ̂) − ∇f0(θ̂) from the excursions' pass at θ̂
-        sum_grads = final.grad - final.prior_grad
+        sum_grads = device_array(np.asarray(final.grad) - np.asarray(final.prior_grad))
     dtype = theta.dtype
     return Proxy(
         centre=theta,
