@@ -213,7 +213,8 @@ def _worker(spec: dict) -> None:
                         thinning=spec["thin"], progress_bar=False)
             with CompileTimer() as ct_run:
                 t1 = time.perf_counter()
-                mcmc.run(jax.random.PRNGKey(spec["seed"]), *args, **kwargs)
+                mcmc.run(jax.random.PRNGKey(spec["seed"]), *args, extra_fields=("data_passes",),
+                         **kwargs)
                 samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
                 run_s = time.perf_counter() - t1
         passes = np.asarray(mcmc.get_extra_fields()["data_passes"], np.float64)

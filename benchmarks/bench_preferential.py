@@ -104,7 +104,8 @@ def run_method(model, X, y, n, name, steps, *, step_size=None, proxy=None, seed=
     t_pre = time.perf_counter() - t0
     mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, progress_bar=False)
     t0 = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(seed), X, y, subsample_size=n)
+    mcmc.run(jax.random.PRNGKey(seed), X, y, subsample_size=n,
+             extra_fields=("data_passes", "subsample_size"))
     jax.block_until_ready(mcmc.get_samples())
     wall = time.perf_counter() - t0
     ex = mcmc.get_extra_fields()
@@ -164,7 +165,7 @@ def run_chains(model, X, y, n, name, steps, step_size, proxy, num_chains, seed=0
     mcmc = MCMC(kernel, num_warmup=0, num_samples=steps, num_chains=num_chains,
                 chain_method="vectorized", progress_bar=False)
     t0 = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(seed), X, y, subsample_size=n)
+    mcmc.run(jax.random.PRNGKey(seed), X, y, subsample_size=n, extra_fields=("data_passes",))
     thetas = np.asarray(mcmc.get_samples(group_by_chain=True)["beta"], np.float64)
     wall = time.perf_counter() - t0
     ex = mcmc.get_extra_fields(group_by_chain=True)

@@ -67,7 +67,8 @@ SCRIPT = textwrap.dedent(
         m = MCMC(k, num_warmup=0, num_samples=num_draws, num_chains=chains,
                  chain_method="vectorized", progress_bar=False)
         jax.config.update("jax_disable_most_optimizations", not optimise)
-        m.run(jax.random.PRNGKey(seed), X, y, **(model_kwargs or {}))
+        m.run(jax.random.PRNGKey(seed), X, y, extra_fields=("data_passes", "subsample_size"),
+              **(model_kwargs or {}))
         jax.config.update("jax_disable_most_optimizations", True)
         b = np.asarray(m.get_samples()["beta"], np.float64)
         out[name] = {
