@@ -121,6 +121,18 @@ def test_reference_is_cached(run, tmp_path, capsys):
     assert "nuts (reference)" in printed and "KSD disabled" in printed
 
 
+def test_compare_runs_the_energy_conserving_kernel(run, tmp_path):
+    """The runner asks the SG kernels only for the per-draw data_passes: ECS's state has
+    none, and a run of it is a row, not a failure."""
+    _, _, cache = run
+    code = main(["compare", *TINY, "--methods", "energyconservinghmc", "--out", str(tmp_path),
+                 "--cache-dir", str(cache), "--no-ksd"])
+    assert code == 0
+    with open(tmp_path / "compare.json") as fh:
+        rows = {r["method"]: r for r in json.load(fh)["rows"]}
+    assert rows["energyconservinghmc"]["status"] == "ok", rows["energyconservinghmc"]
+
+
 def test_compile_cache_setup(tmp_path, monkeypatch):
     import jax
 

@@ -24,7 +24,7 @@ from numpyro.util import fori_collect
 from numpyro_subsample.compare.checks import DrawsRun, record_warnings, run_checks
 from numpyro_subsample.compare.problems import Method, Problem
 from numpyro_subsample.compare.timing import CompileTimer
-from numpyro_subsample.core.adapter import SubsampleKernel, constrained
+from numpyro_subsample.core.adapter import constrained
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.laplace import fit_laplace
@@ -244,7 +244,7 @@ def run_kernel(method: Method, problem: Problem, settings: Settings, *,
         with CompileTimer() as ct:
             t1 = time.perf_counter()
             mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs(),
-                     extra_fields=("data_passes",) if isinstance(kernel, SubsampleKernel) else ())
+                     extra_fields=("data_passes",) if method.kind == "sg" else ())
             samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
             sampling_s = time.perf_counter() - t1 - ct.seconds
     extra_fields = mcmc.get_extra_fields()
