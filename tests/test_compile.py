@@ -141,3 +141,15 @@ def test_chain_init_compiles_no_generator_and_no_estimator(kernel_cls):
     assert not {"gather", "logistic", "exp", "log", "log1p"} & with_draws, with_draws
     in_program = _primitives(jax.make_jaxpr(init_one)(key, None, data, params).jaxpr)
     assert {p for p in in_program if "random" in p}
+
+
+def test_numpy_data_reach_the_device_without_a_compiled_program():
+    """ModelData transfers NumPy arrays (jnp.asarray would compile an eager 'stage' program
+    per shape and dtype), with JAX's dtype canonicalisation."""
+    X = np.random.default_rng(0).normal(size=(37, 5))
+    with CompileTimer() as ct:
+        data = ModelData.from_args((X, np.arange(37)), {"k": 2})
+    assert ct.programs == []
+    assert data.arrays[0].dtype == jnp.zeros(1).dtype and isinstance(data.arrays[0], jax.Array)
+    np.testing.assert_allclose(data.arrays[0], X, rtol=1e-6)
+    assert data.args_kwargs()[1] == {"k": 2}

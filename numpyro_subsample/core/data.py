@@ -50,7 +50,8 @@ class ModelData:
             (tuple(model_args), dict(model_kwargs or {})), is_leaf=lambda x: x is None
         )
         pos = tuple(i for i, x in enumerate(leaves) if _is_array(x))
-        arrays = tuple(jnp.asarray(leaves[i]) for i in pos)
+        arrays = tuple(device_array(leaves[i]) if isinstance(leaves[i], np.ndarray)
+                       else jnp.asarray(leaves[i]) for i in pos)
         others = tuple(x for i, x in enumerate(leaves) if i not in set(pos))
         return cls(arrays, (treedef, pos, others))
 
