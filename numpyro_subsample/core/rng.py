@@ -33,10 +33,8 @@ def host_normals(key: jax.Array, shape: tuple[int, ...], dtype) -> np.ndarray:
     """Standard normal draws of ``shape`` by :func:`host_generator` of ``key``, or of each key
     of a batch (a leading axis of keys gives a leading axis of draws)."""
     bits = np.asarray(raw_key(key), np.uint32)
-    batch = bits.shape[:-1]
-    rows = [np.random.default_rng(b.ravel()).standard_normal(shape)
-            for b in bits.reshape(-1, bits.shape[-1])]
-    return np.stack(rows).reshape(batch + tuple(shape)).astype(dtype)
+    rows = [host_generator(b).standard_normal(shape) for b in bits.reshape(-1, bits.shape[-1])]
+    return np.stack(rows).reshape(bits.shape[:-1] + tuple(shape)).astype(dtype)
 
 
 def split_step_key(

@@ -206,8 +206,8 @@ def newton_pass(
     data: ModelData,
     chunk_size: int = DEFAULT_CHUNK,
 ) -> NewtonPass:
-    """f(θ), ∇f(θ), ∇²f(θ), ∇f0(θ) and, if ``with_excursions`` (a traced bool; zeros otherwise), the
-    axis excursions f(θ + s_j e_{k_j}) − f(θ) for ``coords`` k and ``steps`` s
+    """f(θ), ∇f(θ), ∇²f(θ), ∇f0(θ) and, if ``with_excursions`` (a traced bool; zeros
+    otherwise), the axis excursions f(θ + s_j e_{k_j}) − f(θ) for ``coords`` k and ``steps`` s
     (:func:`excursion_points`), shape (2, K), all in one data pass: the Newton steps of a
     Laplace fit and its excursion check share one compiled program.
 

@@ -404,8 +404,9 @@ class SGMCMCKernel(SubsampleKernel):
         return axes
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        data = ModelData.from_args(model_args, model_kwargs)
         with concrete_under_pmap(rng_key):
-            potential = self.potential_for(ModelData.from_args(model_args, model_kwargs))
+            potential = self.potential_for(data)
         vectorized = not (isinstance(rng_key, jax.core.Tracer) or is_prng_key(rng_key))
         if self.estimator_name == "saga" and vectorized:  # one table per chain, checked early
             check_estimator_request(self.estimator_name, self.estimator_options,
@@ -415,8 +416,7 @@ class SGMCMCKernel(SubsampleKernel):
             adaptation.check_adaptation_warmup(type(self).__name__, num_warmup)
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
         if init_params is not None and not isinstance(rng_key, jax.core.Tracer):
-            check_given_start(self.preprocessed, state.params, state.w,
-                              ModelData.from_args(model_args, model_kwargs))
+            check_given_start(self.preprocessed, state.params, state.w, data)
         return state
 
     def _init_draws(self, rng_key: Any, params: SamplerParams) -> tuple:
