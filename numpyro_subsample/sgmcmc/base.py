@@ -40,6 +40,7 @@ from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.sgmcmc import adaptation
+from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
     SamplerParams,
@@ -51,19 +52,6 @@ from numpyro_subsample.sgmcmc.chain import (
 )
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_time_step
-from numpyro_subsample.sgmcmc.preprocess import (
-    STRUCTURED,
-    ProxyRequest,
-    check_dimension,
-    check_given_start,
-    check_request,
-    fit_proxy,
-    local_preprocessing,
-    proxy_choice,
-    unmeasured_preprocessed,
-    whitened_curvature,
-    whitening,
-)
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 __all__ = ["SGMCMCKernel"]
@@ -95,17 +83,13 @@ class SGMCMCKernel(SubsampleKernel):
     proxy
         ``"laplace"`` (mode and inverse Hessian; default), ``"variational"`` (an autoguide
         fitted by SVI, :func:`~numpyro_subsample.proxies.variational.fit_variational`;
-        ``guide=`` in ``proxy_kwargs``; up to its ``max_full_rank_dim`` centred at the guide's
-        mean with ``covariance="expected_hessian"``, the inverse full-data Hessian averaged
-        over the guide, which does not collapse where a variational fit may), a
-        :class:`~numpyro_subsample.proxies.base.Proxy`, or a structured proxy for large d:
-        ``"diagonal"`` or ``"low-rank"`` (precision diag + rank k, ``proxy_kwargs={"rank":
-        k}``, default :data:`DEFAULT_RANK`; other ``proxy_kwargs`` are options of
-        :func:`~numpyro_subsample.proxies.structured.fit_structured`) or a
-        :class:`~numpyro_subsample.proxies.structured.StructuredProxy`. ``"laplace"`` is
-        dense up to :data:`MAX_DENSE_DIM` parameters and ``"low-rank"`` above (pass a fitted
-        ``Proxy`` to keep a dense one). A structured proxy forms no d × d array on the
-        sampling path and adapts the preconditioner by default (below).
+        ``guide=`` in ``proxy_kwargs``), a :class:`~numpyro_subsample.proxies.base.Proxy`, or
+        for large d a structured proxy (no d × d array on the sampling path; the
+        preconditioner then adapts by default): ``"diagonal"``, ``"low-rank"`` (precision diag
+        + rank k, ``proxy_kwargs={"rank": k}``) or a
+        :class:`~numpyro_subsample.proxies.structured.StructuredProxy`. ``"laplace"`` becomes
+        ``"low-rank"`` above :data:`~numpyro_subsample.proxies.choice.MAX_DENSE_DIM`
+        parameters (:mod:`numpyro_subsample.proxies.choice`).
     preconditioning
         Sample in coordinates whitened by the proxy covariance.
     adapt_preconditioner
@@ -119,13 +103,11 @@ class SGMCMCKernel(SubsampleKernel):
         δ of the default step-size rule (default 0.05).
     noise_correction
         Inject N(0, 2ch I − h²V) instead of N(0, 2ch I), V the estimator's whitened noise
-        covariance measured at proxy draws (:mod:`numpyro_subsample.estimators.noise`), c the
-        diffusion coefficient, as in stochastic-gradient Fisher scoring (Ahn, Korattikara and
-        Welling 2012) and SGHMC's B̂ (Chen, Fox and Guestrin 2014, Eq. 9): a larger default
-        step for the same variance inflation. None (default): on, except for ``"saga"`` and
-        ``"svrg"`` (their noise changes with their state), a structured proxy (no d × d V; also
-        ``"laplace"`` above :data:`MAX_DENSE_DIM`) and the adapted preconditioner, where True
-        raises; needs preconditioning.
+        covariance measured at proxy draws, c the diffusion coefficient (Ahn, Korattikara and
+        Welling 2012; Chen, Fox and Guestrin 2014, Eq. 9): a larger default step for the same
+        variance inflation. None (default): on where V is a fixed d × d matrix (not for
+        ``"saga"``, ``"svrg"``, a structured proxy or the adapted preconditioner, where True
+        raises); needs preconditioning.
     replace
         Draw subsample indices with replacement (default) or without.
     proxy_kwargs
@@ -147,14 +129,12 @@ class SGMCMCKernel(SubsampleKernel):
         Progress bars for preprocessing (default: on, off under CI).
     zv_stream, zv_degree, zv_covariates, zv_fn
         Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
-        post-warmup draws inside the sampling loop, with polynomial degree 1 or 2 and the
-        function g of the constrained sample (default: every coordinate and its square); read
-        them with :func:`~numpyro_subsample.post.zv.zv_mean`. Degree 1 keeps d × d
-        co-moments per chain with the gradient covariates, O(m) for m functions with the
-        linearised ones (``zv_covariates``: ``"auto"`` picks them above
-        :data:`~numpyro_subsample.estimators.zv.MAX_ZV_COVARIATES` parameters;
-        :mod:`numpyro_subsample.estimators.zv`); degree 2 is refused above
-        :data:`MAX_ZV_DEGREE2_DIM` parameters.
+        post-warmup draws in the sampling loop, with polynomial degree 1 or 2, for the
+        functions ``zv_fn`` of the constrained sample (default: each coordinate and its
+        square); read them with :func:`~numpyro_subsample.post.zv.zv_mean`. ``zv_covariates``
+        ("auto", "gradient", "linearised") is described in
+        :mod:`numpyro_subsample.estimators.zv`; degree 2 is refused above
+        :data:`~numpyro_subsample.sgmcmc.preprocess.MAX_ZV_DEGREE2_DIM` parameters.
     local_update, local_steps
         For a model with local latent sites (one value per datum inside the plate): an exact
         conditional ``local_update(rng_key, rows, values, idx, *model_args, **model_kwargs)
@@ -207,7 +187,7 @@ class SGMCMCKernel(SubsampleKernel):
             local_update=local_update, local_steps=local_steps,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
-        structured = check_request(
+        structured = prep.check_request(
             type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
             preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
             supports_structured=self._supports_structured(),
@@ -315,27 +295,20 @@ class SGMCMCKernel(SubsampleKernel):
         return cls._preprocess is SGMCMCKernel._preprocess
 
     def _proxy_choice(self, dim: int) -> str:
-        """The proxy for a model of ``dim`` parameters
-        (:func:`~numpyro_subsample.sgmcmc.preprocess.proxy_choice`)."""
-        return proxy_choice(self._proxy_spec, dim, self._supports_structured())
+        """The proxy for ``dim`` parameters (:func:`.preprocess.proxy_choice`)."""
+        return prep.proxy_choice(self._proxy_spec, dim, self._supports_structured())
 
     def _is_structured(self, dim: int) -> bool:
-        return self._proxy_choice(dim) in (*STRUCTURED, "given-structured")
+        return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
 
     def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
         """The proxy (fitted with ``key`` unless given) and the coordinates the chain moves in
         (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
-        request = ProxyRequest(self._proxy_spec, self.proxy_kwargs, self.chunk_size,
+        request = prep.ProxyRequest(self._proxy_spec, self.proxy_kwargs, self.chunk_size,
                                self.store_datum_grads, self.progress_bar, self._needs_proxy())
-        proxy = fit_proxy(request, self._proxy_choice(potential.dim), potential, data, key)
-        return whitening(proxy, potential, preconditioning=self.preconditioning,
+        proxy = prep.fit_proxy(request, self._proxy_choice(potential.dim), potential, data, key)
+        return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
                          structured=self._is_structured(potential.dim))
-
-    def _chosen_step_size(self, noise: float, corrected: bool | None = None,
-                          curvature: float = 1.0) -> float:
-        if self._step_size is not None:
-            return self._step_size
-        return self._default_step_size(noise, corrected, curvature)
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
@@ -345,7 +318,7 @@ class SGMCMCKernel(SubsampleKernel):
         check_estimator_request(self.estimator_name, self.estimator_options,
                                 replace=self.replace, potential=potential)
         structured = self._is_structured(potential.dim)
-        check_dimension(
+        prep.check_dimension(
             potential.dim, zv_degree=self.zv_degree if self.zv_stream else 0,
             zv_covariates=self.zv_covariates, structured=structured,
             noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
@@ -359,11 +332,11 @@ class SGMCMCKernel(SubsampleKernel):
         if self._adapts(potential):
             step_size = self._step_size or adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu))
-            return unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
+            return prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
+        curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
         return measured_preprocessed(
             potential, wh, estimator, k_noise, data, corrected=corrected,
-            step_size=self._step_size, rule=self._default_step_size,
-            curvature=whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0,
+            step_size=self._step_size, rule=self._default_step_size, curvature=curvature,
             diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
             chunk_size=self.chunk_size, started=t0,
         )
@@ -374,7 +347,7 @@ class SGMCMCKernel(SubsampleKernel):
                      step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
                      proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
                      adapt_preconditioner=bool(self.adapt_preconditioner))
-        return local_preprocessing(type(self).__name__, potential, given, self.replace,
+        return prep.local_preprocessing(type(self).__name__, potential, given, self.replace,
                                    self.local, self._is_structured(potential.dim))
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
@@ -416,7 +389,7 @@ class SGMCMCKernel(SubsampleKernel):
             adaptation.check_adaptation_warmup(type(self).__name__, num_warmup)
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
         if init_params is not None and not isinstance(rng_key, jax.core.Tracer):
-            check_given_start(self.preprocessed, state.params, state.w, data)
+            prep.check_given_start(self.preprocessed, state.params, state.w, data)
         return state
 
     def _init_draws(self, rng_key: Any, params: SamplerParams) -> tuple:

@@ -294,7 +294,7 @@ class DistributedSGLD(SGLD):
         top = lambda c: float(np.linalg.eigvalsh(np.asarray(c, np.float64)).max())  # noqa: E731
         v_w, v_b = top(within), top(between)
         noise = v_w + float(np.sum(layout.frequencies * layout.trajectory_lengths)) * v_b
-        step_size = self._chosen_step_size(noise)
+        step_size = self._step_size or self._default_step_size(noise)
         params = params._replace(
             step_size=jax.device_put(jnp.asarray(step_size, dtype), rep),
             data_passes=jax.device_put(jnp.asarray(passes, dtype), rep),
