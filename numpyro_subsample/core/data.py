@@ -14,7 +14,7 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ModelData", "check_data_finite", "device_array", "indexed_axes"]
+__all__ = ["ModelData", "check_data_finite", "device_array", "indexed_axes", "trace_seed"]
 
 
 def device_array(x: Any, dtype: Any = None) -> jax.Array:
@@ -22,6 +22,12 @@ def device_array(x: Any, dtype: Any = None) -> jax.Array:
     transfer: outside a trace ``jnp.asarray`` of a NumPy value runs an eager ``stage``
     program, compiled once per shape and dtype."""
     return jax.device_put(np.asarray(x, dtype))
+
+
+def trace_seed() -> jax.Array:
+    """``PRNGKey(0)``'s data, for ``handlers.seed`` where a model is traced for its structure or
+    log density (its sample sites are substituted, so the key draws nothing that matters)."""
+    return device_array(np.zeros(2, np.uint32))
 
 
 def _is_array(x: Any) -> bool:

@@ -14,14 +14,13 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.special import logsumexp
 from numpyro import handlers
 from numpyro.distributions.distribution import ExpandedDistribution
 from numpyro.infer.util import _unconstrain_reparam
 from numpyro.primitives import Messenger
 
-from numpyro_subsample.core.data import ModelData, device_array
+from numpyro_subsample.core.data import ModelData, trace_seed
 from numpyro_subsample.core.plates import (
     DataPlate,
     SiteError,
@@ -130,7 +129,7 @@ def observed_log_likelihood(
     fn = set_plate_indices(model, name=plate.name, indices=idx)
     if dims:
         fn = enumerate_sites(fn, dims=dims)
-    fn = handlers.substitute(handlers.seed(fn, device_array(np.zeros(2, np.uint32))), data=latent)
+    fn = handlers.substitute(handlers.seed(fn, trace_seed()), data=latent)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = handlers.trace(fn).get_trace(*args, **kwargs)
@@ -218,7 +217,7 @@ def check_enumeration_scope(
         fn = handlers.substitute(fn, substitute_fn=partial(_unconstrain_reparam, init_values))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            etr = handlers.trace(handlers.seed(fn, device_array(np.zeros(2, np.uint32)))
+            etr = handlers.trace(handlers.seed(fn, trace_seed())
                                  ).get_trace(*args, **kwargs)
         for name, site in etr.items():
             if site["type"] == "sample":

@@ -43,8 +43,8 @@ from numpyro.infer.util import _unconstrain_reparam, constrain_fn
 from numpyro_subsample.core.data import (
     ModelData,
     check_data_finite,
-    device_array,
     indexed_axes,
+    trace_seed,
 )
 from numpyro_subsample.core.enumeration import (
     check_enumeration_scope,
@@ -183,7 +183,7 @@ class Potential:
         subs = {**values, **local_values(self.local, local, "local_joint_at")}
         args, kwargs = data.args_kwargs()
         fn = set_plate_indices(self.model, name=self.plate.name, indices=idx)
-        fn = handlers.substitute(handlers.seed(fn, device_array(np.zeros(2, np.uint32))),
+        fn = handlers.substitute(handlers.seed(fn, trace_seed()),
                                  data=subs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -281,7 +281,7 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     init_theta, unravel = ravel_pytree({name: init_values[name] for name in latent})
     init_theta = jittered_start(init_theta, rng_key)
     local = tuple(_local_site(name, tr[name], init_values[name], plate) for name in local_names)
-    seed_key = device_array(np.zeros(2, np.uint32))  # PRNGKey(0), without an eager program
+    seed_key = trace_seed()
 
     def terms(theta: jax.Array, idx: jax.Array, data: ModelData,
               local_rows: dict | None = None) -> tuple[jax.Array, jax.Array]:

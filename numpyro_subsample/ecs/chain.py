@@ -34,7 +34,7 @@ from numpyro_subsample.ecs.gibbs import block_gibbs_update, propose_block
 from numpyro_subsample.ecs.likelihood_proxies import LikelihoodProxy, LikelihoodSpec
 from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_solve
 
-__all__ = ["ECSParams", "ECSState", "ChainConfig", "chain_programs"]
+__all__ = ["ECSParams", "ECSState", "ECSConfig", "chain_programs"]
 
 
 class ECSParams(NamedTuple):
@@ -70,7 +70,7 @@ class ECSState(NamedTuple):
     params: ECSParams
 
 
-class ChainConfig(NamedTuple):
+class ECSConfig(NamedTuple):
     """Static configuration of the compiled programs (hashable; equal configs share code).
 
     ``hmc_options``: sorted ``(name, value)`` pairs of NumPyro's ``init_kernel`` options.
@@ -87,7 +87,7 @@ class ChainConfig(NamedTuple):
 
 
 @lru_cache(maxsize=64)
-def chain_programs(cfg: ChainConfig) -> tuple[Callable, Callable]:
+def chain_programs(cfg: ECSConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)``."""
     pot, spec, m = cfg.potential, cfg.spec, cfg.subsample_size
 

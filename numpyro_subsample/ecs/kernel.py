@@ -27,7 +27,7 @@ from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.ecs import likelihood_proxies as lik
-from numpyro_subsample.ecs.chain import ChainConfig, ECSParams, ECSState, chain_programs
+from numpyro_subsample.ecs.chain import ECSConfig, ECSParams, ECSState, chain_programs
 from numpyro_subsample.ecs.difference import (
     MAX_SIGMA2,
     SIGMA2_DRAWS,
@@ -340,7 +340,7 @@ max_tree_depth, trajectory_length, num_steps
 
     # -- the functional core --------------------------------------------------------------------
     def _programs(self, pre: ECSPreprocessed, *, num_warmup: int, traced: bool):
-        cfg = ChainConfig(
+        cfg = ECSConfig(
             pre.potential, pre.spec, pre.subsample_size, self.num_blocks, self.algo,
             tuple(sorted(self.hmc_options.items())), int(num_warmup),
             "threefry2x32" if traced else STEP_RNG,

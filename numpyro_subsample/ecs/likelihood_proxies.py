@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.datapass import map_data, value_grad_hessian
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
@@ -176,7 +176,7 @@ def variational_expectations(
     draws: jax.Array,
     data: ModelData,
     grads: bool = False,
-    chunk_size: int = 2048,
+    chunk_size: int = DEFAULT_CHUNK,
     draw_chunk: int = 16,
 ) -> tuple[jax.Array, jax.Array | None]:
     """e_i = mean_s ℓ_i(φ_s) (N,) and, if ``grads``, ḡ_i = mean_s ∇ℓ_i(φ_s) (N, d).
@@ -285,7 +285,7 @@ def fit_likelihood_proxy(
 @partial(jax.jit, static_argnames=("potential", "spec", "chunk_size"))
 def proxy_constant(
     potential: Potential, spec: LikelihoodSpec, lp: LikelihoodProxy, data: ModelData,
-    chunk_size: int = 2048,
+    chunk_size: int = DEFAULT_CHUNK,
 ) -> jax.Array:
     """A = Σ_i a_i, the constant that the estimator's ``loglik_estimate`` leaves out."""
     if spec.kind == "taylor":
@@ -301,7 +301,7 @@ def proxy_constant(
 @partial(jax.jit, static_argnames=("potential", "spec", "chunk_size"))
 def proxy_total(
     potential: Potential, spec: LikelihoodSpec, lp: LikelihoodProxy, theta: jax.Array,
-    data: ModelData, draws: jax.Array | None = None, chunk_size: int = 2048,
+    data: ModelData, draws: jax.Array | None = None, chunk_size: int = DEFAULT_CHUNK,
 ) -> jax.Array:
     """Σ_i q_i(θ), the constant and (variational) G(θ) included.
 

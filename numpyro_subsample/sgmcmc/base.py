@@ -26,6 +26,7 @@ from numpyro_subsample.core.adapter import (
     preprocess_keys,
 )
 from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
@@ -44,9 +45,9 @@ from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
     SamplerParams,
+    SGMCMCConfig,
     SGMCMCState,
     Whitening,
-    _Config,
     chain_programs,
     initial_draws,
 )
@@ -161,7 +162,7 @@ class SGMCMCKernel(SubsampleKernel):
         max_variance_inflation: float = 0.05,
         replace: bool = True,
         proxy_kwargs: dict | None = None,
-        chunk_size: int = 2048,
+        chunk_size: int = DEFAULT_CHUNK,
         store_datum_grads: bool = False,
         noise_correction: bool | None = None,
         init_strategy: str = "proxy",
@@ -350,12 +351,12 @@ class SGMCMCKernel(SubsampleKernel):
         return prep.local_preprocessing(type(self).__name__, potential, given, self.replace,
                                    self.local, self._is_structured(potential.dim))
 
-    def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> _Config:
+    def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)
         init_strategy = self.init_strategy if self._needs_proxy() and not local else "centre"
         est = pre.estimator
         adapt = self._adapts(pre.potential)
-        return _Config(
+        return SGMCMCConfig(
             pre.potential, est.estimate, self._dynamics(pre.noise_corrected),
             "threefry2x32" if traced else STEP_RNG, init_strategy,
             self.preconditioning and not local,

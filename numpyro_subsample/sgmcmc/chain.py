@@ -9,7 +9,7 @@ cost O(d·k) and form no d × d array; the step reads it only through
 ``whiten_solve``, which dispatch on its type when the program is traced. The arrays of the
 preprocessing (θ̂, L, the step size h, the estimator's arrays) travel in the state's ``params``
 field, so the compiled loop is reused for new data of the same shapes; the static configuration
-(:class:`_Config`) selects one cached pair of pure programs, ``init_one`` and ``step``.
+(:class:`SGMCMCConfig`) selects one cached pair of pure programs, ``init_one`` and ``step``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ __all__ = [
     "MAX_PROXY_SD",
     "SamplerParams",
     "SGMCMCState",
+    "SGMCMCConfig",
     "Preprocessed",
     "Whitening",
     "chain_programs",
@@ -154,7 +155,7 @@ class Whitening(NamedTuple):
     data_passes: float
 
 
-class _Config(NamedTuple):
+class SGMCMCConfig(NamedTuple):
     """Static configuration of the compiled step (hashable; equal configs share code)."""
 
     potential: Potential
@@ -174,7 +175,7 @@ class _Config(NamedTuple):
 
 
 @lru_cache(maxsize=64)
-def chain_programs(cfg: _Config) -> tuple[Callable, Callable]:
+def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params, draws=None)`` and ``step(state, data)``
     of a config.
 

@@ -38,9 +38,9 @@ from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
 from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
 from numpyro_subsample.estimators.stratified import Strata, make_strata, stratified_design
 from numpyro_subsample.sgmcmc.simplex import (
+    SGRLDConfig,
     SGRLDParams,
     SGRLDState,
-    _Config,
     datum_drifts,
     drift_noise,
     sgrld_programs,
@@ -365,7 +365,7 @@ class SGRLD(SubsampleKernel):
 
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup
-        cfg = _Config(pre.potential, pre.design.draw, pre.design.size,
+        cfg = SGRLDConfig(pre.potential, pre.design.draw, pre.design.size,
                       "threefry2x32" if traced else STEP_RNG, self.local)
         init_one, step = sgrld_programs(cfg)
         return init_one, step, pre.params

@@ -46,6 +46,7 @@ from numpyro_subsample.estimators.selection import DesignMoments
 __all__ = [
     "SGRLDParams",
     "SGRLDState",
+    "SGRLDConfig",
     "step_size_at",
     "to_simplex",
     "likelihood_grad",
@@ -197,7 +198,7 @@ def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: Design
     return counts, s1 - weight @ (sums * sums)
 
 
-class _Config(NamedTuple):
+class SGRLDConfig(NamedTuple):
     """Static configuration of the compiled step (hashable; equal configs share code)."""
 
     potential: Potential
@@ -208,7 +209,7 @@ class _Config(NamedTuple):
 
 
 @lru_cache(maxsize=64)
-def sgrld_programs(cfg: _Config) -> tuple[Callable, Callable]:
+def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)``.
 
     ``init_one`` draws θ from its Gamma(α, 1) prior; given ``init_params`` (simplex values
