@@ -82,7 +82,7 @@ def runners(X, y, steps: int) -> dict:
             mcmc.get_samples()["beta"].block_until_ready()
 
         out[variant] = run
-    centre = kernel.proxy.centre
+        centre = kernel.proxy.centre  # the same fit for both variants (same seed and data)
     step_size = jnp.asarray(1e-5)
     bj = blackjax_cv_chain.lower(jax.random.PRNGKey(0), step_size, X, y, centre, n=n,
                                  num_steps=steps).compile()

@@ -366,7 +366,7 @@ class SGRLD(SubsampleKernel):
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup
         cfg = SGRLDConfig(pre.potential, pre.design.draw, pre.design.size,
-                      "threefry2x32" if traced else STEP_RNG, self.local)
+                          "threefry2x32" if traced else STEP_RNG, self.local)
         init_one, step = sgrld_programs(cfg)
         return init_one, step, pre.params
 
