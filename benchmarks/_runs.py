@@ -57,8 +57,10 @@ def _warning_texts(recorded) -> list[str]:
 
 
 def run_kernel(method: str, build: Callable, args: tuple, kwargs: dict, *, num_warmup: int,
-               num_samples: int, num_chains: int = 1, seed: int = 0) -> Run:
-    """Build the kernel, preprocess and run ``MCMC`` (vectorized chains), all timed together
+               num_samples: int, num_chains: int = 1, seed: int = 0,
+               mcmc_class: type = MCMC) -> Run:
+    """Build the kernel, preprocess and run ``mcmc_class`` (NumPyro's ``MCMC`` or the
+    package's; vectorized chains), all timed together
     from construction to draws in NumPy, compilation included; the warnings raised are
     recorded, then ``check_run`` is called (not timed).
 
@@ -74,7 +76,7 @@ def run_kernel(method: str, build: Callable, args: tuple, kwargs: dict, *, num_w
                 kernel = build()
                 kernel.preprocess(args, kwargs)
                 run.prep_s = time.perf_counter() - t0
-                mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
+                mcmc = mcmc_class(kernel, num_warmup=num_warmup, num_samples=num_samples,
                             num_chains=num_chains, chain_method="vectorized",
                             progress_bar=False)
                 fields = (("num_steps",) if isinstance(kernel, EnergyConservingHMC)

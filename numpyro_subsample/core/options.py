@@ -78,6 +78,10 @@ _SGMCMC: dict[str, Option] = {
     "adapt_preconditioner": Option(
         "bool", "whether a diagonal scale of the coordinates is adapted during warm-up",
         none=True, remedy="Pass True, False or None (on with a structured proxy)."),
+    "adapt_proxy": Option(
+        "bool", "whether pilot chains re-estimate the proxy's centre and covariance in "
+        "windows before sampling", none=True,
+        remedy="Pass True, False or None (on for a dense proxy the kernel fits)."),
     "max_variance_inflation": Option(
         "real", "δ, the tolerated relative inflation of the posterior variance by the default "
         "step size", low=0, high=1, open_low=True,

@@ -160,9 +160,9 @@ def boundary_message(labels, transformed, centre, kind: str, direction=None) -> 
         f"support of {where} (unconstrained value; for a log-transformed scale, e^θ; beyond "
         f"±{BOUNDARY:g} is at the boundary). The mode is degenerate, as "
         "for a hierarchical scale at zero (the joint mode of a centred hierarchical model) or "
-        "a probability at 0 or 1. Use proxy='variational', switch the group effects between "
-        "the centred and non-centred form (numpyro.infer.reparam.LocScaleReparam), or use a "
-        "prior that keeps the site away from the boundary."
+        "a probability at 0 or 1, so a Gaussian at the mode is a poor proxy. The SG kernels' "
+        "default (adapt_proxy=None) re-estimates the proxy on pilot chains; otherwise use "
+        "proxy='variational', or a prior that keeps the site away from the boundary."
     )
 
 

@@ -40,7 +40,13 @@ from numpyro_subsample.proxies.checks import (
     warn_proxy,
 )
 
-__all__ = ["fit_laplace", "proxy_from_moments"]
+__all__ = ["LaplaceFitError", "fit_laplace", "proxy_from_moments"]
+
+
+class LaplaceFitError(ValueError):
+    """The Laplace fit has no usable Gaussian: the potential or its derivatives are not finite
+    at the optimiser's mode, or the Hessian there is not positive definite (the message names
+    the sites)."""
 
 
 def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -208,7 +214,7 @@ def fit_laplace(
         bad = np.flatnonzero(~(np.isfinite(hn).all(1) & np.isfinite(gn)))
         where = ", ".join(f"'{labels[k]}'" for k in bad[:5]) or "the value itself"
         boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
-        raise ValueError(
+        raise LaplaceFitError(
             f"The potential or its derivatives are not finite at the optimiser's mode (along "
             f"{where}); check the model's support and the data, or pass a smaller proxy "
             "learning rate."
@@ -220,15 +226,21 @@ def fit_laplace(
         eig, vec = np.linalg.eigh(0.5 * (hn + hn.T))
         negative = vec[:, eig <= 0]
         load = np.sum(negative**2, axis=1) if negative.size else vec[:, 0] ** 2
-        boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
-        raise ValueError(
+        # only the coordinates the degenerate directions load on can be heading out: the
+        # gradient of the others at a failed fit says nothing about their support
+        degenerate = load > 0.1 * load.max()
+        boundary = boundary_message(labels, transformed & degenerate, theta, "Laplace",
+                                    -gn * degenerate)
+        raise LaplaceFitError(
             f"The Hessian of the potential at the mode is not positive definite (smallest "
             f"eigenvalue {eig.min():.3g}, {int((eig <= 0).sum())} non-positive); the directions "
             f"of negative curvature load on {describe(labels, load, fmt='{:.2f}')}. The "
             "posterior may be improper or multimodal along these sites (e.g. a saddle between "
-            "symmetric modes), or the optimisation did not converge. Use stronger priors on "
-            "these sites, proxy='variational', or a given proxy."
-            + (" " + boundary if boundary else "")
+            "symmetric modes), its joint mode may be degenerate (a hierarchical scale at zero), "
+            "or the optimisation did not converge. The SG kernels' default (adapt_proxy=None) "
+            "starts such a model from a variational fit and adapts the proxy on pilot chains; "
+            "otherwise use stronger priors on these sites, proxy='variational', or a given "
+            "proxy." + (" " + boundary if boundary else "")
         ) from err
     messages, decrement, final = _fit_messages(
         potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size

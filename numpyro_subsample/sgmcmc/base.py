@@ -40,7 +40,7 @@ from numpyro_subsample.estimators.registry import (
 from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.sgmcmc import adaptation
+from numpyro_subsample.sgmcmc import adaptation, warmup
 from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
@@ -159,6 +159,7 @@ class SGMCMCKernel(SubsampleKernel):
         proxy: str | Proxy | StructuredProxy = "laplace",
         preconditioning: bool = True,
         adapt_preconditioner: bool | None = None,
+        adapt_proxy: bool | None = None,
         max_variance_inflation: float = 0.05,
         replace: bool = True,
         proxy_kwargs: dict | None = None,
@@ -179,7 +180,7 @@ class SGMCMCKernel(SubsampleKernel):
         check_options(
             "SGMCMCKernel", label=type(self).__name__, step_size=step_size,
             preconditioning=preconditioning, adapt_preconditioner=adapt_preconditioner,
-            max_variance_inflation=max_variance_inflation, replace=replace,
+            adapt_proxy=adapt_proxy, max_variance_inflation=max_variance_inflation, replace=replace,
             proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
             store_datum_grads=store_datum_grads, noise_correction=noise_correction,
             init_strategy=init_strategy, seed=seed,
@@ -206,6 +207,7 @@ class SGMCMCKernel(SubsampleKernel):
         self._proxy_spec = proxy
         self.preconditioning = bool(preconditioning)
         self.adapt_preconditioner = adapt_preconditioner
+        self.adapt_proxy = adapt_proxy
         self.max_variance_inflation = float(max_variance_inflation)
         self.replace = bool(replace)
         self.proxy_kwargs = dict(proxy_kwargs or {})
@@ -311,6 +313,41 @@ class SGMCMCKernel(SubsampleKernel):
         return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
                          structured=self._is_structured(potential.dim))
 
+    def _adapts_proxy(self, potential: Potential) -> bool:
+        """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
+        given, else for a dense proxy that this kernel fits and whitens with."""
+        eligible = (type(self)._preprocess is SGMCMCKernel._preprocess
+                    and not potential.local and self.preconditioning
+                    and isinstance(self._proxy_spec, str)
+                    and not self._is_structured(potential.dim) and not self._adapts(potential))
+        if self.adapt_proxy and not eligible:
+            raise ValueError(
+                f"{type(self).__name__}(adapt_proxy=True) needs preconditioning=True, a dense "
+                "proxy fitted by the kernel (proxy='laplace' or 'variational', at most "
+                "MAX_DENSE_DIM parameters), no adapted diagonal preconditioner and no local "
+                "latent sites; leave adapt_proxy out."
+            )
+        return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
+
+    def _adapted_whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
+        """The proxy adapted by pilot chains from the kernel's fit (or its fallback), and the
+        coordinates it whitens (:func:`~numpyro_subsample.sgmcmc.warmup.adapt_proxy`)."""
+        def fit(kind: str) -> Proxy:
+            request = prep.ProxyRequest(kind, self.proxy_kwargs if kind == self._proxy_spec
+                                        else {}, self.chunk_size, False, self.progress_bar,
+                                        True)
+            return prep.fit_proxy(request, kind, potential, data, key)
+
+        start = warmup.start_proxy(fit, self._proxy_spec, potential, data,
+                                   chunk_size=self.chunk_size)
+        windows = warmup.pilot_schedule(potential.num_data, potential.plate.subsample_size)
+        proxy = warmup.adapt_proxy(
+            start, potential, data, key, dynamics=self._dynamics(False),
+            rule=lambda v, mu: self._default_step_size(v, False, mu), windows=windows,
+            chunk_size=self.chunk_size, replace=self.replace,
+        )
+        return prep.whitening(proxy, potential, preconditioning=True, structured=False)
+
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
             return self._preprocess_local(potential)
@@ -325,7 +362,10 @@ class SGMCMCKernel(SubsampleKernel):
             noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
         )
         corrected = self._noise_correction and not structured
-        wh = self._whitening(potential, data, k_proxy)
+        if self._adapts_proxy(potential):
+            wh = self._adapted_whitening(potential, data, k_proxy)
+        else:
+            wh = self._whitening(potential, data, k_proxy)
         estimator = configure_estimator(
             self.estimator_name, potential, data, wh.proxy, replace=self.replace,
             rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
@@ -335,6 +375,10 @@ class SGMCMCKernel(SubsampleKernel):
                 lambda v, mu: self._default_step_size(v, False, mu))
             return prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
         curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
+        if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
+            curvature, passes = warmup.measured_curvature(wh.proxy, potential, data,
+                                                          chunk_size=self.chunk_size)
+            wh = wh._replace(data_passes=wh.data_passes + passes)
         return measured_preprocessed(
             potential, wh, estimator, k_noise, data, corrected=corrected,
             step_size=self._step_size, rule=self._default_step_size, curvature=curvature,

@@ -1,0 +1,176 @@
+"""The hierarchical and scale-model suite of ``bench_hierarchical.py``: data generators and the
+models as a user writes them (NumPyro, one subsample plate over the rows).
+
+- ``normal-centred``: y_i ~ N(a_{g_i} + x_i β, σ_y²), a_g ~ N(μ, σ_a²), σ_a, σ_y ~ Uniform(0,
+  100) (Gelman and Hill's radon model), 100 groups of 1 to ~1000 rows;
+- ``normal-noncentred``: the same data, HalfNormal(1) scales, a_g written with
+  ``LocScaleReparam(0)``;
+- ``logistic-varying``: varying intercepts and slopes, a_g ~ N(μ_a, τ_a²), b_g ~ N(μ_b, τ_b²),
+  HalfNormal(1) scales, 80 groups of 2 to ~1000 rows (centred);
+- ``sparse-gamma``: logistic regression with Gamma(0.5, 0.5) global and local scales
+  (β_j ~ N(0, (τ λ_j)²); d = 51, 5 non-zero);
+- ``horseshoe``: linear regression with the horseshoe prior (half-Cauchy global and local
+  scales; Carvalho, Polson and Scott 2010), d = 25, 3 non-zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer.reparam import LocScaleReparam
+
+
+@dataclass
+class Problem:
+    """A suite entry: the model, its data arguments and keyword arguments, the sites compared."""
+
+    name: str
+    model: object
+    args: tuple
+    kwargs: dict
+    sites: tuple
+    info: dict
+
+
+def _group_sizes(rng, num_groups: int, num_data: int, smallest: int) -> np.ndarray:
+    w = rng.lognormal(0.0, 1.6, size=num_groups)
+    sizes = np.maximum(smallest, np.floor(w / w.sum() * num_data)).astype(int)
+    sizes[np.argmax(sizes)] += num_data - sizes.sum()
+    return sizes
+
+
+def grouped_normal_data(num_data: int = 15_000, num_groups: int = 100, seed: int = 34):
+    rng = np.random.default_rng(seed)
+    sizes = _group_sizes(rng, num_groups, num_data, 1)
+    g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
+    rng.shuffle(g)
+    X = rng.normal(size=(num_data, 2)).astype(np.float32)
+    a = 1.5 + 0.3 * rng.normal(size=num_groups)
+    y = (a[g] + X @ np.array([0.7, -0.4]) + 0.8 * rng.normal(size=num_data)).astype(np.float32)
+    info = {"group_sizes_min_median_max": [int(sizes.min()), int(np.median(sizes)),
+                                           int(sizes.max())], "true_sigma_a": 0.3}
+    return (X, g, y), info
+
+
+def normal_centred(X, g, y=None, subsample_size: int = 500, num_groups: int = 100):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma_a = numpyro.sample("sigma_a", dist.Uniform(0.0, 100.0))
+    sigma_y = numpyro.sample("sigma_y", dist.Uniform(0.0, 100.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]] + X[idx] @ beta, sigma_y),
+                       obs=None if y is None else y[idx])
+
+
+def _normal_halfnormal(X, g, y=None, subsample_size: int = 500, num_groups: int = 100):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 10.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]] + X[idx] @ beta, sigma_y),
+                       obs=None if y is None else y[idx])
+
+
+normal_noncentred = numpyro.handlers.reparam(_normal_halfnormal,
+                                             config={"a": LocScaleReparam(0)})
+
+
+def varying_logistic_data(num_data: int = 20_000, num_groups: int = 80, seed: int = 35):
+    rng = np.random.default_rng(seed)
+    sizes = _group_sizes(rng, num_groups, num_data, 2)
+    g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
+    rng.shuffle(g)
+    X = rng.normal(size=(num_data, 2)).astype(np.float32)
+    a = -0.5 + 0.6 * rng.normal(size=num_groups)
+    b = 0.8 + 0.4 * rng.normal(size=num_groups)
+    logits = a[g] + b[g] * X[:, 0] - 0.5 * X[:, 1]
+    y = (rng.uniform(size=num_data) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    info = {"group_sizes_min_median_max": [int(sizes.min()), int(np.median(sizes)),
+                                           int(sizes.max())]}
+    return (X, g, y), info
+
+
+def logistic_varying(X, g, y=None, subsample_size: int = 500, num_groups: int = 80):
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 2.5))
+    mu_b = numpyro.sample("mu_b", dist.Normal(0.0, 2.5))
+    tau_a = numpyro.sample("tau_a", dist.HalfNormal(1.0))
+    tau_b = numpyro.sample("tau_b", dist.HalfNormal(1.0))
+    c = numpyro.sample("c", dist.Normal(0.0, 2.5))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(mu_a, tau_a))
+        b = numpyro.sample("b", dist.Normal(mu_b, tau_b))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        gi = g[idx]
+        logits = a[gi] + b[gi] * X[idx, 0] + c * X[idx, 1]
+        numpyro.sample("y", dist.Bernoulli(logits=logits), obs=None if y is None else y[idx])
+
+
+def sparse_logistic_data(num_data: int = 10_000, dim: int = 50, seed: int = 36):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(num_data, dim)).astype(np.float32)
+    beta = np.zeros(dim)
+    beta[:5] = [1.5, -1.0, 0.8, -0.6, 0.4]
+    logits = 0.3 + X @ beta
+    y = (rng.uniform(size=num_data) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    return (X, y), {"nonzero": 5}
+
+
+def sparse_gamma(X, y=None, subsample_size: int = 500):
+    d = X.shape[1]
+    intercept = numpyro.sample("intercept", dist.Normal(0.0, 2.5))
+    tau = numpyro.sample("tau", dist.Gamma(0.5, 0.5))
+    with numpyro.plate("coef", d):
+        lam = numpyro.sample("lambda", dist.Gamma(0.5, 0.5))
+        beta = numpyro.sample("beta", dist.Normal(0.0, tau * lam))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=intercept + X[idx] @ beta),
+                       obs=None if y is None else y[idx])
+
+
+def horseshoe_data(num_data: int = 10_000, dim: int = 25, seed: int = 37):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(num_data, dim)).astype(np.float32)
+    beta = np.zeros(dim)
+    beta[:3] = [0.5, -0.3, 0.2]
+    y = (X @ beta + rng.normal(size=num_data)).astype(np.float32)
+    return (X, y), {"nonzero": 3}
+
+
+def horseshoe(X, y=None, subsample_size: int = 500):
+    d = X.shape[1]
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+    with numpyro.plate("coef", d):
+        lam = numpyro.sample("lambda", dist.HalfCauchy(1.0))
+        beta = numpyro.sample("beta", dist.Normal(0.0, tau * lam))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ beta, sigma), obs=None if y is None else y[idx])
+
+
+def suite() -> dict[str, Problem]:
+    """The suite's problems, in the table's order."""
+    normal, n_info = grouped_normal_data()
+    varying, v_info = varying_logistic_data()
+    sparse, s_info = sparse_logistic_data()
+    hs, h_info = horseshoe_data()
+    return {
+        "normal-centred": Problem("normal-centred", normal_centred, normal, {},
+                                  ("mu", "sigma_a", "sigma_y", "beta", "a"), n_info),
+        "normal-noncentred": Problem("normal-noncentred", normal_noncentred, normal, {},
+                                     ("mu", "sigma_a", "sigma_y", "beta", "a"),
+                                     n_info),
+        "logistic-varying": Problem("logistic-varying", logistic_varying, varying, {},
+                                    ("mu_a", "mu_b", "tau_a", "tau_b", "c", "a", "b"), v_info),
+        "sparse-gamma": Problem("sparse-gamma", sparse_gamma, sparse, {},
+                                ("intercept", "tau", "lambda", "beta"), s_info),
+        "horseshoe": Problem("horseshoe", horseshoe, hs, {},
+                             ("sigma", "tau", "lambda", "beta"), h_info),
+    }

@@ -1,0 +1,418 @@
+"""The proxy adapted on pilot chains: windowed warm-up before the sampling chains start.
+
+A Gaussian proxy (θ̂, Σ̂) centres the control variates, whitens the dynamics and sets the step
+through the measured noise. Fitted once at the joint mode it does all three badly where the
+mode is a poor summary of the posterior (the degenerate mode of a centred hierarchical model,
+the mode of a non-centred one far from the bulk, a sparsity prior's spike). As Stan adapts its
+metric in windows of growing length during warm-up (Carpenter et al. 2017; Stan Reference
+Manual, "HMC algorithm parameters"), the proxy is here re-estimated from the draws of ``P``
+pilot chains (vectorized) in windows w = 1, …, W:
+
+1. the chains run ``windows[w]`` steps of the kernel's own dynamics with the control-variate
+   estimator (Baker et al. 2019, Eq. 4) centred at θ̂_w, whitened by L_w and with the diagonal
+   scale of :mod:`~numpyro_subsample.sgmcmc.adaptation` adapted within the window (its step
+   rule needs no noise measurement, so a poor proxy only slows the pilot down);
+2. from the second half of the window's draws, pooled over chains, in the whitened coordinates
+   w = L_w⁻¹(θ − θ̂_w): the mean m and the covariance C, shrunk towards the identity by the
+   Ledoit-Wolf rule (Ledoit and Wolf 2004) on every ``THIN``-th draw, i.e. towards the previous
+   fit in θ coordinates;
+3. θ̂_{w+1} = θ̂_w + L_w m and Σ̂_{w+1} = L_w C L_wᵀ; one full-data pass at θ̂_{w+1} gives
+   Σ_i ∇f_i(θ̂_{w+1}), the new control variates. Baker et al. (2019, Sect. 3.2) show that the
+   control-variate noise grows with ‖θ − θ̂‖², so a centre at the posterior mean, rather than
+   at a mode far from the bulk, minimises the noise over the posterior.
+
+The next window starts each chain where the last one stopped. The adapted proxy then replaces
+the fitted one for everything: the sampling chains start at its draws, its centre and
+covariance set the estimator and the whitening, and the noise is measured at its draws for the
+step size (:func:`~numpyro_subsample.sgmcmc.noise_refine.measured_preprocessed`). Cost: one
+data pass per window plus the pilot's subsamples, which :func:`pilot_schedule` bounds.
+
+The start needs no positive-definite Hessian: where the Laplace fit fails, the pilot starts
+from :func:`safe_start` (the potential's feasible start with a unit covariance in unconstrained
+space) and the diagonal adaptation finds the scales.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from functools import lru_cache, partial
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from numpyro_subsample.core.data import ModelData, device_array
+from numpyro_subsample.core.datapass import full_data_sums
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key
+from numpyro_subsample.estimators.registry import configure_estimator
+from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
+from numpyro_subsample.proxies.laplace import LaplaceFitError
+from numpyro_subsample.sgmcmc.adaptation import adaptation_window, adaptive_step_size
+from numpyro_subsample.sgmcmc.chain import (
+    SamplerParams,
+    SGMCMCConfig,
+    SGMCMCState,
+    chain_programs,
+)
+from numpyro_subsample.sgmcmc.dynamics import Dynamics
+
+__all__ = [
+    "DEFAULT_WINDOWS",
+    "MAX_PILOT_PASSES",
+    "PILOT_CHAINS",
+    "ProxyAdaptationWarning",
+    "THIN",
+    "adapt_proxy",
+    "measured_curvature",
+    "pilot_schedule",
+    "proxy_at",
+    "safe_start",
+    "start_proxy",
+]
+
+#: Steps of the pilot windows, of growing length as Stan's slow adaptation windows. The pilot
+#: stops after the second window if neither that window nor the one before it moved the
+#: proxy (:func:`_window_moments`).
+DEFAULT_WINDOWS = (100, 150, 250, 500)
+#: Pilot chains run side by side (vectorized).
+PILOT_CHAINS = 4
+#: At most this many data passes are spent on the pilot's subsamples (the windows shrink
+#: in proportion when N/n is small; never below :data:`MIN_WINDOW` steps each).
+MAX_PILOT_PASSES = 8.0
+#: The shortest window.
+MIN_WINDOW = 50
+#: Below this many datum evaluations (rows) in all, the pilot keeps its full windows: on small
+#: data sets a data pass costs less than the pilot's fixed overheads.
+MIN_PILOT_ROWS = 2_000_000
+#: Steps of one compiled block; every window is a whole number of blocks, so that all windows
+#: share one program.
+BLOCK = 50
+#: A window whose chains' split R-hat exceeds this in some coordinate has not settled.
+MAX_PILOT_RHAT = 1.1
+#: Pilot draws of the last window at which the whitened curvature is measured.
+CURVATURE_POINTS = 16
+#: Every THIN-th draw of a window's second half enters the Ledoit-Wolf shrinkage.
+THIN = 5
+
+
+class ProxyAdaptationWarning(UserWarning):
+    """The pilot chains could not adapt the proxy (they failed, or did not settle): the message
+    names the figure and a remedy."""
+
+
+class PilotWindow(NamedTuple):
+    """What one window measured: its ``steps``, the draws' mean minus the centre (``shift``,
+    in the previous proxy's sds, largest coordinate), the largest log ratio of the draws' sd to
+    the previous proxy sd (``log_sd_change``), the chains that failed, and whether the centre
+    ``moved`` and the covariance was ``rescaled`` (:func:`_window_moments`)."""
+
+    steps: int
+    shift: float
+    log_sd_change: float
+    failed_chains: int
+    moved: bool
+    rescaled: bool
+
+
+def pilot_schedule(num_data: int, subsample_size: int,
+                   windows: tuple[int, ...] = DEFAULT_WINDOWS,
+                   num_chains: int = PILOT_CHAINS) -> tuple[int, ...]:
+    """The windows' lengths: ``windows`` scaled down so that the pilot's subsamples cost at most
+    :data:`MAX_PILOT_PASSES` data passes or :data:`MIN_PILOT_ROWS` datum evaluations, whichever
+    is more (each window at least :data:`MIN_WINDOW` steps)."""
+    rows = sum(windows) * num_chains * subsample_size
+    allowed = max(MAX_PILOT_PASSES * num_data, MIN_PILOT_ROWS)
+    scale = min(1.0, allowed / rows) if rows > 0 else 1.0
+    return tuple(max(MIN_WINDOW, BLOCK * int(round(w * scale / BLOCK))) for w in windows)
+
+
+@partial(jax.jit, static_argnames=("potential", "chunk_size"))
+def _sum_grads(potential: Potential, theta: jax.Array, data: ModelData, chunk_size: int):
+    sums = full_data_sums(potential, theta, data, chunk_size, hessian=False)
+    return sums.value, sums.grad - sums.prior_grad
+
+
+def proxy_at(potential: Potential, data: ModelData, centre: np.ndarray, cov: np.ndarray, *,
+             chunk_size: int, kind: str, passes: float, seconds: float, info: dict) -> Proxy:
+    """A :class:`~numpyro_subsample.proxies.base.Proxy` with the given centre and covariance
+    and the data sums at the centre (one chunked data pass, no per-datum table).
+
+    Raises
+    ------
+    ValueError
+        The potential or its gradient is not finite at ``centre``.
+    """
+    dtype = potential.init_theta.dtype
+    centre_d = device_array(np.asarray(centre, dtype))
+    value, sum_grads = _sum_grads(potential, centre_d, data, chunk_size)
+    if not (np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(sum_grads)))):
+        raise ValueError("The potential is not finite at the adapted proxy's centre.")
+    cov = 0.5 * (np.asarray(cov, np.float64) + np.asarray(cov, np.float64).T)
+    chol = np.linalg.cholesky(cov)
+    return Proxy(
+        centre=centre_d, cov=device_array(cov.astype(dtype)),
+        scale_tril=device_array(chol.astype(dtype)), datum_grads=None, sum_grads=sum_grads,
+        num_data_passes=float(passes) + 1.0, seconds=float(seconds), kind=kind, info=info,
+    )
+
+
+def safe_start(potential: Potential, data: ModelData, *, chunk_size: int,
+               reason: str) -> Proxy:
+    """The pilot's start where no Gaussian fit is usable: the potential's feasible start
+    (prior mean plus jitter, :attr:`~numpyro_subsample.core.potential.Potential.init_theta`)
+    with the unit covariance of the unconstrained space; ``reason`` goes to ``info``."""
+    d = potential.dim
+    return proxy_at(potential, data, np.asarray(potential.init_theta), np.eye(d),
+                    chunk_size=chunk_size, kind="start", passes=0.0, seconds=0.0,
+                    info={"reason": reason})
+
+
+def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
+                data: ModelData, *, chunk_size: int) -> Proxy:
+    """The pilot's first proxy: ``fit(spec)`` (the kernel's proxy fit), its warnings kept in
+    ``info["warnings"]`` instead of raised (the adapted proxy replaces it). Where the Laplace
+    fit has no positive definite Hessian (:class:`~numpyro_subsample.proxies.laplace.
+    LaplaceFitError`: the degenerate joint mode of a centred hierarchical model, a saddle), the
+    start is ``fit("variational")``, and :func:`safe_start` if that fails too."""
+    tried = []
+    for kind in ([spec, "variational"] if spec == "laplace" else [spec]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ProxyFitWarning)
+            try:
+                proxy = fit(kind)
+            except (LaplaceFitError, np.linalg.LinAlgError) as err:
+                tried.append(f"{kind}: {err}")
+                continue
+        for w in caught:
+            if not issubclass(w.category, ProxyFitWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        found = [str(w.message) for w in caught if issubclass(w.category, ProxyFitWarning)]
+        info = dict(proxy.info or {})
+        info["warnings"] = found
+        info["fallback_from"] = tried
+        return proxy._replace(info=info)
+    return safe_start(potential, data, chunk_size=chunk_size, reason="; ".join(tried))
+
+
+def _window_moments(ws: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool, bool]:
+    """Mean and Ledoit-Wolf covariance of a window's draws ``ws`` (steps, chains, d) in the
+    current whitened coordinates, and whether each differs from the proxy's (0, I) by more
+    than its Monte Carlo error: some |mean_j| above z·se_j, or some |log var_j| above
+    z·(2/ESS_j)^(1/2), with z = (2 log 2d)^(1/2) + 1 (a Bonferroni-like bound over the d
+    coordinates) and ESS_j the draws' effective sample size (NumPyro's estimator over the
+    chains); both count as different while the chains' split R-hat exceeds
+    :data:`MAX_PILOT_RHAT` in some coordinate."""
+    from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
+
+    steps, chains, d = ws.shape
+    flat = ws.reshape(-1, d)
+    mean = flat.mean(0)
+    var = flat.var(0) + 1e-300
+    by_chain = np.transpose(ws, (1, 0, 2))
+    ess = np.asarray(effective_sample_size(by_chain), np.float64)
+    ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
+    z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
+    # chains that still drift apart (split R-hat) have not settled: their moments update the
+    # proxy whatever their standard errors say
+    unsettled = bool(np.nanmax(np.asarray(split_gelman_rubin(by_chain))) > MAX_PILOT_RHAT)
+    moved = unsettled or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
+    rescaled = unsettled or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
+    cov = _shrunk_covariance(ws[::THIN].reshape(-1, d)) if rescaled else np.eye(d)
+    return mean, cov, moved, rescaled
+
+
+def _shrunk_covariance(draws: np.ndarray) -> np.ndarray:
+    """Ledoit-Wolf shrinkage of the covariance of ``draws`` (m, d) towards a multiple of the
+    identity (scikit-learn's :func:`~sklearn.covariance.ledoit_wolf`)."""
+    from sklearn.covariance import ledoit_wolf
+
+    cov, _ = ledoit_wolf(draws.astype(np.float64))
+    return cov
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: ModelData):
+    """``num_steps`` vectorized steps; returns the final states and the draws of w."""
+    vstep = jax.vmap(step, in_axes=(axes, None), out_axes=axes)
+
+    def body(s, _):
+        s = vstep(s, data)
+        return s, s.w
+
+    return jax.lax.scan(body, states, None, length=num_steps)
+
+
+def _state_axes() -> SGMCMCState:
+    return SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+
+
+@lru_cache(maxsize=32)
+def _vinit(init_one: Callable, potential: Potential) -> Callable:
+    """The vectorized chain init at flat positions (P, d)."""
+    def at(key, theta, data, params, draws):
+        return init_one(key, potential.unravel(theta), data, params, draws)
+    return jax.jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
+
+
+def adapt_proxy(
+    start: Proxy,
+    potential: Potential,
+    data: ModelData,
+    rng_key: jax.Array,
+    *,
+    dynamics: Dynamics,
+    rule: Callable[[float, float], float],
+    windows: tuple[int, ...],
+    num_chains: int = PILOT_CHAINS,
+    chunk_size: int,
+    replace: bool = True,
+) -> Proxy:
+    """The proxy adapted from ``start`` by pilot chains in ``windows`` (module docstring).
+
+    Parameters
+    ----------
+    start
+        The first proxy (Laplace, variational or :func:`safe_start`); its draws start the
+        pilot chains.
+    dynamics
+        The kernel's (uncorrected) dynamics.
+    rule
+        The kernel's step-size rule ``rule(noise, curvature)`` for the adapted diagonal scale
+        (:func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`).
+    windows
+        Steps per window (:func:`pilot_schedule`).
+
+    Returns
+    -------
+    Proxy
+        ``kind="adapted"``; ``info`` holds the start's kind and info, the windows
+        (:class:`PilotWindow`) and the pilot's data passes. If every pilot chain fails, the
+        start is returned with a :class:`ProxyAdaptationWarning`.
+    """
+    t0 = time.perf_counter()
+    n = int(potential.plate.subsample_size)
+    h = adaptive_step_size(rule)
+    dtype = start.centre.dtype
+    proxy = start
+    passes = float(start.num_data_passes)
+    record: list[PilotWindow] = []
+    bits = np.asarray(raw_key(rng_key), np.uint32)
+    keys = np.random.SeedSequence([int(b) for b in bits]).generate_state(
+        2 * num_chains * (len(windows) + 1), np.uint32).reshape(len(windows) + 1, num_chains, 2)
+    theta_start = None
+    axes = _state_axes()
+    for k, length in enumerate(windows):
+        est = configure_estimator("cv", potential, data, proxy, replace=replace,
+                                  chunk_size=chunk_size)
+        cfg = SGMCMCConfig(
+            potential=potential, estimate=est.estimate, dynamics=dynamics, rng_impl=STEP_RNG,
+            init_strategy="proxy", precondition_draw=True, zv_degree=0, zv_fn=None,
+            num_warmup=max(windows), adapt_window=adaptation_window(max(windows)),
+        )
+        init_one, step = chain_programs(cfg)
+        params = SamplerParams(
+            centre=proxy.centre, scale_tril=proxy.scale_tril,
+            step_size=device_array(h, dtype), estimator=est.params,
+            init_tril=proxy.scale_tril, data_passes=device_array(0.0, dtype),
+        )
+        chain_keys = device_array(keys[k])
+        draws = host_normals(chain_keys, (2, potential.dim), dtype)
+        if theta_start is None:  # draws of the start proxy
+            theta_start = np.asarray(proxy.centre, np.float64) + draws[:, 0] @ np.asarray(
+                proxy.scale_tril, np.float64).T
+        states = _vinit(init_one, potential)(chain_keys, device_array(theta_start.astype(dtype)),
+                                             data, params, device_array(draws))
+        blocks = []
+        for _ in range(int(length) // BLOCK):
+            states, w_block = _window(step, BLOCK, axes, states, data)
+            blocks.append(np.asarray(w_block))
+        ws = np.concatenate(blocks)
+        passes += est.data_passes + float(length) * num_chains * n / potential.num_data
+        failed = np.asarray(states.fail_step) >= 0
+        ws = ws.astype(np.float64)[int(length) // 2:, ~failed]  # (steps, chains, d)
+        theta_last = np.asarray(proxy.centre)[None] + np.einsum(
+            "ij,cj->ci", np.asarray(proxy.scale_tril, np.float64),
+            np.asarray(states.w, np.float64))
+        if failed.all():
+            warnings.warn(
+                f"All {num_chains} pilot chains failed in window {k + 1} of the proxy's "
+                f"adaptation (a step was non-finite or exploded); the proxy stays "
+                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or adapt_proxy=False.",
+                ProxyAdaptationWarning, stacklevel=4,
+            )
+            return start if k == 0 else proxy
+        mean_w, cov_w, moved, rescaled = _window_moments(ws)
+        L = np.asarray(proxy.scale_tril, np.float64)
+        thin = ws[:: max(1, ws.shape[0] // CURVATURE_POINTS)].reshape(-1, ws.shape[-1])
+        last_draws = np.asarray(proxy.centre, np.float64) + thin[:CURVATURE_POINTS] @ L.T
+        centre = np.asarray(proxy.centre, np.float64) + (L @ mean_w if moved else 0.0)
+        cov = L @ cov_w @ L.T if rescaled else np.asarray(proxy.cov, np.float64)
+        old_sd = np.sqrt(np.diag(np.asarray(proxy.cov, np.float64)))
+        record.append(PilotWindow(
+            steps=int(length), shift=float(np.max(np.abs(L @ mean_w) / old_sd)),
+            log_sd_change=float(np.max(np.abs(np.log(np.sqrt(np.diag(L @ cov_w @ L.T))
+                                                      / old_sd)))),
+            failed_chains=int(failed.sum()), moved=moved, rescaled=rescaled,
+        ))
+        healthy = theta_last[~failed]
+        theta_start = np.concatenate([healthy, np.repeat(centre[None], failed.sum(), 0)])
+        elapsed = time.perf_counter() - t0 + start.seconds
+        if moved:
+            proxy = proxy_at(potential, data, centre, cov, chunk_size=chunk_size,
+                             kind="adapted", passes=passes, seconds=elapsed, info={})
+            passes = proxy.num_data_passes
+        elif rescaled:
+            chol = np.linalg.cholesky(0.5 * (cov + cov.T))
+            proxy = proxy._replace(cov=device_array(cov.astype(dtype)),
+                                   scale_tril=device_array(chol.astype(dtype)), kind="adapted")
+        elif k >= 1:  # two windows agree with the proxy within their Monte Carlo error
+            break
+    adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": h,
+                  "draws": last_draws}
+    if proxy is start:  # no window disagreed with it
+        return start._replace(info={**(start.info or {}), **adaptation},
+                              num_data_passes=passes)
+    info = {"start": start.kind, "start_info": start.info, **adaptation}
+    return proxy._replace(info=info, num_data_passes=passes,
+                          seconds=time.perf_counter() - t0 + start.seconds)
+
+
+@partial(jax.jit, static_argnames=("potential",))
+def _prior_hessians(potential: Potential, points: jax.Array, data: ModelData) -> jax.Array:
+    return jax.lax.map(jax.hessian(lambda t: potential.prior(t, data)), points)
+
+
+@partial(jax.jit, static_argnames=("potential", "chunk_size"))
+def _hessian(potential: Potential, theta: jax.Array, data: ModelData, chunk_size: int):
+    sums = full_data_sums(potential, theta, data, chunk_size, hessian=True)
+    return sums.hessian, jax.hessian(lambda t: potential.prior(t, data))(theta)
+
+
+def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
+                       chunk_size: int) -> tuple[float, float]:
+    """μ of the step-size rule for an adapted proxy, and the data passes it cost (one).
+
+    The rules of :mod:`~numpyro_subsample.sgmcmc.stepsize` bound the variance inflation of a
+    Gaussian coordinate of whitened curvature μ; a whitening by the posterior covariance
+    makes the mean curvature about 1, but a hierarchical scale makes it vary over the
+    posterior (the prior curvature of a group effect is 1/σ², large where σ is small). μ is
+    the largest eigenvalue of Lᵀ(∇²f_data(θ̂) + ∇²f_0(θ_k))L over the pilot's last draws θ_k
+    (``proxy.info["draws"]``): the data's Hessian at the centre (one data pass) and the
+    prior's, which carries the hierarchical variation, at each draw; at least 1."""
+    draws = (proxy.info or {}).get("draws")
+    if draws is None or len(draws) == 0:
+        return 1.0, 0.0
+    dtype = proxy.centre.dtype
+    total, h0_centre = _hessian(potential, proxy.centre, data, chunk_size)
+    h_data = np.asarray(total, np.float64) - np.asarray(h0_centre, np.float64)
+    h0 = np.asarray(_prior_hessians(potential, device_array(np.asarray(draws, dtype)), data),
+                    np.float64)
+    L = np.asarray(proxy.scale_tril, np.float64)
+    mu = 1.0
+    for hk in h0:
+        m = L.T @ (h_data + hk) @ L
+        mu = max(mu, float(np.linalg.eigvalsh(0.5 * (m + m.T))[-1]))
+    return mu, 1.0

@@ -1,0 +1,164 @@
+"""The proxy adapted by pilot chains (numpyro_subsample.sgmcmc.warmup)."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer.reparam import LocScaleReparam
+
+from numpyro_subsample import SGLD, ModelData
+from numpyro_subsample.core.datapass import value_grad_hessian
+from numpyro_subsample.estimators.noise import whitened_noise
+from numpyro_subsample.estimators.registry import configure_estimator
+from numpyro_subsample.proxies.laplace import LaplaceFitError, fit_laplace
+from numpyro_subsample.sgmcmc import warmup
+from numpyro_subsample.sgmcmc.dynamics import sgld_dynamics
+
+
+def grouped_data(num_groups=20, num_data=600, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.lognormal(0.0, 1.2, num_groups)
+    sizes = np.maximum(1, np.floor(w / w.sum() * num_data)).astype(int)
+    sizes[np.argmax(sizes)] += num_data - sizes.sum()
+    g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
+    a = 1.0 + 0.3 * rng.normal(size=num_groups)
+    y = (a[g] + 0.8 * rng.normal(size=num_data)).astype(np.float32)
+    return jnp.asarray(g), jnp.asarray(y)
+
+
+def centred(g, y=None, subsample_size=100, num_groups=20):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma_a = numpyro.sample("sigma_a", dist.Uniform(0.0, 100.0))
+    sigma_y = numpyro.sample("sigma_y", dist.Uniform(0.0, 100.0))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]], sigma_y), obs=y[idx])
+
+
+def _halfnormal(g, y=None, subsample_size=100, num_groups=20):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1.0))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]], sigma_y), obs=y[idx])
+
+
+noncentred = numpyro.handlers.reparam(_halfnormal, config={"a": LocScaleReparam(0)})
+
+
+def _potential(model, g, y):
+    kernel = SGLD(model, progress_bar=False)
+    data = ModelData.from_args((g, y), {})
+    return kernel, kernel.potential_for(data), data
+
+
+def _adapted(model, g, y, start=None):
+    kernel, pot, data = _potential(model, g, y)
+    if start is None:
+        start = fit_laplace(pot, data, jax.random.PRNGKey(1), store_datum_grads=False)
+    windows = warmup.pilot_schedule(pot.num_data, pot.plate.subsample_size)
+    proxy = warmup.adapt_proxy(
+        start, pot, data, jax.random.PRNGKey(2), dynamics=sgld_dynamics(),
+        rule=lambda v, mu: kernel._default_step_size(v, False, mu), windows=windows,
+        chunk_size=256)
+    return kernel, pot, data, start, proxy
+
+
+def test_degenerate_joint_mode_is_refused_by_laplace_but_runs_by_default():
+    g, y = grouped_data()
+    _, pot, data = _potential(centred, g, y)
+    with pytest.raises(LaplaceFitError, match="sigma_a"):
+        fit_laplace(pot, data, jax.random.PRNGKey(0), store_datum_grads=False)
+    kernel = SGLD(centred, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pre = kernel.preprocess((g, y))
+    info = pre.proxy.info
+    start_info = info["start_info"] if pre.proxy.kind == "adapted" else info
+    assert start_info["fallback_from"][0].startswith("laplace:")
+    assert len(info["windows"]) >= 2
+    sd = np.sqrt(np.diag(np.asarray(pre.proxy.cov)))
+    assert np.all(np.isfinite(sd)) and np.all(sd > 0)
+    # the adapted centre is inside the bulk, not at the collapsed scale (log sigma_a ≈ -13)
+    sigma_a = pot.constrain(pot.unravel(pre.proxy.centre), data)["sigma_a"]
+    assert 0.05 < float(sigma_a) < 1.5
+
+
+def test_safe_start_adapts_without_any_fit():
+    g, y = grouped_data(seed=1)
+    kernel, pot, data = _potential(noncentred, g, y)
+    start = warmup.safe_start(pot, data, chunk_size=256, reason="test")
+    assert start.kind == "start"
+    _, _, _, _, proxy = _adapted(noncentred, g, y, start=start)
+    assert proxy.kind == "adapted" and len(proxy.info["windows"]) >= 1
+    assert np.all(np.isfinite(np.asarray(proxy.cov)))
+
+
+def test_recentred_control_variate_is_unbiased():
+    g, y = grouped_data(seed=2)
+    _, pot, data, _, proxy = _adapted(noncentred, g, y)
+    est = configure_estimator("cv", pot, data, proxy)
+    theta = proxy.centre + 0.5 * (proxy.scale_tril @ jnp.ones(pot.dim))
+    exact = -np.asarray(value_grad_hessian(pot, theta, data, hessian=False)[1])
+
+    def draw(key):
+        return est.estimate(est.params, key, theta, data)[0]
+
+    keys = jax.random.split(jax.random.PRNGKey(3), 4000)
+    draws = np.asarray(jax.vmap(draw)(keys), np.float64)
+    se = draws.std(0) / np.sqrt(draws.shape[0]) + 1e-6 * np.abs(exact)
+    assert np.all(np.abs(draws.mean(0) - exact) < 5 * se)
+
+
+def test_adapted_noise_at_most_the_initial_on_a_poor_mode():
+    """Non-centred hierarchical model: the joint mode is far from the bulk, so control
+    variates centred there are noisier over the posterior than those of the adapted proxy."""
+    g, y = grouped_data(num_groups=30, num_data=1500, seed=4)
+    _, pot, data, start, proxy = _adapted(noncentred, g, y)
+    assert proxy.kind == "adapted"
+    key = jax.random.PRNGKey(5)
+    noise = {}
+    for name, centre_proxy in (("mode", start), ("adapted", proxy)):
+        est = configure_estimator("cv", pot, data, centre_proxy)
+        # the same points (draws of the adapted proxy) and whitening for both
+        noise[name] = whitened_noise(est, proxy.centre, proxy.scale_tril, key, data,
+                                     num_points=9, chunk_size=256).largest
+    assert noise["adapted"] <= noise["mode"]
+
+
+def test_well_fitted_proxy_is_kept_and_costs_few_passes():
+    """Laplace on a near-Gaussian posterior agrees with the pilot within its Monte Carlo
+    error: no window moves it and the pilot stops after two windows."""
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.normal(size=(20_000, 3)).astype(np.float32))
+    y = jnp.asarray((X @ np.array([0.5, -0.2, 0.1]) + rng.normal(size=20_000))
+                    .astype(np.float32))
+
+    def linreg(X, y=None, subsample_size=500):
+        beta = numpyro.sample("beta", dist.Normal(0, 10).expand([3]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ beta, 1.0), obs=y[idx])
+
+    kernel = SGLD(linreg, progress_bar=False)
+    pre = kernel.preprocess((X, y))
+    windows = pre.proxy.info.get("windows")
+    assert windows is not None and len(windows) == 2
+    assert not any(w.moved or w.rescaled for w in windows)
+    laplace = SGLD(linreg, progress_bar=False, adapt_proxy=False).preprocess((X, y))
+    assert pre.data_passes - laplace.data_passes <= 15
+
+
+def test_adapt_proxy_true_is_refused_where_it_cannot_apply():
+    g, y = grouped_data()
+    with pytest.raises(ValueError, match="adapt_proxy=True"):
+        SGLD(centred, adapt_proxy=True, preconditioning=False, step_size=1e-3,
+             progress_bar=False).preprocess((g, y))
