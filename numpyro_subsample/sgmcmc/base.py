@@ -51,6 +51,7 @@ from numpyro_subsample.sgmcmc.chain import (
     chain_programs,
     initial_draws,
 )
+from numpyro_subsample.sgmcmc.curvature import measured_curvature
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_time_step
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
@@ -100,6 +101,12 @@ class SGMCMCKernel(SubsampleKernel):
         :func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`, no noise is measured
         and the noise correction is off. None (default): on with a structured proxy, and with
         ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy).
+    adapt_proxy
+        Re-estimate the proxy's centre and covariance from pilot chains in windows of growing
+        length before sampling (Stan's windowed warm-up; :mod:`~numpyro_subsample.sgmcmc.warmup`,
+        ``docs/adapted_proxy.md``), starting from the variational fit where the Laplace
+        Hessian is not positive definite, and measure the step rule's curvature over the
+        pilot's draws. None (default): on for a dense proxy that the kernel fits.
     max_variance_inflation
         δ of the default step-size rule (default 0.05).
     noise_correction
@@ -304,49 +311,40 @@ class SGMCMCKernel(SubsampleKernel):
     def _is_structured(self, dim: int) -> bool:
         return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
 
-    def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
-        """The proxy (fitted with ``key`` unless given) and the coordinates the chain moves in
-        (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
-        request = prep.ProxyRequest(self._proxy_spec, self.proxy_kwargs, self.chunk_size,
-                               self.store_datum_grads, self.progress_bar, self._needs_proxy())
-        proxy = prep.fit_proxy(request, self._proxy_choice(potential.dim), potential, data, key)
-        return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
-                         structured=self._is_structured(potential.dim))
-
     def _adapts_proxy(self, potential: Potential) -> bool:
         """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
         given, else for a dense proxy that this kernel fits and whitens with."""
-        eligible = (type(self)._preprocess is SGMCMCKernel._preprocess
-                    and not potential.local and self.preconditioning
-                    and isinstance(self._proxy_spec, str)
+        eligible = (type(self)._preprocess is SGMCMCKernel._preprocess and self.preconditioning
+                    and not potential.local and isinstance(self._proxy_spec, str)
                     and not self._is_structured(potential.dim) and not self._adapts(potential))
         if self.adapt_proxy and not eligible:
             raise ValueError(
-                f"{type(self).__name__}(adapt_proxy=True) needs preconditioning=True, a dense "
-                "proxy fitted by the kernel (proxy='laplace' or 'variational', at most "
-                "MAX_DENSE_DIM parameters), no adapted diagonal preconditioner and no local "
-                "latent sites; leave adapt_proxy out."
-            )
+                f"{type(self).__name__}(adapt_proxy=True) needs preconditioning, a dense proxy "
+                "that the kernel fits (proxy='laplace' or 'variational', d <= MAX_DENSE_DIM), "
+                "no adapted preconditioner and no local latent sites; leave adapt_proxy out.")
         return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
 
-    def _adapted_whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
-        """The proxy adapted by pilot chains from the kernel's fit (or its fallback), and the
-        coordinates it whitens (:func:`~numpyro_subsample.sgmcmc.warmup.adapt_proxy`)."""
-        def fit(kind: str) -> Proxy:
-            request = prep.ProxyRequest(kind, self.proxy_kwargs if kind == self._proxy_spec
-                                        else {}, self.chunk_size, False, self.progress_bar,
-                                        True)
-            return prep.fit_proxy(request, kind, potential, data, key)
+    def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
+        """The proxy (fitted with ``key`` unless given, then adapted on pilot chains where
+        :meth:`_adapts_proxy`) and the coordinates the chain moves in
+        (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
+        adapts = self._adapts_proxy(potential)
 
-        start = warmup.start_proxy(fit, self._proxy_spec, potential, data,
-                                   chunk_size=self.chunk_size)
-        windows = warmup.pilot_schedule(potential.num_data, potential.plate.subsample_size)
-        proxy = warmup.adapt_proxy(
-            start, potential, data, key, dynamics=self._dynamics(False),
-            rule=lambda v, mu: self._default_step_size(v, False, mu), windows=windows,
+        def fit(kind: str) -> Proxy:
+            given = kind == self._proxy_spec
+            request = prep.ProxyRequest(kind, self.proxy_kwargs if given else {},
+                                        self.chunk_size, self.store_datum_grads and not adapts,
+                                        self.progress_bar, self._needs_proxy())
+            choice = self._proxy_choice(potential.dim) if given else kind
+            return prep.fit_proxy(request, choice, potential, data, key)
+
+        proxy = warmup.pilot_proxy(
+            fit, self._proxy_spec, potential, data, key, dynamics=self._dynamics(False),
+            rule=lambda v, mu: self._default_step_size(v, False, mu),
             chunk_size=self.chunk_size, replace=self.replace,
-        )
-        return prep.whitening(proxy, potential, preconditioning=True, structured=False)
+        ) if adapts else fit(self._proxy_spec)
+        return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
+                              structured=self._is_structured(potential.dim))
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
@@ -362,10 +360,7 @@ class SGMCMCKernel(SubsampleKernel):
             noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
         )
         corrected = self._noise_correction and not structured
-        if self._adapts_proxy(potential):
-            wh = self._adapted_whitening(potential, data, k_proxy)
-        else:
-            wh = self._whitening(potential, data, k_proxy)
+        wh = self._whitening(potential, data, k_proxy)
         estimator = configure_estimator(
             self.estimator_name, potential, data, wh.proxy, replace=self.replace,
             rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
@@ -376,8 +371,8 @@ class SGMCMCKernel(SubsampleKernel):
             return prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
         curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
         if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
-            curvature, passes = warmup.measured_curvature(wh.proxy, potential, data,
-                                                          chunk_size=self.chunk_size)
+            curvature, passes = measured_curvature(wh.proxy, potential, data,
+                                                   chunk_size=self.chunk_size)
             wh = wh._replace(data_passes=wh.data_passes + passes)
         return measured_preprocessed(
             potential, wh, estimator, k_noise, data, corrected=corrected,

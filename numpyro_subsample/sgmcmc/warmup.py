@@ -66,10 +66,10 @@ __all__ = [
     "ProxyAdaptationWarning",
     "THIN",
     "adapt_proxy",
-    "measured_curvature",
     "pilot_schedule",
     "proxy_at",
     "safe_start",
+    "pilot_proxy",
     "start_proxy",
 ]
 
@@ -380,39 +380,13 @@ def adapt_proxy(
                           seconds=time.perf_counter() - t0 + start.seconds)
 
 
-@partial(jax.jit, static_argnames=("potential",))
-def _prior_hessians(potential: Potential, points: jax.Array, data: ModelData) -> jax.Array:
-    return jax.lax.map(jax.hessian(lambda t: potential.prior(t, data)), points)
 
-
-@partial(jax.jit, static_argnames=("potential", "chunk_size"))
-def _hessian(potential: Potential, theta: jax.Array, data: ModelData, chunk_size: int):
-    sums = full_data_sums(potential, theta, data, chunk_size, hessian=True)
-    return sums.hessian, jax.hessian(lambda t: potential.prior(t, data))(theta)
-
-
-def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
-                       chunk_size: int) -> tuple[float, float]:
-    """μ of the step-size rule for an adapted proxy, and the data passes it cost (one).
-
-    The rules of :mod:`~numpyro_subsample.sgmcmc.stepsize` bound the variance inflation of a
-    Gaussian coordinate of whitened curvature μ; a whitening by the posterior covariance
-    makes the mean curvature about 1, but a hierarchical scale makes it vary over the
-    posterior (the prior curvature of a group effect is 1/σ², large where σ is small). μ is
-    the largest eigenvalue of Lᵀ(∇²f_data(θ̂) + ∇²f_0(θ_k))L over the pilot's last draws θ_k
-    (``proxy.info["draws"]``): the data's Hessian at the centre (one data pass) and the
-    prior's, which carries the hierarchical variation, at each draw; at least 1."""
-    draws = (proxy.info or {}).get("draws")
-    if draws is None or len(draws) == 0:
-        return 1.0, 0.0
-    dtype = proxy.centre.dtype
-    total, h0_centre = _hessian(potential, proxy.centre, data, chunk_size)
-    h_data = np.asarray(total, np.float64) - np.asarray(h0_centre, np.float64)
-    h0 = np.asarray(_prior_hessians(potential, device_array(np.asarray(draws, dtype)), data),
-                    np.float64)
-    L = np.asarray(proxy.scale_tril, np.float64)
-    mu = 1.0
-    for hk in h0:
-        m = L.T @ (h_data + hk) @ L
-        mu = max(mu, float(np.linalg.eigvalsh(0.5 * (m + m.T))[-1]))
-    return mu, 1.0
+def pilot_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential, data: ModelData,
+                rng_key: jax.Array, *, dynamics: Dynamics, rule: Callable[[float, float], float],
+                chunk_size: int, replace: bool = True) -> Proxy:
+    """The kernel's adapted proxy: :func:`start_proxy` of ``fit`` and ``spec``, then
+    :func:`adapt_proxy` over :func:`pilot_schedule`'s windows."""
+    start = start_proxy(fit, spec, potential, data, chunk_size=chunk_size)
+    windows = pilot_schedule(potential.num_data, potential.plate.subsample_size)
+    return adapt_proxy(start, potential, data, rng_key, dynamics=dynamics, rule=rule,
+                       windows=windows, chunk_size=chunk_size, replace=replace)
