@@ -272,9 +272,9 @@ def to_arviz(
     ``az.summary(idata)`` gives the same per coordinate. The run checks of
     :func:`~numpyro_subsample.post.checks.check_run` (min bulk/tail ESS, split R-hat,
     divergences and stopped chains, the largest MCSE of a mean in sd units, and the
-    step-halving shift when it was run) are in the ``sample_stats`` attributes; with ``check=True`` (default) a run that fails
-    them warns, unless the run came from :class:`~numpyro_subsample.post.mcmc.MCMC`, which
-    has warned already.
+    step-halving shift when it was run) are in the ``sample_stats`` attributes; with
+    ``check=True`` (default) a run that fails them warns, unless the run came from
+    :class:`~numpyro_subsample.post.mcmc.MCMC`, which has warned already.
 
     The ``log_likelihood`` group is a float array of chains × draws × N per observed site (the
     output itself, 4·S·N bytes in float32). It is computed a chunk of draws at a time into that

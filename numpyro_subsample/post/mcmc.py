@@ -45,9 +45,9 @@ def _print_table(table: dict[str, OrderedDict]) -> None:
     width = max(max(len(r[0]) for r in rows), 10)
     columns = list(next(iter(table.values())).keys())
     print()
-    print(("{:>%d}" % width).format("") + "".join(f" {c:>9}" for c in columns))
+    print(" " * width + "".join(f" {c:>9}" for c in columns))
     for label, values in rows:
-        print(("{:>%d}" % width).format(label) + "".join(f" {v:>9.2f}" for v in values))
+        print(label.rjust(width) + "".join(f" {v:>9.2f}" for v in values))
     print()
 
 

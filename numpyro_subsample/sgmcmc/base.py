@@ -11,6 +11,7 @@ noise, step size) with the functions of :mod:`numpyro_subsample.sgmcmc.preproces
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -150,6 +151,18 @@ class SGMCMCKernel(SubsampleKernel):
     sample_field = "z"
     _dynamics_name = "sgld"
 
+    @classmethod
+    def _keyword_params(cls) -> tuple[str, ...]:
+        """The keyword arguments of this kernel class and of its bases up to SGMCMCKernel."""
+        names: list[str] = []
+        for c in cls.__mro__[:cls.__mro__.index(SGMCMCKernel) + 1]:
+            init = c.__dict__.get("__init__")
+            if init is not None:
+                names += [p.name for p in inspect.signature(init).parameters.values()
+                          if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                          and p.name not in ("self", "model")]
+        return tuple(dict.fromkeys(names))
+
     def __init__(
         self,
         model: Callable,
@@ -194,6 +207,7 @@ class SGMCMCKernel(SubsampleKernel):
             supports_structured=self._supports_structured(),
             adapt_preconditioner=adapt_preconditioner,
             supports_adaptation=self._supports_adaptation(),
+            kernel_params=self._keyword_params(),
         )
         self._noise_correction_given = noise_correction
         if noise_correction is None:
