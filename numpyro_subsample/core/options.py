@@ -52,7 +52,8 @@ _CHUNK = _positive_int("the number of data per vmapped evaluation in full-data p
 _SEED = Option("int", "the seed of the preprocessing (proxy fit, estimator, noise measurement)",
                remedy="Pass an integer, e.g. seed=0.")
 _PROGRESS = Option("bool", "whether the preprocessing shows progress bars", none=True,
-                   remedy="Pass True, False or None (on, except under CI).")
+                   remedy="Pass True, False or None (follow the package's MCMC; else on, "
+                   "except under CI).")
 _PROXY = Option("str", "the posterior proxy N(θ̂, Σ̂)", choices=("laplace", "variational"),
                 must="'laplace', 'variational' or a Proxy",
                 remedy="Pass proxy='laplace' (the default), 'variational' or a fitted Proxy.")

@@ -12,6 +12,7 @@ import numpy as np
 from numpyro.diagnostics import summary
 from numpyro.infer import MCMC as NumPyroMCMC
 
+from numpyro_subsample.core.adapter import run_progress
 from numpyro_subsample.post.checks import RunCheck, check_run
 
 __all__ = ["MCMC", "summary_with_mcse"]
@@ -54,11 +55,14 @@ def _print_table(table: dict[str, OrderedDict]) -> None:
 class MCMC(NumPyroMCMC):
     """NumPyro's ``MCMC`` (same arguments) that runs :func:`check_run` after ``run``.
 
-    NumPyro's ``MCMC.run`` gives its kernel no hook after the last draw, so the checks live
-    here: after each ``run`` the bulk/tail ESS, split R-hat (two or more chains), stopped
-    chains and, with ``check_bias=True``, the step-halving check are computed and a single
-    :class:`~numpyro_subsample.post.checks.RunDiagnosticsWarning` names the worst sites when a
-    check fails. The figures are in :attr:`run_check` (and, through
+    NumPyro's ``MCMC.run`` gives its kernel no hook after the last draw, and does not tell it
+    its ``progress_bar``; this class does both. A package kernel built with
+    ``progress_bar=None`` (default) shows its preprocessing bars (proxy fit) if and only if this
+    ``MCMC``'s ``progress_bar`` is on. After each ``run`` the bulk/tail ESS, split R-hat (two
+    or more chains), stopped chains and, with ``check_bias=True``, the step-halving check are
+    computed and a single :class:`~numpyro_subsample.post.checks.RunDiagnosticsWarning` names
+    the worst sites when a check fails. :meth:`print_summary` adds the Monte Carlo standard
+    error of each mean. The figures are in :attr:`run_check` (and, through
     :func:`~numpyro_subsample.post.arviz.to_arviz`, in the ArviZ ``sample_stats`` attributes).
 
     Parameters
@@ -117,8 +121,9 @@ class MCMC(NumPyroMCMC):
             self.check = check
 
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs) -> None:
-        super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
-                    **kwargs)
+        with run_progress(self.progress_bar):  # the kernel's proxy bars follow this MCMC's
+            super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
+                        **kwargs)
         self.run_check = None
         if self.check:
             self.run_check = check_run(

@@ -23,8 +23,8 @@ from numpyro.util import is_prng_key
 from numpyro_subsample.core.adapter import (
     SubsampleKernel,
     concrete_under_pmap,
-    default_progress,
     preprocess_keys,
+    resolve_progress,
 )
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
@@ -128,7 +128,9 @@ class SGMCMCKernel(SubsampleKernel):
         Seed of the preprocessing (proxy fit, noise measurement), done once per data set and
         shared by all chains and runs.
     progress_bar
-        Progress bars for preprocessing (default: on, off under CI).
+        Progress bars of the preprocessing (proxy fit). Default None: those of the
+        package's ``MCMC`` running the kernel follow its ``progress_bar``; otherwise on, off
+        under CI.
     zv_stream, zv_degree, zv_covariates, zv_fn
         Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
         post-warmup draws in the sampling loop, with polynomial degree 1 or 2, for the
@@ -227,7 +229,7 @@ class SGMCMCKernel(SubsampleKernel):
         self.store_datum_grads = bool(store_datum_grads)
         self._noise_correction = bool(noise_correction) and self.preconditioning
         self.init_strategy = init_strategy
-        self.progress_bar = default_progress() if progress_bar is None else progress_bar
+        self.progress_bar = progress_bar
         self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
         self.zv_covariates = zv_covariates
         self.local = LocalConfig(steps=int(local_steps), update=local_update)
@@ -320,7 +322,8 @@ class SGMCMCKernel(SubsampleKernel):
         """The proxy (fitted with ``key`` unless given) and the coordinates the chain moves in
         (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
         request = prep.ProxyRequest(self._proxy_spec, self.proxy_kwargs, self.chunk_size,
-                               self.store_datum_grads, self.progress_bar, self._needs_proxy())
+                               self.store_datum_grads, resolve_progress(self.progress_bar),
+                               self._needs_proxy())
         proxy = prep.fit_proxy(request, self._proxy_choice(potential.dim), potential, data, key)
         return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
                          structured=self._is_structured(potential.dim))
