@@ -16,7 +16,15 @@ from numpyro.infer import MCMC
 import numpyro_subsample.ecs.kernel as ecs_kernel
 import numpyro_subsample.proxies.laplace as laplace
 import numpyro_subsample.sgmcmc.preprocess as sg_kernel
-from numpyro_subsample import SGHMC, SGLD, SGNHT, EnergyConservingHMC, ModelData, build_potential
+from numpyro_subsample import (
+    SGHMC,
+    SGLD,
+    SGNHT,
+    SGRLD,
+    EnergyConservingHMC,
+    ModelData,
+    build_potential,
+)
 from numpyro_subsample.core.options import OPTIONS
 from numpyro_subsample.ecs.difference import SELECTIONS
 from numpyro_subsample.ecs.likelihood_proxies import LIKELIHOOD_PROXIES
@@ -176,15 +184,19 @@ def test_bad_kernel_options_raise_at_construction(cls, name, value, exc):
         cls(logistic_model, **{name: value})
 
 
-@pytest.mark.parametrize("cls, given, meant", [
-    (SGLD, "stepsize", "step_size"), (SGHMC, "frictoin", "friction"),
-    (SGLD, "max_variance_inflaton", "max_variance_inflation"),
-    (DistributedSGLD, "num_shard", "num_shards"), (SGNHT, "chunksize", "chunk_size"),
+@pytest.mark.parametrize("cls, given, meant, exc", [
+    (SGLD, "stepsize", "step_size", ValueError), (SGHMC, "frictoin", "friction", ValueError),
+    (SGLD, "max_variance_inflaton", "max_variance_inflation", ValueError),
+    (DistributedSGLD, "num_shard", "num_shards", ValueError),
+    (SGNHT, "chunksize", "chunk_size", ValueError),
+    (SGRLD, "stepsize", "step_size", TypeError),
+    (EnergyConservingHMC, "num_block", "num_blocks", TypeError),
 ])
-def test_misspelt_kernel_option_suggests_the_kernel_argument(cls, given, meant):
+def test_misspelt_kernel_option_suggests_the_kernel_argument(cls, given, meant, exc):
     """A misspelt keyword of the kernel is not reported as an estimator option with "valid
-    options: none" alone: the message offers the kernel's argument."""
-    with _raises(ValueError, f"{given!r}: did you mean {meant}?", cls.__name__, meant):
+    options: none" alone (SG kernels pass unknown keywords to the estimator) nor as a bare
+    "unexpected keyword argument" (closed signatures): the message offers the argument."""
+    with _raises(exc, f"{given!r}: did you mean {meant}?", cls.__name__, meant):
         cls(logistic_model, **{given: 0.1})
 
 

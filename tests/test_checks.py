@@ -40,7 +40,7 @@ def test_correct_run_is_silent(logistic):
     assert idata.sample_stats.attrs["max_mcse_sd"] == pytest.approx(rc.max_mcse_sd)
 
 
-def test_summary_and_arviz_carry_mcse(logistic, capsys):
+def test_summary_and_arviz_carry_mcse(logistic, capsys, tmp_path):
     """print_summary has a mcse_mean column; to_arviz's posterior variables carry mcse_mean and
     mcse_sd, equal to what az.summary(idata) reports per coordinate."""
     import arviz as az
@@ -67,6 +67,9 @@ def test_summary_and_arviz_carry_mcse(logistic, capsys):
     np.testing.assert_allclose(attrs["mcse_mean"], expected, rtol=1e-6)
     np.testing.assert_allclose(attrs["mcse_mean"], table["mcse_mean"].values, atol=0.0015)
     np.testing.assert_allclose(attrs["mcse_sd"], table["mcse_sd"].values, atol=0.0015)
+    idata.to_netcdf(tmp_path / "run.nc")  # the attributes are netCDF attributes (≤ 1-D)
+    back = az.from_netcdf(tmp_path / "run.nc")
+    np.testing.assert_allclose(back.posterior["beta"].attrs["mcse_mean"], attrs["mcse_mean"])
 
 
 class _Chains:

@@ -23,7 +23,7 @@ import numpy as np
 
 from numpyro_subsample.core.adapter import SubsampleKernel, preprocess_keys, resolve_progress
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.options import check_options
+from numpyro_subsample.core.options import check_options, suggest_keywords
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.ecs import likelihood_proxies as lik
@@ -160,6 +160,7 @@ max_tree_depth, trajectory_length, num_steps
 
     sample_field = "z"
 
+    @suggest_keywords
     def __init__(
         self,
         model: Callable,

@@ -14,7 +14,6 @@ carry a per-chain state (:data:`STATEFUL`).
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -24,7 +23,7 @@ import jax
 import numpy as np
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.options import OPTIONS, check_options
+from numpyro_subsample.core.options import OPTIONS, check_options, did_you_mean
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.adaptive import (
     ADAPTIVE_NAMES,
@@ -124,17 +123,6 @@ def _typecheck(owner: str, values: dict) -> None:
         check_options(owner, **declared)
 
 
-def _suggestions(unknown: Sequence[str], candidates: Sequence[str]) -> str:
-    """"did you mean ...?" for each unknown name with a close match (difflib) among
-    ``candidates``, or ""."""
-    hints = []
-    for u in unknown:
-        close = difflib.get_close_matches(u, list(dict.fromkeys(candidates)), n=2, cutoff=0.7)
-        if close:
-            hints.append(f"{u!r}: did you mean {' or '.join(close)}?")
-    return " ".join(hints)
-
-
 def _check_options(name: str, options: dict, adaptive: bool,
                    kernel: tuple[str, Sequence[str]] | None = None) -> dict:
     """Split ``options`` into the builder's and the adaptive wrapper's; raise on unknown ones
@@ -150,7 +138,7 @@ def _check_options(name: str, options: dict, adaptive: bool,
         hint = "" if adaptive or name not in ADAPTIVE_NAMES else (
             "; with adaptive=True also " + ", ".join(AdaptiveOptions._fields))
         label, params = kernel if kernel is not None else ("", ())
-        guess = _suggestions(unknown, [*params, *valid, *extra, *AdaptiveOptions._fields,
+        guess = did_you_mean(unknown, [*params, *valid, *extra, *AdaptiveOptions._fields,
                                         "subsample_size", "adaptive"])
         owner = f"{label} (estimator {name!r})" if label else f"estimator {name!r}"
         kernel_args = f"{label}'s keyword arguments: {', '.join(params)}; " if label else ""
