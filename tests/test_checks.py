@@ -109,6 +109,8 @@ def test_ess_threshold_is_per_chain():
         rc = check_run(slow)
     assert 100 < rc.min_ess_bulk < 400 and rc.ess_threshold == 400
     assert "a posterior mean may be off by" in rc.messages[0]
+    factor = int(np.ceil(400 / min(rc.min_ess_bulk, rc.min_ess_tail)))
+    assert f"run about {factor}× more steps" in rc.messages[0]
     assert rc.max_mcse_sd == pytest.approx(1 / np.sqrt(rc.min_ess_bulk), rel=0.3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -12,6 +12,7 @@ bias of a stochastic-gradient chain.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, NamedTuple
 
@@ -170,10 +171,12 @@ def _failures(mcmc) -> list[str]:
     return lines
 
 
-def _mixing_remedy(mcmc) -> str:
-    """What to try when a run has not mixed, for the kernel at hand."""
+def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
+    """What to try when a run has not mixed, for the kernel at hand; ``factor``: the ratio of
+    the ESS needed to the ESS reached (the ESS grows about linearly with the steps)."""
     kernel = mcmc.sampler
-    tips = ["run more steps"]
+    tips = [f"run about {math.ceil(factor)}× more steps" if 1 < factor < 1e3
+            else "run more steps"]
     if type(kernel).__name__ == "SGLD":
         tips.append("use SGHMC")
     try:
@@ -278,7 +281,8 @@ def check_run(
         messages.append(
             f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
             f"< {threshold:g}{per_chain} at {', '.join(names[k] for k in order)}{step}"
-            f"{mcse_note}: the chain has not mixed; {_mixing_remedy(mcmc)}"
+            f"{mcse_note}: the chain has not mixed; "
+            f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
         )
     if np.nanmax(excess, initial=-np.inf) > 0:
         order = np.argsort(-np.nan_to_num(excess, nan=-np.inf))[:3]
