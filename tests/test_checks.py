@@ -58,7 +58,7 @@ def test_summary_and_arviz_carry_mcse(logistic, capsys, tmp_path):
     rows = {line.split()[0]: line.split()[1:] for line in out if line.strip().startswith("beta[")}
     assert len(rows) == 4
     for k in range(4):
-        assert float(rows[f"beta[{k}]"][2]) == pytest.approx(expected[k], abs=0.006)
+        assert float(rows[f"beta[{k}]"][2]) == pytest.approx(expected[k], rel=0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         idata = to_arviz(mcmc, check=False)

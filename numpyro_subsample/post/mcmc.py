@@ -33,6 +33,9 @@ def summary_with_mcse(samples: dict, prob: float = 0.9) -> dict[str, OrderedDict
     return table
 
 
+_MCSE_FORMAT = " {:>9.2g}"  # two significant digits: an MCSE is often below 0.01
+
+
 def _print_table(table: dict[str, OrderedDict]) -> None:
     """The rows of :func:`summary_with_mcse`, in the layout of NumPyro's ``print_summary``."""
     if not table:
@@ -47,8 +50,10 @@ def _print_table(table: dict[str, OrderedDict]) -> None:
     columns = list(next(iter(table.values())).keys())
     print()
     print(" " * width + "".join(f" {c:>9}" for c in columns))
+    formats = [_MCSE_FORMAT if c == "mcse_mean" else " {:>9.2f}" for c in columns]
     for label, values in rows:
-        print(label.rjust(width) + "".join(f" {v:>9.2f}" for v in values))
+        print(label.rjust(width) + "".join(f.format(v) for f, v in zip(formats, values,
+                                                                       strict=True)))
     print()
 
 
