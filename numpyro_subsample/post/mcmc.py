@@ -7,6 +7,7 @@ from itertools import product
 from operator import attrgetter
 from typing import Any
 
+import arviz as az
 import jax
 import numpy as np
 from numpyro.diagnostics import summary
@@ -21,8 +22,6 @@ __all__ = ["MCMC", "summary_with_mcse"]
 def summary_with_mcse(samples: dict, prob: float = 0.9) -> dict[str, OrderedDict]:
     """``numpyro.diagnostics.summary`` of draws (chains, draws, ...) per site, with the Monte
     Carlo standard error of each mean (ArviZ ``mcse``, Vehtari et al. 2021) after ``std``."""
-    import arviz as az
-
     table = summary(samples, prob, group_by_chain=True)
     for name, stats in table.items():
         x = np.asarray(jax.device_get(samples[name]), np.float64)
