@@ -16,7 +16,15 @@ from numpyro.infer import MCMC
 import numpyro_subsample.ecs.kernel as ecs_kernel
 import numpyro_subsample.proxies.laplace as laplace
 import numpyro_subsample.sgmcmc.preprocess as sg_kernel
-from numpyro_subsample import SGHMC, SGLD, SGNHT, EnergyConservingHMC, ModelData, build_potential
+from numpyro_subsample import (
+    SGHMC,
+    SGLD,
+    SGNHT,
+    SGRLD,
+    EnergyConservingHMC,
+    ModelData,
+    build_potential,
+)
 from numpyro_subsample.core.options import OPTIONS
 from numpyro_subsample.ecs.difference import SELECTIONS
 from numpyro_subsample.ecs.likelihood_proxies import LIKELIHOOD_PROXIES
@@ -174,6 +182,43 @@ _BAD_OPTIONS = [
 def test_bad_kernel_options_raise_at_construction(cls, name, value, exc):
     with _raises(exc, name, repr(value)):
         cls(logistic_model, **{name: value})
+
+
+@pytest.mark.parametrize("cls, given, meant, exc", [
+    (SGLD, "stepsize", "step_size", ValueError), (SGHMC, "frictoin", "friction", ValueError),
+    (SGLD, "max_variance_inflaton", "max_variance_inflation", ValueError),
+    (DistributedSGLD, "num_shard", "num_shards", ValueError),
+    (SGNHT, "chunksize", "chunk_size", ValueError),
+    (SGRLD, "stepsize", "step_size", TypeError),
+    (EnergyConservingHMC, "num_block", "num_blocks", TypeError),
+])
+def test_misspelt_kernel_option_suggests_the_kernel_argument(cls, given, meant, exc):
+    """A misspelt keyword of the kernel is not reported as an estimator option with "valid
+    options: none" alone (SG kernels pass unknown keywords to the estimator) nor as a bare
+    "unexpected keyword argument" (closed signatures): the message offers the argument."""
+    with _raises(exc, f"{given!r}: did you mean {meant}?", cls.__name__, meant):
+        cls(logistic_model, **{given: 0.1})
+
+
+def test_misspelt_estimator_option_suggests_the_estimator_option():
+    with _raises(ValueError, "'num_strat': did you mean num_strata?", "kmeans_iters"):
+        SGLD(logistic_model, estimator="stratified", num_strat=5)
+    with pytest.raises(ValueError, match="'bogus'") as err:  # no close match: no guess
+        SGLD(logistic_model, bogus=1)
+    assert "did you mean" not in str(err.value) and "step_size" in str(err.value)
+
+
+@pytest.mark.parametrize("cls", [SGLD, SGHMC, EnergyConservingHMC])
+def test_subsample_size_equal_to_n_runs_on_every_row(data, cls):
+    """n = N is allowed (the README's 1 ≤ n ≤ N): the plate is the data plate and each step
+    reads every row."""
+    X, y = data
+    mcmc = MCMC(cls(logistic_model, progress_bar=False), num_warmup=20, num_samples=30,
+                progress_bar=False)
+    mcmc.run(KEY, X, y, subsample_size=N)
+    assert mcmc.sampler.potential.plate.subsample_size == N
+    beta = np.asarray(mcmc.get_samples()["beta"])
+    assert beta.shape == (30, 3) and np.isfinite(beta).all() and np.ptp(beta, 0).min() > 0
 
 
 def test_ecs_subsample_size_and_blocks_are_checked_at_construction():

@@ -30,9 +30,121 @@ def test_correct_run_is_silent(logistic):
         mcmc.run(jax.random.PRNGKey(0), X, y)
         idata = to_arviz(mcmc)
     rc = mcmc.run_check
-    assert rc.ok and rc.min_ess_bulk > 100 and rc.max_rhat < 1.01, rc
-    assert rc.num_draws == 6000 and rc.divergences == 0
+    assert rc.ok and rc.min_ess_bulk > 200 and rc.max_rhat < 1.01, rc
+    assert rc.num_draws == 6000 and rc.num_chains == 2 and rc.divergences == 0
+    assert rc.ess_threshold == 200  # 100 per chain (Stan, ArviZ)
     assert idata.sample_stats.attrs["min_ess_bulk"] == pytest.approx(rc.min_ess_bulk)
+    assert idata.sample_stats.attrs["ess_threshold"] == 200
+    # the largest MCSE of a mean in sd units; ESS ≥ 200 bounds it by 1/sqrt(200)
+    assert 0 < rc.max_mcse_sd <= 1 / np.sqrt(rc.min_ess_bulk) * 1.05
+    assert idata.sample_stats.attrs["max_mcse_sd"] == pytest.approx(rc.max_mcse_sd)
+
+
+def test_summary_and_arviz_carry_mcse(logistic, capsys, tmp_path):
+    """print_summary has a mcse_mean column; to_arviz's posterior variables carry mcse_mean and
+    mcse_sd, equal to what az.summary(idata) reports per coordinate."""
+    import arviz as az
+
+    X, y = logistic
+    mcmc = MCMC(SGHMC(logistic_model, progress_bar=False), num_warmup=300, num_samples=1500,
+                num_chains=2, chain_method="vectorized", progress_bar=False, check=False)
+    mcmc.run(jax.random.PRNGKey(3), X, y)
+    beta = np.asarray(mcmc.get_samples(group_by_chain=True)["beta"], np.float64)
+    expected = np.asarray(az.mcse(az.convert_to_dataset({"b": beta}))["b"].values)
+    mcmc.print_summary()
+    out = capsys.readouterr().out.splitlines()
+    header = next(line.split() for line in out if "mcse_mean" in line)
+    assert header[:3] == ["mean", "std", "mcse_mean"] and header[-2:] == ["n_eff", "r_hat"]
+    rows = {line.split()[0]: line.split()[1:] for line in out if line.strip().startswith("beta[")}
+    assert len(rows) == 4
+    for k in range(4):
+        assert float(rows[f"beta[{k}]"][2]) == pytest.approx(expected[k], rel=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        idata = to_arviz(mcmc, check=False)
+        table = az.summary(idata, var_names=["beta"])
+    attrs = idata.posterior["beta"].attrs
+    np.testing.assert_allclose(attrs["mcse_mean"], expected, rtol=1e-6)
+    np.testing.assert_allclose(attrs["mcse_mean"], table["mcse_mean"].values, atol=0.0015)
+    np.testing.assert_allclose(attrs["mcse_sd"], table["mcse_sd"].values, atol=0.0015)
+    idata.to_netcdf(tmp_path / "run.nc")  # the attributes are netCDF attributes (≤ 1-D)
+    back = az.from_netcdf(tmp_path / "run.nc")
+    np.testing.assert_allclose(back.posterior["beta"].attrs["mcse_mean"], attrs["mcse_mean"])
+
+
+class _Chains:
+    """Draws (chains, draws, d) in the interface of ``MCMC`` that :func:`check_run` reads."""
+
+    last_state = None
+
+    def __init__(self, x):
+        from numpyro_subsample.compare.checks import DrawsRun
+
+        self.sampler = DrawsRun.sampler
+        self.x = x
+
+    def get_samples(self, group_by_chain=False):
+        return {"theta": self.x if group_by_chain else self.x.reshape(-1, self.x.shape[2])}
+
+    def get_extra_fields(self, group_by_chain=False):
+        return {}
+
+
+def _ar1(rho, chains=4, draws=500, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.zeros((chains, draws, d))
+    x[:, 0] = rng.normal(size=(chains, d))
+    for t in range(1, draws):
+        x[:, t] = rho * x[:, t - 1] + np.sqrt(1 - rho**2) * rng.normal(size=(chains, d))
+    return x
+
+
+def test_ess_threshold_is_per_chain():
+    """Four chains of an AR(1) whose ESS is about 500 (1 − ρ)/(1 + ρ) each: ρ = 0.8 gives ~55
+    per chain (~220 in total, which the old rule of 100 in total passed), and warns at 400;
+    ρ = 0.5 gives ~170 per chain and passes."""
+    slow = _Chains(_ar1(0.8))
+    with pytest.warns(RunDiagnosticsWarning,
+                      match=r"min ESS \d+ \(bulk\).* < 400 \(100 per chain × 4\) at theta\["):
+        rc = check_run(slow)
+    assert 100 < rc.min_ess_bulk < 400 and rc.ess_threshold == 400
+    assert "a posterior mean may be off by" in rc.messages[0]
+    factor = int(np.ceil(400 / min(rc.min_ess_bulk, rc.min_ess_tail)))
+    assert f"run about {factor}× more steps" in rc.messages[0]
+    assert rc.max_mcse_sd == pytest.approx(1 / np.sqrt(rc.min_ess_bulk), rel=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fast = check_run(_Chains(_ar1(0.5)))
+    assert fast.ok and fast.min_ess_bulk > 400, fast
+    assert fast.max_mcse_sd < 0.05
+    one = check_run(_Chains(_ar1(0.5)[:1]), warn=False)  # one chain: 100
+    assert one.ess_threshold == 100 and one.num_chains == 1
+
+
+@pytest.mark.parametrize("kernel,num_samples", [(SGHMC, 1500), (SGLD, 3000)])
+def test_means_within_three_mcse_of_the_exact_posterior(kernel, num_samples):
+    """Repeated runs at default settings (2 seeds × 8 independent 2-chain runs, 6 coefficients)
+    of Bayesian linear regression: the reported MCSE is honest, |mean − exact| ≤ 3 MCSE in at
+    least 97 % of the coordinates, and the standardised errors have an rms near 1 (an MCSE that
+    were too large would pass the first test vacuously)."""
+    from numpyro_subsample.post.mcmc import summary_with_mcse
+
+    X, y = linreg_data(N=5000, d=6, seed=1)
+    exact, _ = linreg_exact(X, y)
+    z = []
+    for seed in range(2):
+        mcmc = MCMC(kernel(linreg_model, progress_bar=False), num_warmup=500,
+                    num_samples=num_samples, num_chains=16, chain_method="vectorized",
+                    progress_bar=False, check=False)
+        mcmc.run(jax.random.PRNGKey(seed), X, y)
+        beta = np.asarray(mcmc.get_samples(group_by_chain=True)["beta"], np.float64)
+        for run in range(8):  # chains 2r, 2r + 1: one run of two chains
+            table = summary_with_mcse({"beta": beta[2 * run:2 * run + 2]})["beta"]
+            z.append((table["mean"] - exact) / table["mcse_mean"])
+    z = np.concatenate(z)
+    assert z.size == 96
+    assert np.mean(np.abs(z) <= 3) >= 0.97, np.sort(np.abs(z))[-5:]
+    assert 0.7 < np.sqrt(np.mean(z**2)) < 1.4, np.sqrt(np.mean(z**2))
 
 
 def test_frozen_chain_warns_with_site_and_step(logistic):
@@ -195,3 +307,39 @@ def test_rhat_threshold_is_not_crossed_by_chance_over_many_coordinates():
     over = np.nonzero(rhat > limit)[0]
     assert np.delete(rhat, 7).max() > 1.01  # the fixed rule would warn
     assert list(over) == [7], over
+
+
+def _gaussian_mean_model(y, subsample_size=100):
+    import numpyro
+    import numpyro.distributions as dist
+
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0).expand([y.shape[1]]).to_event(1))
+    with numpyro.plate("data", y.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1.0).to_event(1), obs=y[idx])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_name", ["SGNHT", "EnergyConservingHMC"])
+def test_gaussian_mean_within_three_mcse_over_seeds(kernel_name):
+    """The Gaussian mean (3 coordinates, N = 5000, exact posterior N(Σy/(N + 0.01),
+    1/(N + 0.01))) over 3 seeds × 8 two-chain runs: |mean − exact| ≤ 3 MCSE in ≥ 97 % of the
+    72 coordinates, rms of the standardised errors near 1."""
+    import numpyro_subsample as ns
+    from numpyro_subsample.post.mcmc import summary_with_mcse
+
+    rng = np.random.default_rng(5)
+    y = (rng.normal(size=(5000, 3)) + np.array([0.5, -1.0, 2.0])).astype(np.float32)
+    exact = y.astype(np.float64).sum(0) / (5000 + 0.01)
+    z = []
+    for seed in range(3):
+        mcmc = MCMC(getattr(ns, kernel_name)(_gaussian_mean_model, progress_bar=False),
+                    num_warmup=500, num_samples=1500, num_chains=16,
+                    chain_method="vectorized", progress_bar=False, check=False)
+        mcmc.run(jax.random.PRNGKey(10 + seed), y)
+        mu = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"], np.float64)
+        for run in range(8):
+            table = summary_with_mcse({"mu": mu[2 * run:2 * run + 2]})["mu"]
+            z.append((table["mean"] - exact) / table["mcse_mean"])
+    z = np.concatenate(z)
+    assert np.mean(np.abs(z) <= 3) >= 0.97, np.sort(np.abs(z))[-5:]
+    assert 0.7 < np.sqrt(np.mean(z**2)) < 1.4, np.sqrt(np.mean(z**2))

@@ -199,7 +199,7 @@ def test_run_checks_adapter_with_stub(monkeypatch):
 
     calls = []
 
-    def fake_check_run(mcmc, *, min_ess=100.0, max_rhat=1.01, warn=True):
+    def fake_check_run(mcmc, *, min_ess_per_chain=100.0, max_rhat=1.01, warn=True):
         calls.append((mcmc, warn))
         draws = mcmc.get_samples(group_by_chain=True)["beta"]
         div = int(np.sum(mcmc.get_extra_fields()["diverging"]))

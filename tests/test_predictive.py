@@ -150,3 +150,32 @@ def test_predictive_errors(run):
         predictive(mcmc, chunk_memory="12 parsecs")
     with pytest.raises(TypeError, match="numpyro_subsample kernel"):
         predictive(object(), {})
+
+
+def test_predictive_refuses_outputs_beyond_the_memory_budget(run):
+    """120 draws × 600 rows: p (float32) and y take 120·600·4 bytes each, 563 kB together;
+    a 100 kB budget refuses before computing, naming the sizes and the option; raising the
+    budget or keeping fewer sites passes."""
+    _, _, mcmc = run
+    with pytest.raises(ValueError, match=r"(?s)would return 563\.\d kB.*'p': 120 draws × 600 × "
+                                         r"float32 = 281\.\d kB.*max_memory=100\.0 kB.*"
+                                         r"max_memory='1\.1 MB'.*return_sites"):
+        predictive(mcmc, max_memory="100kB")
+    small = predictive(mcmc, return_sites=["p"], max_memory="300kB")
+    assert small["p"].shape == (120, N) and small["p"].nbytes == 120 * N * 4
+    full = predictive(mcmc, max_memory="1.1MB")
+    np.testing.assert_array_equal(full["p"], small["p"])
+    with pytest.raises(ValueError, match="max_memory='lots' is not a memory size"):
+        predictive(mcmc, max_memory="lots")
+
+
+def test_predictive_default_budget_refuses_a_4gb_output(run):
+    """The issue's case, scaled by the draws: 10^5 rows × 10^4 draws × float32 = 3.7 GB per
+    site is beyond the default 1 GB, refused at once (no computation)."""
+    _, _, mcmc = run
+    beta = np.zeros((10_000, 3), np.float32)
+    X = np.zeros((100_000, 3), np.float32)
+    with pytest.raises(ValueError, match=r"'p': 10000 draws × 100000 × float32 = 3\.7 GB"):
+        predictive(mcmc, {"beta": beta}, X)
+    out = predictive(mcmc, {"beta": beta[:2]}, X)  # 2 draws: 1.5 MB
+    assert out["p"].shape == (2, 100_000)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -122,23 +121,23 @@ def run_checks(mcmc) -> dict | None:
     return {f: _plain(getattr(rc, f)) for f in CHECK_FIELDS}
 
 
-def check_code(checks: dict | None, *, min_ess: float = 100.0, max_rhat: float = 1.01) -> str:
+def check_code(checks: dict | None) -> str:
     """A few letters for the table: ``ok``, or which checks failed (``ESS``, ``Rhat``,
-    ``div``; ``fail`` for other messages, ``error``), ``n/a`` without checks."""
+    ``div``; ``fail`` for other messages, ``error``), ``n/a`` without checks.
+
+    Read from the run check's messages, which applied its thresholds (ESS per chain, R-hat at
+    the chance level over the coordinates)."""
     if not checks:
         return "n/a"
     if "error" in checks:
         return "error"
-    if not checks.get("messages"):
+    messages = checks.get("messages") or ()
+    if not messages:
         return "ok"
-    def value(name: str) -> float:
-        v = checks.get(name)
-        return math.nan if v is None else float(v)
-
     codes = []
-    if any(value(k) < min_ess for k in ("min_ess_bulk", "min_ess_tail")):
+    if any(m.startswith("min ESS") for m in messages):
         codes.append("ESS")
-    if value("max_rhat") > max_rhat:
+    if any("split R-hat" in m for m in messages):
         codes.append("Rhat")
     if checks.get("divergences"):
         codes.append("div")

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from functools import lru_cache, partial
 from typing import Any
 
@@ -84,6 +85,32 @@ def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
 def default_progress() -> bool:
     """Progress bars by default, except under CI or pytest-xdist."""
     return not ("CI" in os.environ or "PYTEST_XDIST_WORKER" in os.environ)
+
+
+#: the ``progress_bar`` of the ``MCMC`` running now (:func:`run_progress`), if it said
+_RUN_PROGRESS: ContextVar[bool | None] = ContextVar("run_progress", default=None)
+
+
+@contextlib.contextmanager
+def run_progress(progress_bar: bool) -> Iterator[None]:
+    """Within the block, kernels built with ``progress_bar=None`` show their preprocessing
+    bars (proxy fit) if and only if ``progress_bar`` (the running ``MCMC``'s). NumPyro's
+    ``MCMC`` does not pass its ``progress_bar`` to the kernel; the package's ``MCMC`` runs
+    inside this block."""
+    token = _RUN_PROGRESS.set(bool(progress_bar))
+    try:
+        yield
+    finally:
+        _RUN_PROGRESS.reset(token)
+
+
+def resolve_progress(progress_bar: bool | None) -> bool:
+    """A kernel's ``progress_bar`` option: as given, else the running ``MCMC``'s
+    (:func:`run_progress`), else :func:`default_progress`."""
+    if progress_bar is not None:
+        return bool(progress_bar)
+    run = _RUN_PROGRESS.get()
+    return default_progress() if run is None else run
 
 
 class SubsampleKernel(MCMCKernel):

@@ -17,12 +17,50 @@ known, before the proxy fit.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from numpyro_subsample.core.validation import Option, OptionTypeError, check_values, requirement
 
-__all__ = ["OPTIONS", "Option", "OptionTypeError", "check_options", "requirement"]
+__all__ = ["OPTIONS", "Option", "OptionTypeError", "check_options", "did_you_mean",
+           "requirement", "suggest_keywords"]
+
+
+def did_you_mean(unknown: Sequence[str], candidates: Sequence[str]) -> str:
+    """"'x': did you mean y?" for each unknown name with close matches (difflib) among
+    ``candidates``, or ""."""
+    hints = []
+    for u in unknown:
+        close = difflib.get_close_matches(u, list(dict.fromkeys(candidates)), n=2, cutoff=0.7)
+        if close:
+            hints.append(f"{u!r}: did you mean {' or '.join(close)}?")
+    return " ".join(hints)
+
+
+def suggest_keywords(init: Callable) -> Callable:
+    """Decorate a kernel's ``__init__`` whose signature is closed: an unknown keyword raises a
+    ``TypeError`` naming the class, the close matches and the valid keywords, where Python
+    would say only "unexpected keyword argument"."""
+    params = inspect.signature(init).parameters
+    valid = [k for k, p in params.items() if k not in ("self", "model")
+             and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            guess = did_you_mean(unknown, valid)
+            raise TypeError(
+                f"{type(self).__name__} got unknown keyword argument(s) {unknown}"
+                + (f": {guess}" if guess else ".") + f" Valid: {', '.join(valid)}."
+            )
+        init(self, *args, **kwargs)
+
+    return checked
 
 
 def check_options(owner: str, /, *, label: str | None = None, **values: Any) -> None:
@@ -52,7 +90,8 @@ _CHUNK = _positive_int("the number of data per vmapped evaluation in full-data p
 _SEED = Option("int", "the seed of the preprocessing (proxy fit, estimator, noise measurement)",
                remedy="Pass an integer, e.g. seed=0.")
 _PROGRESS = Option("bool", "whether the preprocessing shows progress bars", none=True,
-                   remedy="Pass True, False or None (on, except under CI).")
+                   remedy="Pass True, False or None (follow the package's MCMC; else on, "
+                   "except under CI).")
 _PROXY = Option("str", "the posterior proxy N(θ̂, Σ̂)", choices=("laplace", "variational"),
                 must="'laplace', 'variational' or a Proxy",
                 remedy="Pass proxy='laplace' (the default), 'variational' or a fitted Proxy.")

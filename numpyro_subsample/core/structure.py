@@ -113,13 +113,13 @@ def _find_data_plate(tr: dict) -> DataPlate:
         for name, site in tr.items()
         if site["type"] == "plate"
         and site["args"][1] is not None
-        and site["args"][0] > site["args"][1]
+        and site["args"][0] >= site["args"][1]
     }
     if not plates:
         raise ValueError(
             "The model has no subsample plate: numpyro_subsample needs the likelihood inside "
-            "`numpyro.plate(name, N, subsample_size=n)` with n < N, and the observed data "
-            "indexed by the plate's indices."
+            "`numpyro.plate(name, N, subsample_size=n)` with 1 ≤ n ≤ N (n = N reads every row "
+            "at each step), and the observed data indexed by the plate's indices."
         )
     if len(plates) > 1:
         raise ValueError(

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.adapter import SubsampleKernel, default_progress, preprocess_keys
+from numpyro_subsample.core.adapter import SubsampleKernel, preprocess_keys, resolve_progress
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.options import check_options
+from numpyro_subsample.core.options import check_options, suggest_keywords
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.ecs import likelihood_proxies as lik
@@ -147,7 +147,9 @@ max_tree_depth, trajectory_length, num_steps
     seed
         Seed of the preprocessing, done once per data set.
     progress_bar
-        Progress bars of the preprocessing (default: on, off under CI).
+        Progress bars of the preprocessing (proxy fit). Default None: those of the
+        package's ``MCMC`` running the kernel follow its ``progress_bar``; otherwise on, off
+        under CI.
 
     Example::
 
@@ -158,6 +160,7 @@ max_tree_depth, trajectory_length, num_steps
 
     sample_field = "z"
 
+    @suggest_keywords
     def __init__(
         self,
         model: Callable,
@@ -238,7 +241,7 @@ max_tree_depth, trajectory_length, num_steps
         self.hmc_options = options
         self.proxy_kwargs = dict(proxy_kwargs or {})
         self.chunk_size = int(chunk_size)
-        self.progress_bar = default_progress() if progress_bar is None else progress_bar
+        self.progress_bar = progress_bar
 
     # -- properties users read ----------------------------------------------------------------
     @property
@@ -278,11 +281,11 @@ max_tree_depth, trajectory_length, num_steps
             return fit_kernel_structured(
                 potential, data, key, structure, self.proxy_kwargs,
                 laplace_requested=proxy == "laplace", chunk_size=self.chunk_size,
-                store_datum_grads=False, progress=self.progress_bar,
+                store_datum_grads=False, progress=resolve_progress(self.progress_bar),
                 label="EnergyConservingHMC",
             )
         opts = dict(chunk_size=self.chunk_size, store_datum_grads=False,
-                    progress=self.progress_bar, **self.proxy_kwargs)
+                    progress=resolve_progress(self.progress_bar), **self.proxy_kwargs)
         if isinstance(proxy, (Proxy, StructuredProxy)):
             if proxy.centre.shape != (potential.dim,):
                 raise ValueError(

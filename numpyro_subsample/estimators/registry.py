@@ -15,7 +15,7 @@ carry a per-chain state (:data:`STATEFUL`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.options import OPTIONS, check_options
+from numpyro_subsample.core.options import OPTIONS, check_options, did_you_mean
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.adaptive import (
     ADAPTIVE_NAMES,
@@ -123,9 +123,12 @@ def _typecheck(owner: str, values: dict) -> None:
         check_options(owner, **declared)
 
 
-def _check_options(name: str, options: dict, adaptive: bool) -> dict:
+def _check_options(name: str, options: dict, adaptive: bool,
+                   kernel: tuple[str, Sequence[str]] | None = None) -> dict:
     """Split ``options`` into the builder's and the adaptive wrapper's; raise on unknown ones
-    (listing the valid ones) and on values of the wrong type or out of range."""
+    (listing the valid ones, with the close matches among them and the keyword arguments of
+    ``kernel``, a ``(class name, parameter names)`` pair, first) and on values of the wrong
+    type or out of range."""
     valid = estimator_options(name)
     if valid is None:
         return dict(options)
@@ -134,8 +137,14 @@ def _check_options(name: str, options: dict, adaptive: bool) -> dict:
     if unknown:
         hint = "" if adaptive or name not in ADAPTIVE_NAMES else (
             "; with adaptive=True also " + ", ".join(AdaptiveOptions._fields))
+        label, params = kernel if kernel is not None else ("", ())
+        guess = did_you_mean(unknown, [*params, *valid, *extra, *AdaptiveOptions._fields,
+                                        "subsample_size", "adaptive"])
+        owner = f"{label} (estimator {name!r})" if label else f"estimator {name!r}"
+        kernel_args = f"{label}'s keyword arguments: {', '.join(params)}; " if label else ""
         raise ValueError(
-            f"Unknown option(s) {unknown} for estimator {name!r}; valid options: "
+            f"Unknown option(s) {unknown} for {owner}" + (f": {guess}" if guess else ".")
+            + f" Valid: {kernel_args}options of estimator {name!r}: "
             f"{list(valid) + list(extra) or 'none'}{hint}."
         )
     builder_opts = {k: v for k, v in options.items() if k in valid}
@@ -146,7 +155,7 @@ def _check_options(name: str, options: dict, adaptive: bool) -> dict:
 
 def check_estimator_request(
     name: str, options: dict, *, replace: bool = True, potential: Potential | None = None,
-    num_chains: int = 1,
+    num_chains: int = 1, kernel: tuple[str, Sequence[str]] | None = None,
 ) -> None:
     """Cheap checks of a named configuration and its options, before any data pass.
 
@@ -155,7 +164,8 @@ def check_estimator_request(
     types and ranges, and the combinations that need no data; with it, also the checks that
     need N and the subsample size n (``num_strata`` ≤ n, arrays of N rows, ``n_max`` ≤ N, the
     memory of ``num_chains`` SAGA tables), so that a kernel reports them before fitting its
-    proxy.
+    proxy. ``kernel``: the calling kernel's class name and keyword arguments, offered as close
+    matches of a misspelt option (``stepsize`` → ``step_size``).
     """
     if name not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}.")
@@ -168,7 +178,7 @@ def check_estimator_request(
             f"estimator={name!r} has none. Use estimator='cv' or 'cv-preferential'."
         )
     rest = {k: v for k, v in options.items() if k not in top}
-    builder_opts = _check_options(name, rest, adaptive)
+    builder_opts = _check_options(name, rest, adaptive, kernel)
     if name in ("preferential", "cv-preferential") and not replace:
         raise ValueError(
             f"estimator={name!r} draws the subsample with replacement (Putcha et al. 2023, "

@@ -267,11 +267,14 @@ def to_arviz(
     step size and estimator where the kernel has them, and the preprocessing cost. Extra
     keyword arguments go to ``arviz.from_numpyro`` (``coords``, ``dims``, ...).
 
-    The run checks of :func:`~numpyro_subsample.post.checks.check_run` (min bulk/tail ESS,
-    split R-hat, divergences and stopped chains, and the step-halving shift when it was run)
-    are in the ``sample_stats`` attributes; with ``check=True`` (default) a run that fails
-    them warns, unless the run came from :class:`~numpyro_subsample.post.mcmc.MCMC`, which
-    has warned already.
+    Each posterior variable carries the Monte Carlo standard errors of its mean and sd (ArviZ
+    ``mcse``) as attributes ``mcse_mean`` and ``mcse_sd`` (flat over the site's coordinates);
+    ``az.summary(idata)`` gives the same per coordinate. The run checks of
+    :func:`~numpyro_subsample.post.checks.check_run` (min bulk/tail ESS, split R-hat,
+    divergences and stopped chains, the largest MCSE of a mean in sd units, and the
+    step-halving shift when it was run) are in the ``sample_stats`` attributes; with
+    ``check=True`` (default) a run that fails them warns, unless the run came from
+    :class:`~numpyro_subsample.post.mcmc.MCMC`, which has warned already.
 
     The ``log_likelihood`` group is a float array of chains × draws × N per observed site (the
     output itself, 4·S·N bytes in float32). It is computed a chunk of draws at a time into that
@@ -342,11 +345,27 @@ def to_arviz(
     for group in ("posterior", "sample_stats"):
         getattr(idata, group).attrs.update(attrs)
     idata.sample_stats.attrs.update(run_check.attrs())
+    _add_mcse(idata.posterior)
     if zv:
         from numpyro_subsample.post.zv import add_zv_groups
 
         add_zv_groups(idata, mcmc, degree=1 if zv is True else int(zv), data=data)
     return idata
+
+
+def _add_mcse(posterior: xr.Dataset) -> None:
+    """Each posterior variable's Monte Carlo standard errors of its mean and sd (ArviZ
+    ``mcse``) as its attributes ``mcse_mean`` and ``mcse_sd``: a float for a scalar site, else
+    a flat array over the site's coordinates in C order (netCDF attributes are at most 1-D)."""
+    if posterior.sizes.get("draw", 0) < 4:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant coordinates give nan, as in az.summary
+        for method in ("mean", "sd"):
+            mcse = az.mcse(posterior, method=method)
+            for name in posterior.data_vars:
+                v = np.asarray(mcse[name].values, np.float64)
+                posterior[name].attrs[f"mcse_{method}"] = float(v) if v.ndim == 0 else v.ravel()
 
 
 def _with_jax_arrays(mcmc):

@@ -12,6 +12,7 @@ bias of a stochastic-gradient chain.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, NamedTuple
 
@@ -53,7 +54,13 @@ class BiasCheck(NamedTuple):
 
 
 class RunCheck(NamedTuple):
-    """The figures of :func:`check_run`; ``messages`` is empty when the run passed."""
+    """The figures of :func:`check_run`; ``messages`` is empty when the run passed.
+
+    ``ess_threshold``: the total bulk and tail ESS below which the run warns
+    (``min_ess_per_chain`` times ``num_chains``); ``max_mcse_sd``: the largest Monte Carlo
+    standard error of a posterior mean over coordinates (ArviZ ``mcse``), in posterior sd
+    units.
+    """
 
     min_ess_bulk: float
     min_ess_tail: float
@@ -61,6 +68,9 @@ class RunCheck(NamedTuple):
     worst_sites: tuple[str, ...]
     divergences: int
     num_draws: int
+    num_chains: int
+    ess_threshold: float
+    max_mcse_sd: float
     messages: tuple[str, ...]
     bias: BiasCheck | None = None
 
@@ -73,6 +83,7 @@ class RunCheck(NamedTuple):
         out = {
             "min_ess_bulk": self.min_ess_bulk, "min_ess_tail": self.min_ess_tail,
             "max_rhat": self.max_rhat, "worst_sites": ", ".join(self.worst_sites),
+            "ess_threshold": self.ess_threshold, "max_mcse_sd": self.max_mcse_sd,
             "num_divergent": self.divergences, "run_warnings": "\n".join(self.messages),
         }
         if self.bias is not None:
@@ -160,10 +171,12 @@ def _failures(mcmc) -> list[str]:
     return lines
 
 
-def _mixing_remedy(mcmc) -> str:
-    """What to try when a run has not mixed, for the kernel at hand."""
+def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
+    """What to try when a run has not mixed, for the kernel at hand; ``factor``: the ratio of
+    the ESS needed to the ESS reached (the ESS grows about linearly with the steps)."""
     kernel = mcmc.sampler
-    tips = ["run more steps"]
+    tips = [f"run about {math.ceil(factor)}× more steps" if 1 < factor < 1e3
+            else "run more steps"]
     if type(kernel).__name__ == "SGLD":
         tips.append("use SGHMC")
     try:
@@ -191,7 +204,7 @@ def _step_size(mcmc) -> float | None:
 def check_run(
     mcmc,
     *,
-    min_ess: float = 100.0,
+    min_ess_per_chain: float = 100.0,
     max_rhat: float = 1.01,
     warn: bool = True,
     check_bias: bool = False,
@@ -205,12 +218,15 @@ def check_run(
     mcmc
         A ``numpyro.infer.MCMC`` after ``run`` (any kernel; package kernels also report
         stopped chains).
-    min_ess
-        Warn when the smallest bulk or tail ESS over coordinates is below this.
+    min_ess_per_chain
+        Warn when the smallest bulk or tail ESS over coordinates (of all chains together) is
+        below this times the number of chains: 100 per chain, as Stan and ArviZ recommend
+        (Vehtari et al. 2021), bounds the Monte Carlo standard error of each mean at
+        0.1 posterior sd / sqrt(chains).
     max_rhat
-        Warn when a split R-hat (two or more chains) exceeds this and the level that chains
-        sampling one distribution reach by chance at that coordinate's ESS, over all
-        coordinates (:func:`rhat_thresholds`).
+        Warn when a rank-normalised split R-hat (two or more chains) exceeds this and the level
+        that chains sampling one distribution reach by chance at that coordinate's ESS, over
+        all coordinates (:func:`rhat_thresholds`).
     warn
         Emit a :class:`RunDiagnosticsWarning` listing every failed check.
     check_bias
@@ -237,6 +253,12 @@ def check_run(
         ess_tail = np.where(frozen.any(0), 0.0, ess_tail)
         if chains >= 2:
             rhat = _per_coordinate(az.rhat, x)
+    sd = x.reshape(chains * draws, -1).std(0)
+    mcse_sd = np.full(len(names), np.nan)
+    if draws >= 4:
+        mcse = _per_coordinate(az.mcse, x, method="mean")
+        mcse_sd = np.where(sd > 0, mcse / np.where(sd > 0, sd, 1.0), np.nan)
+    max_mcse = float(np.nanmax(mcse_sd)) if np.isfinite(mcse_sd).any() else float("nan")
     min_bulk = float(np.nanmin(ess_bulk)) if np.isfinite(ess_bulk).any() else float("nan")
     min_tail = float(np.nanmin(ess_tail)) if np.isfinite(ess_tail).any() else float("nan")
     max_r = float(np.nanmax(rhat)) if np.isfinite(rhat).any() else float("nan")
@@ -248,13 +270,19 @@ def check_run(
     worst = []
     h = _step_size(mcmc)
     step = "" if h is None else f" (step size {h:.3g})"
-    if min(min_bulk, min_tail) < min_ess:
+    threshold = float(min_ess_per_chain) * chains
+    if min(min_bulk, min_tail) < threshold:
         order = np.argsort(np.minimum(ess_bulk, ess_tail))[:3]
         worst += [names[k] for k in order]
+        per_chain = "" if chains == 1 else f" ({min_ess_per_chain:g} per chain × {chains})"
+        mcse_note = "" if not np.isfinite(max_mcse) else (
+            f", so a posterior mean may be off by {max_mcse:.2f} sd (Monte Carlo standard "
+            "error)")
         messages.append(
             f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
-            f"< {min_ess:g} at {', '.join(names[k] for k in order)}{step}: the chain has not "
-            f"mixed; {_mixing_remedy(mcmc)}"
+            f"< {threshold:g}{per_chain} at {', '.join(names[k] for k in order)}{step}"
+            f"{mcse_note}: the chain has not mixed; "
+            f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
         )
     if np.nanmax(excess, initial=-np.inf) > 0:
         order = np.argsort(-np.nan_to_num(excess, nan=-np.inf))[:3]
@@ -278,8 +306,11 @@ def check_run(
                 f"{bias_tolerance:g}-sd accuracy; pass step_size={bias.step_size:.3g} or a "
                 "smaller max_variance_inflation"
             )
-    result = RunCheck(min_bulk, min_tail, max_r, tuple(worst), divergences, chains * draws,
-                      tuple(messages), bias)
+    result = RunCheck(
+        min_ess_bulk=min_bulk, min_ess_tail=min_tail, max_rhat=max_r, worst_sites=tuple(worst),
+        divergences=divergences, num_draws=chains * draws, num_chains=chains,
+        ess_threshold=threshold, max_mcse_sd=max_mcse, messages=tuple(messages), bias=bias,
+    )
     if warn and messages:
         warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),
                       RunDiagnosticsWarning, stacklevel=stacklevel)

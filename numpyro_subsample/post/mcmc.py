@@ -2,23 +2,71 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from itertools import product
+from operator import attrgetter
 from typing import Any
 
+import arviz as az
+import jax
+import numpy as np
+from numpyro.diagnostics import summary
 from numpyro.infer import MCMC as NumPyroMCMC
 
+from numpyro_subsample.core.adapter import run_progress
 from numpyro_subsample.post.checks import RunCheck, check_run
 
-__all__ = ["MCMC"]
+__all__ = ["MCMC", "summary_with_mcse"]
+
+
+def summary_with_mcse(samples: dict, prob: float = 0.9) -> dict[str, OrderedDict]:
+    """``numpyro.diagnostics.summary`` of draws (chains, draws, ...) per site, with the Monte
+    Carlo standard error of each mean (ArviZ ``mcse``, Vehtari et al. 2021) after ``std``."""
+    table = summary(samples, prob, group_by_chain=True)
+    for name, stats in table.items():
+        x = np.asarray(jax.device_get(samples[name]), np.float64)
+        mcse = np.asarray(az.mcse(az.convert_to_dataset({"x": x}), method="mean")["x"].values)
+        items = list(stats.items())
+        items.insert(2, ("mcse_mean", mcse.reshape(np.shape(stats["mean"]))))
+        table[name] = OrderedDict(items)
+    return table
+
+
+_MCSE_FORMAT = " {:>9.2g}"  # two significant digits: an MCSE is often below 0.01
+
+
+def _print_table(table: dict[str, OrderedDict]) -> None:
+    """The rows of :func:`summary_with_mcse`, in the layout of NumPyro's ``print_summary``."""
+    if not table:
+        return
+    rows = []
+    for name, stats in table.items():
+        shape = np.shape(stats["mean"])
+        for idx in product(*map(range, shape)):
+            label = name + ("[{}]".format(",".join(map(str, idx))) if shape else "")
+            rows.append((label, [np.asarray(v)[idx] for v in stats.values()]))
+    width = max(max(len(r[0]) for r in rows), 10)
+    columns = list(next(iter(table.values())).keys())
+    print()
+    print(" " * width + "".join(f" {c:>9}" for c in columns))
+    formats = [_MCSE_FORMAT if c == "mcse_mean" else " {:>9.2f}" for c in columns]
+    for label, values in rows:
+        print(label.rjust(width) + "".join(f.format(v) for f, v in zip(formats, values,
+                                                                       strict=True)))
+    print()
 
 
 class MCMC(NumPyroMCMC):
     """NumPyro's ``MCMC`` (same arguments) that runs :func:`check_run` after ``run``.
 
-    NumPyro's ``MCMC.run`` gives its kernel no hook after the last draw, so the checks live
-    here: after each ``run`` the bulk/tail ESS, split R-hat (two or more chains), stopped
-    chains and, with ``check_bias=True``, the step-halving check are computed and a single
-    :class:`~numpyro_subsample.post.checks.RunDiagnosticsWarning` names the worst sites when a
-    check fails. The figures are in :attr:`run_check` (and, through
+    NumPyro's ``MCMC.run`` gives its kernel no hook after the last draw, and does not tell it
+    its ``progress_bar``; this class does both. A package kernel built with
+    ``progress_bar=None`` (default) shows its preprocessing bars (proxy fit) if and only if this
+    ``MCMC``'s ``progress_bar`` is on. After each ``run`` the bulk/tail ESS, split R-hat (two
+    or more chains), stopped chains and, with ``check_bias=True``, the step-halving check are
+    computed and a single :class:`~numpyro_subsample.post.checks.RunDiagnosticsWarning` names
+    the worst sites when a check fails. :meth:`print_summary` adds the Monte Carlo standard
+    error of each mean. The figures are in :attr:`run_check` (and, through
     :func:`~numpyro_subsample.post.arviz.to_arviz`, in the ArviZ ``sample_stats`` attributes).
 
     Parameters
@@ -27,7 +75,7 @@ class MCMC(NumPyroMCMC):
         Run the checks after ``run`` (default True).
     check_bias
         Also rerun at half the step size (doubles the cost; stochastic-gradient kernels only).
-    min_ess, max_rhat
+    min_ess_per_chain, max_rhat
         Thresholds of :func:`~numpyro_subsample.post.checks.check_run`.
     *args, **kwargs
         As ``numpyro.infer.MCMC``.
@@ -39,14 +87,31 @@ class MCMC(NumPyroMCMC):
         *args: Any,
         check: bool = True,
         check_bias: bool = False,
-        min_ess: float = 100.0,
+        min_ess_per_chain: float = 100.0,
         max_rhat: float = 1.01,
         **kwargs: Any,
     ) -> None:
         super().__init__(sampler, *args, **kwargs)
         self.check, self.check_bias = bool(check), bool(check_bias)
-        self.min_ess, self.max_rhat = float(min_ess), float(max_rhat)
+        self.min_ess_per_chain, self.max_rhat = float(min_ess_per_chain), float(max_rhat)
         self.run_check: RunCheck | None = None
+
+    def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
+        """NumPyro's summary table with a ``mcse_mean`` column: the Monte Carlo standard error
+        of each posterior mean (ArviZ ``mcse``), the error of the mean from the finite number
+        of correlated draws. It does not include the bias of a stochastic-gradient step
+        (``check_bias=True`` measures that)."""
+        assert self._states is not None, "`run` must be called before `print_summary`."
+        sites = self._states[self._sample_field]
+        latent = attrgetter(self._sample_field)(self._last_state)
+        if isinstance(sites, dict) and exclude_deterministic and isinstance(latent, dict):
+            sites = {k: v for k, v in sites.items() if k in latent}
+        if not isinstance(sites, dict):
+            sites = {f"Param:{i}": v for i, v in enumerate(jax.tree.leaves(sites))}
+        _print_table(summary_with_mcse(sites, prob))
+        extra = self.get_extra_fields()
+        if "diverging" in extra:
+            print(f"Number of divergences: {int(np.sum(extra['diverging']))}")
 
     def warmup(self, rng_key, *args, extra_fields=(), collect_warmup=False, init_params=None,
                **kwargs) -> None:
@@ -60,11 +125,12 @@ class MCMC(NumPyroMCMC):
             self.check = check
 
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs) -> None:
-        super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
-                    **kwargs)
+        with run_progress(self.progress_bar):  # the kernel's proxy bars follow this MCMC's
+            super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
+                        **kwargs)
         self.run_check = None
         if self.check:
             self.run_check = check_run(
-                self, min_ess=self.min_ess, max_rhat=self.max_rhat,
+                self, min_ess_per_chain=self.min_ess_per_chain, max_rhat=self.max_rhat,
                 check_bias=self.check_bias, stacklevel=3,
             )

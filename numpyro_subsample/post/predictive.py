@@ -30,9 +30,11 @@ __all__ = [
     "predict_draws",
     "parse_memory",
     "DEFAULT_CHUNK_MEMORY",
+    "DEFAULT_MAX_MEMORY",
 ]
 
 DEFAULT_CHUNK_MEMORY = 256 * 2**20  # bytes of one chunk's temporaries (beyond the outputs)
+DEFAULT_MAX_MEMORY = 2**30  # bytes of the arrays predictive returns, unless raised
 
 _UNITS = {"": 1, "b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20,
           "gb": 2**30, "gib": 2**30}
@@ -118,6 +120,7 @@ def predictive(
     rng_key: jax.Array | None = None,
     return_sites: Sequence[str] | None = None,
     chunk_memory: int | str = DEFAULT_CHUNK_MEMORY,
+    max_memory: int | str | None = DEFAULT_MAX_MEMORY,
     **kwargs: Any,
 ) -> dict[str, np.ndarray]:
     """Posterior predictions of a package kernel's model for every row of the data.
@@ -152,6 +155,11 @@ def predictive(
         Bound on the outputs of one chunk of draws (bytes, or a string such as ``"512MB"``);
         the model's intermediate arrays for that chunk come on top. The returned arrays
         (draws × rows per site) are allocated once and filled chunk by chunk.
+    max_memory
+        Bound on the returned arrays together (bytes or a string such as ``"8GB"``; default
+        1 GB; ``None``: no bound). Beyond it nothing is computed and a ``ValueError`` says how
+        large the arrays would be (draws × rows × dtype per site) and what to do: raise the
+        bound, keep fewer sites (``return_sites``) or fewer draws.
 
     Returns
     -------
@@ -160,6 +168,7 @@ def predictive(
         the plate's dimension for sites inside the plate).
     """
     bound = parse_memory(chunk_memory)
+    limit = None if max_memory is None else parse_memory(max_memory, "max_memory")
     kernel, samples, data = _resolve(mcmc_or_kernel, samples, args, kwargs)
     pot = kernel.potential
     missing = [k for k in pot.latent_sites if k not in samples]
@@ -175,7 +184,35 @@ def predictive(
     model = predictive_model(pot.model, pot.plate.name)
     sites = None if return_sites is None else tuple(return_sites)
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-    return predict_draws(model, latent, data, sites, key, bound)
+    return predict_draws(model, latent, data, sites, key, bound, max_bytes=limit)
+
+
+def format_bytes(num: float) -> str:
+    """``num`` bytes in binary units: '512 B', '3.8 MB', '4.0 GB'."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if num < 1024 or unit == "TB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1024
+    return f"{num:.1f} TB"
+
+
+def _check_output_size(shapes: dict, num: int, max_bytes: int) -> None:
+    """Refuse outputs of more than ``max_bytes`` (naming each site's draws × shape × dtype)."""
+    sizes = {k: num * int(np.prod(s.shape)) * s.dtype.itemsize for k, s in shapes.items()}
+    total = sum(sizes.values())
+    if total <= max_bytes:
+        return
+    parts = [
+        f"'{k}': {num} draws × {' × '.join(map(str, shapes[k].shape[1:])) or 'scalar'} × "
+        f"{shapes[k].dtype} = {format_bytes(sizes[k])}"
+        for k in sorted(sizes, key=sizes.get, reverse=True)[:4]
+    ]
+    raise ValueError(
+        f"predictive would return {format_bytes(total)} ({'; '.join(parts)}), more than "
+        f"max_memory={format_bytes(max_bytes)}. Pass max_memory='{format_bytes(2 * total)}' "
+        "(or None) to allow it, return_sites=[...] to keep fewer sites, or fewer draws "
+        "(e.g. {k: v[::10] for k, v in mcmc.get_samples().items()})."
+    )
 
 
 def predict_draws(
@@ -185,14 +222,18 @@ def predict_draws(
     return_sites: tuple[str, ...] | None,
     rng_key: jax.Array,
     chunk_bytes: int,
+    max_bytes: int | None = None,
 ) -> dict[str, np.ndarray]:
     """``Predictive(model)`` on each of the S draws of ``latent`` (leading axis), a chunk of
     draws at a time whose outputs take at most ``chunk_bytes`` (at least one draw), written
-    into preallocated arrays. Draw s uses the s-th key of ``split(rng_key, S)``."""
+    into preallocated arrays. Draw s uses the s-th key of ``split(rng_key, S)``. Outputs of
+    more than ``max_bytes`` in total are refused before any is computed."""
     num = int(np.shape(next(iter(latent.values())))[0])
     keys = jax.random.split(rng_key, num)
     shapes = jax.eval_shape(lambda lat, k, d: _predict_chunk(model, lat, k, d, return_sites),
                             _take(latent, 0, 1, 1), keys[:1], data)
+    if max_bytes is not None:
+        _check_output_size(shapes, num, max_bytes)
     per_draw = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in shapes.values())
     size = int(max(1, min(num, chunk_bytes // max(per_draw, 1))))
     out = {k: np.empty((num,) + s.shape[1:], s.dtype) for k, s in shapes.items()}

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
 from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, datum_values_and_grads
@@ -39,6 +38,7 @@ from numpyro_subsample.proxies.checks import (
     transformed_coordinates,
     warn_proxy,
 )
+from numpyro_subsample.proxies.progress import finish_bar, progress_bar
 
 __all__ = ["LaplaceFitError", "fit_laplace", "proxy_from_moments"]
 
@@ -95,12 +95,12 @@ def _adam_phase(potential, data, theta, n, num_steps, key, lr, progress):
     block = min(block, num_steps)
     rng = host_generator(key)
     N = potential.num_data
-    bar = tqdm(total=num_steps, desc="proxy: Adam on minibatches", disable=not progress)
+    bar = progress_bar(num_steps, "proxy: Adam on minibatches", progress)
     for start in range(0, num_steps, block):
         idxs = rng.integers(0, N, size=(min(block, num_steps - start), n), dtype=np.int32)
         carry = _adam_block(potential, num_steps, float(lr), carry, device_array(idxs), data)
         bar.update(idxs.shape[0])
-    bar.close()
+    finish_bar(bar)
     return carry[0]
 
 
@@ -151,7 +151,7 @@ def fit_laplace(
 
     f, g, h = vgh(theta)
     passes += 1
-    bar = tqdm(total=max_newton_steps, desc="proxy: Newton on full data", disable=not progress)
+    bar = progress_bar(max_newton_steps, "proxy: Newton on full data", progress)
     newton_steps = 0
     stop = f"the Newton iterations were exhausted (max_newton_steps={max_newton_steps})"
     for _ in range(max_newton_steps):
@@ -204,7 +204,9 @@ def fit_laplace(
         if not accepted:
             stop = "the line search found no decrease"
             break
-    bar.close()
+    finish_bar(bar, f"converged at step {newton_steps}" if stop is None else (
+        f"stopped at step {newton_steps}: {stop}" if newton_steps < max_newton_steps
+        else "not converged"))
 
     hn = np.asarray(h, np.float64)
     gn = np.asarray(g, np.float64)

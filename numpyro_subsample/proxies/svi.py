@@ -17,9 +17,9 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import SVI, Trace_ELBO
-from tqdm.auto import tqdm
 
 from numpyro_subsample.core.potential import ModelData
+from numpyro_subsample.proxies.progress import finish_bar, progress_bar
 
 _ELBO = Trace_ELBO()
 # Adam's direction with the learning rate applied by hand, so that the rate can be lowered on
@@ -95,7 +95,7 @@ def _fit_svi(
     initial = -best
     stale, decays, steps, converged = 0, 0, 0, False
     avg = params
-    bar = tqdm(total=max_steps, desc="proxy: SVI (variational)", disable=not progress)
+    bar = progress_bar(max_steps, "proxy: SVI (variational)", progress)
     key = k_run
     while steps < max_steps:
         key, sub = jax.random.split(key)
@@ -124,7 +124,7 @@ def _fit_svi(
             decays += 1
             lr /= 4.0
             stale = 0
-    bar.close()
+    finish_bar(bar, f"converged at step {steps}" if converged else None)
     return _constrain(model, guide, avg, k_init, data), {
         "losses": np.concatenate(losses_all),
         "elbo_trace": np.asarray(trace),

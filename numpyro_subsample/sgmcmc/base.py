@@ -11,6 +11,7 @@ noise, step size) with the functions of :mod:`numpyro_subsample.sgmcmc.preproces
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +23,8 @@ from numpyro.util import is_prng_key
 from numpyro_subsample.core.adapter import (
     SubsampleKernel,
     concrete_under_pmap,
-    default_progress,
     preprocess_keys,
+    resolve_progress,
 )
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
@@ -134,7 +135,9 @@ class SGMCMCKernel(SubsampleKernel):
         Seed of the preprocessing (proxy fit, noise measurement), done once per data set and
         shared by all chains and runs.
     progress_bar
-        Progress bars for preprocessing (default: on, off under CI).
+        Progress bars of the preprocessing (proxy fit). Default None: those of the
+        package's ``MCMC`` running the kernel follow its ``progress_bar``; otherwise on, off
+        under CI.
     zv_stream, zv_degree, zv_covariates, zv_fn
         Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
         post-warmup draws in the sampling loop, with polynomial degree 1 or 2, for the
@@ -156,6 +159,18 @@ class SGMCMCKernel(SubsampleKernel):
 
     sample_field = "z"
     _dynamics_name = "sgld"
+
+    @classmethod
+    def _keyword_params(cls) -> tuple[str, ...]:
+        """The keyword arguments of this kernel class and of its bases up to SGMCMCKernel."""
+        names: list[str] = []
+        for c in cls.__mro__[:cls.__mro__.index(SGMCMCKernel) + 1]:
+            init = c.__dict__.get("__init__")
+            if init is not None:
+                names += [p.name for p in inspect.signature(init).parameters.values()
+                          if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                          and p.name not in ("self", "model")]
+        return tuple(dict.fromkeys(names))
 
     def __init__(
         self,
@@ -202,6 +217,7 @@ class SGMCMCKernel(SubsampleKernel):
             supports_structured=self._supports_structured(),
             adapt_preconditioner=adapt_preconditioner,
             supports_adaptation=self._supports_adaptation(),
+            kernel_params=self._keyword_params(),
         )
         self._noise_correction_given = noise_correction
         if noise_correction is None:
@@ -222,7 +238,7 @@ class SGMCMCKernel(SubsampleKernel):
         self.store_datum_grads = bool(store_datum_grads)
         self._noise_correction = bool(noise_correction) and self.preconditioning
         self.init_strategy = init_strategy
-        self.progress_bar = default_progress() if progress_bar is None else progress_bar
+        self.progress_bar = progress_bar
         self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
         self.zv_covariates = zv_covariates
         self.local = LocalConfig(steps=int(local_steps), update=local_update)
@@ -334,7 +350,8 @@ class SGMCMCKernel(SubsampleKernel):
             given = kind == self._proxy_spec
             request = prep.ProxyRequest(kind, self.proxy_kwargs if given else {},
                                         self.chunk_size, self.store_datum_grads and not adapts,
-                                        self.progress_bar, self._needs_proxy())
+                                        resolve_progress(self.progress_bar),
+                                        self._needs_proxy())
             choice = self._proxy_choice(potential.dim) if given else kind
             return prep.fit_proxy(request, choice, potential, data, key)
 

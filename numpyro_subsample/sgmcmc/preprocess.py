@@ -12,6 +12,7 @@ sampling step then form no d × d array.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -92,9 +93,11 @@ def check_request(
     supports_structured: bool,
     adapt_preconditioner: bool | None = False,
     supports_adaptation: bool = True,
+    kernel_params: Sequence[str] = (),
 ) -> bool:
     """Checks of a kernel's options that need no data (the kernel class ``label``; its
-    ``supports_structured``); returns whether ``proxy`` is structured.
+    ``supports_structured``; its keyword arguments ``kernel_params``, the close matches offered
+    for a misspelt option); returns whether ``proxy`` is structured.
 
     Raises
     ------
@@ -127,7 +130,8 @@ def check_request(
             "whitened coordinates) or the adapted preconditioner (adapt_preconditioner=None or "
             "True); pass a step_size."
         )
-    check_estimator_request(estimator, estimator_options, replace=replace)
+    check_estimator_request(estimator, estimator_options, replace=replace,
+                            kernel=(label, tuple(kernel_params)))
     if noise_correction and estimator in STATEFUL:
         raise ValueError(
             f"noise_correction=True is not supported by estimator={estimator!r} (its gradient "

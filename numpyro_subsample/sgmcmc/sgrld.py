@@ -26,6 +26,7 @@ from numpyro.distributions import Dirichlet, ExpandedDistribution, Independent
 from numpyro_subsample.core.adapter import SubsampleKernel, constrained
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
+from numpyro_subsample.core.options import suggest_keywords
 from numpyro_subsample.core.plates import (
     check_plate_sizes,
     first_indices,
@@ -226,6 +227,7 @@ class SGRLD(SubsampleKernel):
     sample_field = "pi"
     default_fields = ("pi", "diverging")
 
+    @suggest_keywords
     def __init__(
         self,
         model: Callable,
