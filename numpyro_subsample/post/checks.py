@@ -183,9 +183,14 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
         kind = getattr(kernel.proxy, "kind", None)
     except Exception:  # noqa: BLE001  (kernels without a fitted proxy)
         kind = None
-    if kind == "laplace":
-        tips.append("try proxy='variational' (a joint-mode Laplace fit is a poor centre for "
-                    "hierarchical models)")
+    if kind in ("laplace", "variational") and getattr(kernel, "adapt_proxy", None) is False:
+        tips.append("leave adapt_proxy at its default (pilot chains re-estimate the proxy, "
+                    "which a joint mode or a first SVI fit places poorly in hierarchical "
+                    "models)")
+    elif kind == "adapted":
+        tips.append("write hierarchical group effects in the other parameterisation (centred "
+                    "or non-centred, numpyro.infer.reparam.LocScaleReparam) where the groups' "
+                    "data are large (centred) or small (non-centred)")
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
                     "structured proxy that misses correlated directions whitens them poorly")
