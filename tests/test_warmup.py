@@ -108,7 +108,7 @@ def test_recentred_control_variate_is_unbiased():
     _, pot, data, _, proxy = _adapted(noncentred, g, y)
     est = configure_estimator("cv", pot, data, proxy)
     theta = proxy.centre + 0.5 * (proxy.scale_tril @ jnp.ones(pot.dim))
-    exact = -np.asarray(value_grad_hessian(pot, theta, data, hessian=False)[1])
+    exact = np.asarray(value_grad_hessian(pot, theta, data, hessian=False)[1])
 
     def draw(key):
         return est.estimate(est.params, key, theta, data)[0]

@@ -90,8 +90,6 @@ MIN_PILOT_ROWS = 2_000_000
 #: Steps of one compiled block; every window is a whole number of blocks, so that all windows
 #: share one program.
 BLOCK = 50
-#: A window whose chains' split R-hat exceeds this in some coordinate has not settled.
-MAX_PILOT_RHAT = 1.1
 #: Pilot draws of the last window at which the whitened curvature is measured.
 CURVATURE_POINTS = 16
 #: Every THIN-th draw of a window's second half enters the Ledoit-Wolf shrinkage.
@@ -197,31 +195,36 @@ def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
     return safe_start(potential, data, chunk_size=chunk_size, reason="; ".join(tried))
 
 
-def _window_moments(ws: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool, bool]:
+def _window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarray, bool, bool]:
     """Mean and Ledoit-Wolf covariance of a window's draws ``ws`` (steps, chains, d) in the
     current whitened coordinates, and whether each differs from the proxy's (0, I) by more
     than its Monte Carlo error: some |mean_j| above z·se_j, or some |log var_j| above
     z·(2/ESS_j)^(1/2), with z = (2 log 2d)^(1/2) + 1 (a Bonferroni-like bound over the d
     coordinates) and ESS_j the draws' effective sample size (NumPyro's estimator over the
-    chains); both count as different while the chains' split R-hat exceeds
-    :data:`MAX_PILOT_RHAT` in some coordinate."""
-    from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
+    chains). Both count as different for a start that is not ``trusted``
+    (:func:`_trusted`): chains drifting from a poor start have few effective draws, so their
+    standard errors would hide the drift."""
+    from numpyro.diagnostics import effective_sample_size
 
     steps, chains, d = ws.shape
     flat = ws.reshape(-1, d)
     mean = flat.mean(0)
     var = flat.var(0) + 1e-300
-    by_chain = np.transpose(ws, (1, 0, 2))
-    ess = np.asarray(effective_sample_size(by_chain), np.float64)
+    ess = np.asarray(effective_sample_size(np.transpose(ws, (1, 0, 2))), np.float64)
     ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
     z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
-    # chains that still drift apart (split R-hat) have not settled: their moments update the
-    # proxy whatever their standard errors say
-    unsettled = bool(np.nanmax(np.asarray(split_gelman_rubin(by_chain))) > MAX_PILOT_RHAT)
-    moved = unsettled or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
-    rescaled = unsettled or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
+    moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
+    rescaled = not trusted or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
     cov = _shrunk_covariance(ws[::THIN].reshape(-1, d)) if rescaled else np.eye(d)
     return mean, cov, moved, rescaled
+
+
+def _trusted(start: Proxy) -> bool:
+    """Whether the pilot may keep ``start`` where a window agrees with it: a fit that reports
+    convergence, raised no warning and was not a fallback."""
+    info = start.info or {}
+    return (start.kind in ("laplace", "variational") and bool(info.get("converged", False))
+            and not info.get("warnings") and not info.get("fallback_from"))
 
 
 def _shrunk_covariance(draws: np.ndarray) -> np.ndarray:
@@ -344,7 +347,7 @@ def adapt_proxy(
                 ProxyAdaptationWarning, stacklevel=4,
             )
             return start if k == 0 else proxy
-        mean_w, cov_w, moved, rescaled = _window_moments(ws)
+        mean_w, cov_w, moved, rescaled = _window_moments(ws, _trusted(start))
         L = np.asarray(proxy.scale_tril, np.float64)
         thin = ws[:: max(1, ws.shape[0] // CURVATURE_POINTS)].reshape(-1, ws.shape[-1])
         last_draws = np.asarray(proxy.centre, np.float64) + thin[:CURVATURE_POINTS] @ L.T
