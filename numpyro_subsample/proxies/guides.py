@@ -181,16 +181,22 @@ def gaussian_sampler(mean: jax.Array, tril: jax.Array) -> Callable[[jax.Array, i
     return partial(_sample_gaussian, mean, tril)
 
 
+def guide_order(potential: Potential) -> np.ndarray:
+    """order with x_guide[j] = θ_potential[order[j]] for an ``AutoContinuous`` guide of the
+    potential's model, which flattens the latent sites in model order
+    (``potential.latent_sites``), the potential by name."""
+    positions = potential.unravel(jnp.arange(potential.dim, dtype=jnp.float32))
+    return np.concatenate([np.asarray(positions[name]).ravel().round().astype(np.int64)
+                           for name in potential.latent_sites])
+
+
 def autoguide_params(potential: Potential, guide: AutoMultivariateNormal, mean: np.ndarray,
                      cov: np.ndarray) -> dict:
     """Parameters of ``guide``, an ``AutoMultivariateNormal`` of the potential's model, whose
-    distribution is N(mean, cov) in the potential's flat order. The guide flattens the latent
-    sites in model order (``potential.latent_sites``), the potential by name; the guide is not
-    set up here (that traces and compiles the model), and :func:`guide_moments` checks the
-    order against the set-up guide when the parameters are used."""
-    positions = potential.unravel(jnp.arange(potential.dim, dtype=jnp.float32))
-    order = np.concatenate([np.asarray(positions[name]).ravel().round().astype(np.int64)
-                            for name in potential.latent_sites])
+    distribution is N(mean, cov) in the potential's flat order (:func:`guide_order`). The
+    guide is not set up here (that traces and compiles the model); :func:`guide_moments`
+    checks the order against the set-up guide when the parameters are used."""
+    order = guide_order(potential)
     cov_g = np.asarray(cov, np.float64)[np.ix_(order, order)]
     dtype = potential.init_theta.dtype
     return {f"{guide.prefix}_loc": jnp.asarray(np.asarray(mean)[order], dtype),

@@ -93,10 +93,15 @@ def _run_block(model, guide, block_size, params, opt_state, key, lr, data):
 
 def _fit_svi(
     model, guide, data, rng_key, *, learning_rate, block_size, patience, num_decays, max_steps,
-    tol, num_eval_particles, progress,
+    tol, num_eval_particles, progress, init_loc=None,
 ):
+    """NumPyro's SVI of ``guide`` under the plateau rule on a common-random-number ELBO;
+    ``init_loc``: the start of an ``AutoContinuous`` guide's ``<prefix>_loc`` (guide order)."""
     k_init, k_run, k_eval = jax.random.split(rng_key, 3)
     params, opt_state = _init_params(model, guide, k_init, data)
+    if init_loc is not None:
+        params = dict(params, **{f"{guide.prefix}_loc": jnp.asarray(init_loc)})
+        opt_state = _ADAM.init(params)
     eval_keys = jax.random.split(k_eval, num_eval_particles)
     lr = float(learning_rate)
     losses_all, trace = [], []
@@ -249,14 +254,22 @@ def _cv_block(potential, exp, params, opt_state, idxs, eps, lr, data):
     return params, opt_state, avg, losses
 
 
+def minibatch_mode(potential, data, rng_key, progress):
+    """The Laplace fit's Adam phase (2 epochs, at least 500 steps, learning rate 0.05, one
+    compiled program shared with it) from the potential's start: ``(θ, steps)``."""
+    N, n = potential.num_data, potential.plate.subsample_size
+    num_steps = -(-int(min(max(math.ceil(2.0 * N / n), 500), 50_000)) // 250) * 250
+    theta = _adam_phase(potential, data, potential.init_theta, n, num_steps, rng_key, 0.05,
+                        progress)
+    return theta, num_steps
+
+
 def expansion_start(potential, data, rng_key, *, chunk_size, progress):
     """Step 1 of the default fit (:mod:`~numpyro_subsample.proxies.variational`):
     ``(Expansion, u0, record)``; u0 = −L0ᵀ∇f(θ̂) is the last Newton step in whitened units
     (at most :data:`MAX_START_STEP` long)."""
     N, n = potential.num_data, potential.plate.subsample_size
-    num_steps = -(-int(min(max(math.ceil(2.0 * N / n), 500), 50_000)) // 250) * 250
-    theta = _adam_phase(potential, data, potential.init_theta, n, num_steps, rng_key, 0.05,
-                        progress)
+    theta, num_steps = minibatch_mode(potential, data, rng_key, progress)
     theta, (f, g, h, f0, g0, h0), passes = _newton(potential, data, theta, chunk_size)
     gn, hn = np.asarray(g, np.float64), np.asarray(h, np.float64)
     if not (np.isfinite(float(f)) and np.all(np.isfinite(gn)) and np.all(np.isfinite(hn))):
