@@ -48,10 +48,12 @@ by name; the guide's moments are permuted by the map read off ``guide._unpack_la
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
+import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,7 +66,9 @@ from numpyro_subsample.proxies.checks import (
     boundary_message,
     coordinate_labels,
     describe,
+    importance_log_weights,
     newton_offsets,
+    pareto_message,
     prior_grad,
     scale_message,
     stationarity_message,
@@ -95,6 +99,7 @@ __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_D
 
 MAX_NONFINITE_STEPS = 0.01  # share of SVI steps with a non-finite loss before a warning
 STEIN_DRAWS = 32  # guide draws of the Stein checks, 16 antithetic pairs
+PARETO_DRAWS = 100  # guide draws of the importance-weight check (full-data values)
 
 
 class Fitted(NamedTuple):
@@ -250,7 +255,7 @@ def fit_variational(
         store_datum_grads=store_datum_grads, kind="variational", num_data_passes=passes,
     )
     messages, figures = _fit_messages(potential, data, proxy, fit.info, int(patience), tol,
-                                      fit.gaussian)
+                                      fit.gaussian, chunk_size)
     for message in messages:
         warn_proxy(message)
     info = dict(fit.info, guide=fit.guide, guide_params=fit.params, gaussian=fit.gaussian,
@@ -258,7 +263,7 @@ def fit_variational(
                 **cov_info, **figures)
     passes = proxy.num_data_passes + (
         (STEIN_DRAWS + 1) * len(stein_subsample(potential.num_data, STEIN_DRAWS))
-        / potential.num_data if fit.gaussian else 0.0
+        / potential.num_data + PARETO_DRAWS if fit.gaussian else 0.0
     )
     return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
 
@@ -334,7 +339,19 @@ def _expected_hessian_cov(potential, data, fit, key, num_draws, chunk_size):
     return fit.cov, float(thetas.shape[0])
 
 
-def _fit_messages(potential, data, proxy, info, patience, tol, gaussian) -> tuple[list, dict]:
+def _pareto_khat(log_weights) -> float:
+    """ArviZ's Pareto k̂ of the importance weights (Vehtari et al. 2024); inf if any log
+    weight is not finite."""
+    lw = np.asarray(log_weights, np.float64)
+    if not np.all(np.isfinite(lw)):
+        return float("inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(az.psislw(lw - lw.max())[1])
+
+
+def _fit_messages(potential, data, proxy, info, patience, tol, gaussian,
+                  chunk_size) -> tuple[list, dict]:
     """Warnings of a variational fit (:mod:`.checks`): non-finite SVI steps, SVI stopped at
     ``max_steps``, a Gaussian q breaking the Stein identities (mean or variances), a mean at a
     support's boundary; and the figures checked."""
@@ -345,7 +362,8 @@ def _fit_messages(potential, data, proxy, info, patience, tol, gaussian) -> tupl
     decrement, offsets = newton_offsets(grad, cov)
     messages = [m for m in (_nonfinite_message(info), _unconverged_message(info, labels, offsets,
                                                                           patience, tol)) if m]
-    figures = {"mean_decrement": decrement, "stein_ratio": None, "stationary_offsets": None}
+    figures = {"mean_decrement": decrement, "stein_ratio": None, "stationary_offsets": None,
+               "pareto_k": None}
     if gaussian:
         idx = stein_subsample(potential.num_data, STEIN_DRAWS)
         dtype = proxy.centre.dtype
@@ -355,9 +373,14 @@ def _fit_messages(potential, data, proxy, info, patience, tol, gaussian) -> tupl
         stationary = newton_offsets(grad + np.asarray(change, np.float64), cov)[1]
         inv_tril = np.linalg.inv(np.asarray(proxy.scale_tril, np.float64))
         ratio = np.asarray(curvature, np.float64) / np.sum(inv_tril**2, axis=0)  # / diag(Σ⁻¹)
-        figures.update(stein_ratio=ratio, stationary_offsets=-stationary)
+        z = jax.random.normal(jax.random.PRNGKey(1), (PARETO_DRAWS, potential.dim), dtype)
+        lw = importance_log_weights(potential, proxy.centre, proxy.scale_tril, z, data,
+                                    int(chunk_size))
+        khat = _pareto_khat(lw)
+        figures.update(stein_ratio=ratio, stationary_offsets=-stationary, pareto_k=khat)
         messages += [m for m in (stationarity_message(labels, -stationary),
-                                 scale_message(labels, ratio)) if m]
+                                 scale_message(labels, ratio),
+                                 pareto_message(labels, khat, z, lw)) if m]
     outward = -offsets * (np.abs(offsets) > 1.0) if info.get("converged") is False else None
     boundary = boundary_message(
         labels, transformed_coordinates(potential, data), mean, "variational", outward
