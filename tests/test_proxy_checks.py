@@ -130,6 +130,7 @@ def test_good_variational_fit_is_silent(logistic):
         proxy = fit_variational(pot, data, jax.random.PRNGKey(1))
     assert proxy.info["converged"] and proxy.info["warnings"] == []
     assert np.all(np.abs(np.log(proxy.info["stein_ratio"])) < np.log(2)), proxy.info["stein_ratio"]
+    assert proxy.info["pareto_k"] < 0.5
 
 
 def test_variational_with_few_steps_warns_with_sites(logistic):
@@ -171,6 +172,24 @@ def test_variational_mean_off_warns_with_sites(logistic):
     message = next(str(w.message) for w in record if "not stationary" in str(w.message))
     assert message.index("'beta[2]'") < message.index("SVI stopped short")
     assert abs(proxy.info["stationary_offsets"][2] + 3) < 0.5, proxy.info["stationary_offsets"]
+
+
+@pytest.mark.fast_compile
+def test_variational_funnel_warns_far_from_posterior_naming_tau():
+    """The centred hierarchical model whose Laplace fit is refused (tau at zero): the Gaussian
+    guide satisfies its own stationarity conditions but collapses into the funnel (NUTS:
+    log tau 3 sds higher, sds 15 times wider); the importance weights' Pareto k̂ (> 1) says
+    so, naming tau."""
+    rng = np.random.default_rng(0)
+    g = rng.integers(0, 5, 1000)
+    y = (rng.uniform(size=1000) < 1 / (1 + np.exp(-rng.normal(0, 0.1, 5)[g]))).astype(np.float32)
+    pot, data = _potential(centred_groups, jnp.asarray(g, jnp.int32), jnp.asarray(y),
+                           num_groups=5)
+    with pytest.warns(ProxyFitWarning, match="far from the posterior") as record:
+        proxy = fit_variational(pot, data, jax.random.PRNGKey(1))
+    message = next(str(w.message) for w in record if "far from" in str(w.message))
+    assert message.index("'tau'") < message.index("correlation") and "LocScaleReparam" in message
+    assert proxy.info["pareto_k"] > 0.7
 
 
 def test_excursion_axes_keep_the_extreme_sds_in_high_dimension():
