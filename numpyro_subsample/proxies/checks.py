@@ -360,11 +360,14 @@ def importance_log_weights(
     chunk_size: int = DEFAULT_CHUNK,
 ) -> jax.Array:
     """log p(θ_s) − log q(θ_s) + const at the draws θ_s = m + L z_s of q = N(m, LLᵀ): the
-    full-data potential at every draw, the data read once (each chunk at all draws)."""
+    full-data potential at every draw, the data read once (each chunk at all draws), as
+    differences from m taken per datum before summing (they keep their precision when f
+    itself is a large sum)."""
     thetas = centre + z @ scale_tril.T
 
     def chunk(idx, mask):
-        terms = jax.vmap(lambda t: potential.data_terms(t, idx, data))(thetas)
+        base = potential.data_terms(centre, idx, data)
+        terms = jax.vmap(lambda t: potential.data_terms(t, idx, data) - base)(thetas)
         return jnp.sum(jnp.where(mask, terms, 0.0), axis=1)
 
     lik = scan_chunks(chunk, potential.num_data, chunk_size, jnp.zeros(z.shape[0], centre.dtype))

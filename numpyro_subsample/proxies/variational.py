@@ -341,10 +341,13 @@ def _expected_hessian_cov(potential, data, fit, key, num_draws, chunk_size):
 
 def _pareto_khat(log_weights) -> float:
     """ArviZ's Pareto k̂ of the importance weights (Vehtari et al. 2024); inf if any log
-    weight is not finite."""
+    weight is not finite, 0 if they are equal within 0.01 (q = p up to rounding, where the
+    tail fit is degenerate)."""
     lw = np.asarray(log_weights, np.float64)
     if not np.all(np.isfinite(lw)):
         return float("inf")
+    if np.ptp(lw) < 1e-2:
+        return 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return float(az.psislw(lw - lw.max())[1])
