@@ -22,7 +22,7 @@ sites of the offending flat coordinates (:func:`coordinate_labels`):
   means θ̂ is not a mode along that axis;
 * for a Gaussian variational guide N(m, Σ), Stein's identity at guide draws
   (:func:`stein_moments`): a stationary guide has E_q[∇f] = 0 (else its mean is off by the
-  Newton step Σ E_q[∇f], :func:`stationarity_message`) and diag(E_q[∇²f]) = diag(Σ⁻¹); far
+  Newton step Σ E_q[∇f], :mod:`.fit_checks`) and diag(E_q[∇²f]) = diag(Σ⁻¹); far
   below, its scale has collapsed (too large a learning rate), far above, it is too wide.
 """
 
@@ -39,7 +39,7 @@ from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, full_data_sums, scan_chunks
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, full_data_sums
 from numpyro_subsample.core.potential import ModelData, Potential, set_plate_indices
 from numpyro_subsample.proxies.base import ProxyFitWarning
 
@@ -59,9 +59,6 @@ __all__ = [
     "scale_message",
     "stein_moments",
     "stein_subsample",
-    "stationarity_message",
-    "importance_log_weights",
-    "pareto_message",
     "newton_pass",
     "prior_grad",
     "warn_proxy",
@@ -73,8 +70,6 @@ MAX_DECREMENT = 0.1  # largest Newton decrement (proxy sds) of a converged fit
 RISE_FACTOR, RISE_SLACK = 20.0, 5.0  # excursion rise > 20 × quadratic + 5 nats: proxy too wide
 MAX_DROP = 1.0  # excursion fall (nats) one proxy sd from a mode
 MIN_STEIN_RATIO = 0.1  # Stein ratio outside (0.1, 10): the guide's sd > 3 times off
-MAX_STEIN_OFFSET = 1.0  # |Σ E_q[∇f]|_k / sd_k above which the guide's mean is off
-MAX_PARETO_K = 0.7  # Pareto k̂ of p/q above which q is far from p (Yao et al. 2018)
 MAX_STEIN_DATA = 4096  # data read per draw by the Stein check
 MAX_AXES = 128  # coordinates visited by the axis excursions (2 evaluations of f each)
 
@@ -347,70 +342,6 @@ def scale_message(labels, ratio) -> str | None:
         "SVI has not converged or diverged, as with too large a learning rate or too noisy "
         "an ELBO gradient: pass a smaller learning_rate (proxy_kwargs={'learning_rate': ...}) "
         "and more max_steps, or a larger subsample_size (the noise grows as N/n)."
-    )
-
-
-@partial(jax.jit, static_argnames=("potential", "chunk_size"))
-def importance_log_weights(
-    potential: Potential,
-    centre: jax.Array,
-    scale_tril: jax.Array,
-    z: jax.Array,
-    data: ModelData,
-    chunk_size: int = DEFAULT_CHUNK,
-) -> jax.Array:
-    """log p(θ_s) − log q(θ_s) + const at the draws θ_s = m + L z_s of q = N(m, LLᵀ): the
-    full-data potential at every draw, the data read once (each chunk at all draws), as
-    differences from m taken per datum before summing (they keep their precision when f
-    itself is a large sum)."""
-    thetas = centre + z @ scale_tril.T
-
-    def chunk(idx, mask):
-        base = potential.data_terms(centre, idx, data)
-        terms = jax.vmap(lambda t: potential.data_terms(t, idx, data) - base)(thetas)
-        return jnp.sum(jnp.where(mask, terms, 0.0), axis=1)
-
-    lik = scan_chunks(chunk, potential.num_data, chunk_size, jnp.zeros(z.shape[0], centre.dtype))
-    prior = jax.vmap(lambda t: potential.prior(t, data))(thetas)
-    return -(lik + prior) + 0.5 * jnp.sum(z**2, axis=1)
-
-
-def pareto_message(labels, khat, z, log_weights) -> str | None:
-    """Message for a Gaussian guide far from the posterior (Pareto k̂ of the importance
-    weights above :data:`MAX_PARETO_K`), or None; the coordinates named are those whose
-    whitened draws correlate most with the log weights."""
-    if not khat > MAX_PARETO_K:
-        return None
-    z = np.asarray(z, np.float64)
-    lw = np.asarray(log_weights, np.float64)
-    lw = np.where(np.isfinite(lw), lw, np.nanmin(np.where(np.isfinite(lw), lw, np.nan)))
-    corr = np.nan_to_num((z - z.mean(0)).T @ (lw - lw.mean()) / (
-        z.shape[0] * z.std(0) * max(lw.std(), 1e-300)))
-    return (
-        f"The Gaussian guide is far from the posterior: the Pareto k̂ of the importance "
-        f"weights p/q at {z.shape[0]} guide draws is {khat:.2f} > {MAX_PARETO_K} (Yao et al. "
-        "2018), so q's moments, and a chain centred and whitened by them, may be off; the "
-        f"weights vary most along {describe(labels, corr, fmt='{:.2f}')} (correlation with "
-        "the log weight). A funnel (a centred hierarchical scale) or a heavy tail does this: "
-        "write those sites non-centred (numpyro.infer.reparam.LocScaleReparam) or in "
-        "coordinates where the posterior is closer to Gaussian, and check the chain against "
-        "a long full-data NUTS run."
-    )
-
-
-def stationarity_message(labels, offsets) -> str | None:
-    """Message for a guide whose mean is off by more than :data:`MAX_STEIN_OFFSET` of its
-    sds along some coordinate (``offsets``: the Newton step Σ E_q[∇f] over the sds), or None."""
-    offsets = np.asarray(offsets, np.float64)
-    bad = ~(np.abs(offsets) <= MAX_STEIN_OFFSET)
-    if not bad.any():
-        return None
-    return (
-        f"The guide's mean is not stationary: E_q[∇f] (Stein's identity at guide draws) is 0 at "
-        f"a converged Gaussian fit, and here the step Σ E_q[∇f] it asks for is over "
-        f"{MAX_STEIN_OFFSET:g} guide sd along {describe(labels, offsets)}. SVI stopped short "
-        "or its ELBO gradient is too noisy: pass more max_steps and a smaller learning_rate "
-        "(proxy_kwargs={...}), or a larger subsample_size (the noise grows as N/n)."
     )
 
 

@@ -1,9 +1,15 @@
-"""SVI of the variational proxy: compiled Adam blocks and the plateau rule.
+"""SVI of the variational proxy: the full-rank Gaussian fit, NumPyro's SVI, the plateau rule.
 
-The model and the guide are static arguments of every compiled program and the data a traced
-one, so a refit on new data of the same shapes compiles nothing. The stopping rule (blocks of
-iterate-averaged Adam steps compared by an ELBO with common random numbers, learning rate
-divided by 4 on a plateau) is described in :mod:`~numpyro_subsample.proxies.variational`.
+* :func:`expansion_start`, :func:`fit_gaussian_cv`: the default full-rank family fitted in
+  the potential's flat space from the Laplace start, on a minibatch ELBO with second-order
+  control variates (:func:`_cv_neg_elbo`);
+* :func:`_fit_svi`: NumPyro's SVI of any guide on the model's own subsampled ELBO, compared
+  across blocks by an ELBO with common random numbers;
+* :func:`plateau_step`: the stopping rule both use.
+
+The model, the guide and the potential are static arguments of every compiled program and
+the data a traced one, so a refit on new data of the same shapes compiles nothing. The rules
+are described in :mod:`~numpyro_subsample.proxies.variational`.
 """
 
 from __future__ import annotations

@@ -35,10 +35,11 @@ fits the guide (``AutoLowRankMultivariateNormal``, rank ≈ √d, by default) on
 subsampled ELBO, with the same plateau rule on an ELBO estimated with common random numbers
 (:mod:`~numpyro_subsample.proxies.svi`); with fitted ``guide_params=`` SVI is skipped.
 
-Checks (:func:`fit_variational`): a fit that stopped at ``max_steps``, a Gaussian q whose mean
-or variances break the Stein identities of the posterior at 32 antithetic guide draws
-(E_q[∇f] = 0, diag E_q[∇²f] = diag Σ⁻¹: :func:`~.checks.stein_moments`), a mean at a
-support's boundary, or non-finite SVI steps warn by site with a remedy.
+Checks (:mod:`~numpyro_subsample.proxies.fit_checks`): a fit that stopped at ``max_steps``,
+a Gaussian q whose mean or variances break the Stein identities of the posterior at 32
+antithetic guide draws (E_q[∇f] = 0, diag E_q[∇²f] = diag Σ⁻¹), whose importance weights p/q
+at 100 draws have a Pareto k̂ above 0.7 (q far from the posterior), a mean at a support's
+boundary, or non-finite SVI steps warn by site with a remedy.
 
 Ordering. An ``AutoContinuous`` guide flattens the latent sites in model order, ``Potential``
 by name; the guide's moments are permuted by the map read off ``guide._unpack_latent``
@@ -48,12 +49,10 @@ by name; the guide's moments are permuted by the map read off ``guide._unpack_la
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
-import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,21 +61,8 @@ from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.proxies.checks import (
-    boundary_message,
-    coordinate_labels,
-    describe,
-    importance_log_weights,
-    newton_offsets,
-    pareto_message,
-    prior_grad,
-    scale_message,
-    stationarity_message,
-    stein_moments,
-    stein_subsample,
-    transformed_coordinates,
-    warn_proxy,
-)
+from numpyro_subsample.proxies.checks import warn_proxy
+from numpyro_subsample.proxies.fit_checks import check_passes, fit_messages
 from numpyro_subsample.proxies.guides import (
     MAX_FULL_RANK_DIM,
     _cached_default_guide,
@@ -96,10 +82,6 @@ from numpyro_subsample.proxies.svi import (
 )
 
 __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
-
-MAX_NONFINITE_STEPS = 0.01  # share of SVI steps with a non-finite loss before a warning
-STEIN_DRAWS = 32  # guide draws of the Stein checks, 16 antithetic pairs
-PARETO_DRAWS = 100  # guide draws of the importance-weight check (full-data values)
 
 
 class Fitted(NamedTuple):
@@ -204,10 +186,11 @@ def fit_variational(
     model for the default family), ``losses`` (per-step −ELBO estimates), ``elbo_trace``,
     ``elbo_trend``, ``svi_steps``, ``converged``, ``gaussian`` and ``sample`` (draws
     ``(key, S) -> (S, d)`` from q in the potential's flat space), the checks' figures
-    (``stationary_offsets``, ``stein_ratio``, ``mean_decrement``) and ``warnings``.
+    (``stationary_offsets``, ``stein_ratio``, ``pareto_k``, ``mean_decrement``) and
+    ``warnings``.
     ``num_data_passes`` counts the start (Adam epochs, Newton passes), the SVI steps (n/N
-    each), the per-datum gradients at the centre (one) and the Stein checks (one for
-    N ≥ 16 896).
+    each), the per-datum gradients at the centre (one), the Stein checks (one for
+    N ≥ 16 896) and the importance weights (100 full-data values).
 
     ``covariance``: ``"guide"`` (q's own) or ``"expected_hessian"``: (E_q[∇²f])⁻¹, the
     full-data Hessian averaged over the mean and ``num_hessian_draws`` draws (one pass each;
@@ -216,9 +199,10 @@ def fit_variational(
 
     Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming the sites, the
     figure and a remedy) if SVI stopped at ``max_steps``, if more than 1% of its steps had a
-    non-finite loss, if q's mean or variances break the Stein identities (:mod:`.checks`;
-    Newton step Σ E_q[∇f] over 1 sd, or a variance ratio beyond a factor 10), or if its mean
-    is at a support's boundary.
+    non-finite loss, if q's mean or variances break the Stein identities (Newton step
+    Σ E_q[∇f] over 1 sd, or a variance ratio beyond a factor 10), if the Pareto k̂ of the
+    importance weights p/q exceeds 0.7, or if its mean is at a support's boundary
+    (:mod:`.fit_checks`). ``info["pareto_k"]`` holds k̂.
     """
     t0 = time.perf_counter()
     full_rank = guide is None and potential.dim <= int(max_full_rank_dim)
@@ -254,17 +238,14 @@ def fit_variational(
         potential, data, fit.mean, cov, chunk_size=chunk_size,
         store_datum_grads=store_datum_grads, kind="variational", num_data_passes=passes,
     )
-    messages, figures = _fit_messages(potential, data, proxy, fit.info, int(patience), tol,
-                                      fit.gaussian, chunk_size)
+    messages, figures = fit_messages(potential, data, proxy, fit.info, int(patience), tol,
+                                     fit.gaussian, chunk_size)
     for message in messages:
         warn_proxy(message)
     info = dict(fit.info, guide=fit.guide, guide_params=fit.params, gaussian=fit.gaussian,
                 sample=fit.sample, warnings=messages, guide_cov=fit.cov, covariance=covariance,
                 **cov_info, **figures)
-    passes = proxy.num_data_passes + (
-        (STEIN_DRAWS + 1) * len(stein_subsample(potential.num_data, STEIN_DRAWS))
-        / potential.num_data + PARETO_DRAWS if fit.gaussian else 0.0
-    )
+    passes = proxy.num_data_passes + (check_passes(potential.num_data) if fit.gaussian else 0)
     return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
 
 
@@ -337,88 +318,3 @@ def _expected_hessian_cov(potential, data, fit, key, num_draws, chunk_size):
         "steps, a smaller learning_rate) or pass covariance='guide'."
     )
     return fit.cov, float(thetas.shape[0])
-
-
-def _pareto_khat(log_weights) -> float:
-    """ArviZ's Pareto k̂ of the importance weights (Vehtari et al. 2024); inf if any log
-    weight is not finite, 0 if they are equal within 0.01 (q = p up to rounding, where the
-    tail fit is degenerate)."""
-    lw = np.asarray(log_weights, np.float64)
-    if not np.all(np.isfinite(lw)):
-        return float("inf")
-    if np.ptp(lw) < 1e-2:
-        return 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(az.psislw(lw - lw.max())[1])
-
-
-def _fit_messages(potential, data, proxy, info, patience, tol, gaussian,
-                  chunk_size) -> tuple[list, dict]:
-    """Warnings of a variational fit (:mod:`.checks`): non-finite SVI steps, SVI stopped at
-    ``max_steps``, a Gaussian q breaking the Stein identities (mean or variances), a mean at a
-    support's boundary; and the figures checked."""
-    labels = coordinate_labels(potential)
-    mean = np.asarray(proxy.centre, np.float64)
-    cov = np.asarray(proxy.cov, np.float64)
-    grad = np.asarray(proxy.sum_grads) + np.asarray(prior_grad(potential, proxy.centre, data))
-    decrement, offsets = newton_offsets(grad, cov)
-    messages = [m for m in (_nonfinite_message(info), _unconverged_message(info, labels, offsets,
-                                                                          patience, tol)) if m]
-    figures = {"mean_decrement": decrement, "stein_ratio": None, "stationary_offsets": None,
-               "pareto_k": None}
-    if gaussian:
-        idx = stein_subsample(potential.num_data, STEIN_DRAWS)
-        dtype = proxy.centre.dtype
-        z = jax.random.normal(jax.random.PRNGKey(0), (STEIN_DRAWS // 2, potential.dim), dtype)
-        change, curvature = stein_moments(potential, proxy.centre, proxy.scale_tril,
-                                          jnp.concatenate([z, -z]), jnp.asarray(idx), data)
-        stationary = newton_offsets(grad + np.asarray(change, np.float64), cov)[1]
-        inv_tril = np.linalg.inv(np.asarray(proxy.scale_tril, np.float64))
-        ratio = np.asarray(curvature, np.float64) / np.sum(inv_tril**2, axis=0)  # / diag(Σ⁻¹)
-        z = jax.random.normal(jax.random.PRNGKey(1), (PARETO_DRAWS, potential.dim), dtype)
-        lw = importance_log_weights(potential, proxy.centre, proxy.scale_tril, z, data,
-                                    int(chunk_size))
-        khat = _pareto_khat(lw)
-        figures.update(stein_ratio=ratio, stationary_offsets=-stationary, pareto_k=khat)
-        messages += [m for m in (stationarity_message(labels, -stationary),
-                                 scale_message(labels, ratio),
-                                 pareto_message(labels, khat, z, lw)) if m]
-    outward = -offsets * (np.abs(offsets) > 1.0) if info.get("converged") is False else None
-    boundary = boundary_message(
-        labels, transformed_coordinates(potential, data), mean, "variational", outward
-    )
-    messages += [boundary] if boundary else []
-    return messages, figures
-
-
-def _nonfinite_message(info) -> str | None:
-    losses = info.get("losses")
-    bad = int(np.sum(~np.isfinite(losses))) if losses is not None else 0
-    if not bad > MAX_NONFINITE_STEPS * max(losses.size if losses is not None else 0, 1):
-        return None
-    return (
-        f"{bad} of {losses.size} SVI steps had a non-finite loss (−ELBO) and were skipped; the "
-        "guide may sit where the model's density or its gradient overflows. Pass a smaller "
-        "learning_rate (proxy_kwargs={'learning_rate': ...}) or check the model's support and "
-        "priors."
-    )
-
-
-def _unconverged_message(info, labels, offsets, patience, tol) -> str | None:
-    """SVI stopped at ``max_steps`` before the plateau rule: the ELBO's last rise and trend."""
-    trace = info.get("elbo_trace")
-    if info.get("converged") is not False or trace is None or not len(trace):
-        return None
-    k = min(patience, len(trace) - 1)
-    rise = float(trace[-1] - trace[-1 - k]) if k else float("nan")
-    trend = info.get("elbo_trend", float("nan"))
-    return (
-        f"SVI stopped at max_steps={info['svi_steps']} before its ELBO levelled off (rise "
-        f"{rise:.3g} nats over the last {k} block(s), trend {trend:.3g} nats per 1000 steps; "
-        f"the rule asks for {patience} blocks without a rise above max({tol:.3g}, 2 se) at "
-        "each of its learning rates); the guide's mean may still move, most along "
-        f"{describe(labels, -offsets)} (remaining Newton step from the mean, in guide sds). "
-        "Pass a larger max_steps (proxy_kwargs={'max_steps': ...}), or a smaller "
-        "learning_rate if the ELBO is erratic."
-    )
