@@ -84,7 +84,8 @@ def pareto_message(labels, khat, z, log_weights) -> str | None:
         return None
     z = np.asarray(z, np.float64)
     lw = np.asarray(log_weights, np.float64)
-    lw = np.where(np.isfinite(lw), lw, np.nanmin(np.where(np.isfinite(lw), lw, np.nan)))
+    finite = np.isfinite(lw)
+    lw = np.where(finite, lw, lw[finite].min() if finite.any() else 0.0)
     corr = np.nan_to_num((z - z.mean(0)).T @ (lw - lw.mean()) / (
         z.shape[0] * z.std(0) * max(lw.std(), 1e-300)))
     return (
