@@ -83,6 +83,11 @@ from numpyro_subsample.proxies.svi import (
 
 __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
 
+#: default rule of the full-rank family (precise ELBO estimates, Adam in whitened coordinates)
+FULL_RANK_RULE = {"learning_rate": 0.005, "block_size": 100, "patience": 5, "num_decays": 2}
+#: default rule of NumPyro's SVI (raw coordinates, noisier ELBO)
+NUMPYRO_RULE = {"learning_rate": 0.02, "block_size": 250, "patience": 2, "num_decays": 3}
+
 
 class Fitted(NamedTuple):
     """A fitted q: moments in the potential's flat space, the guide, its parameters."""
@@ -109,8 +114,9 @@ def _check_settings(block_size, max_steps, patience, num_decays, num_eval_partic
     if not (isinstance(learning_rate, (int, float)) and np.isfinite(learning_rate)
             and learning_rate > 0):
         raise ValueError(
-            f"learning_rate must be a positive number, got {learning_rate!r}; the default is "
-            "0.02."
+            f"learning_rate must be a positive number, got {learning_rate!r}; the defaults are "
+            f"{FULL_RANK_RULE['learning_rate']} (full rank) and {NUMPYRO_RULE['learning_rate']} "
+            "(NumPyro's SVI)."
         )
     if tol is not None and not (isinstance(tol, (int, float)) and tol >= 0):
         raise ValueError(f"tol must be a non-negative number of nats or None, got {tol!r}.")
@@ -155,9 +161,9 @@ def fit_variational(
     guide: Callable | None = None,
     guide_params: dict | None = None,
     max_full_rank_dim: int = MAX_FULL_RANK_DIM,
-    learning_rate: float = 0.02,
+    learning_rate: float | None = None,
     block_size: int | None = None,
-    patience: int = 2,
+    patience: int | None = None,
     num_decays: int | None = None,
     max_steps: int = 20_000,
     tol: float | None = None,
@@ -178,9 +184,9 @@ def fit_variational(
     ``guide`` (default ``AutoLowRankMultivariateNormal``); with ``guide_params`` (already
     fitted) SVI is skipped. ``learning_rate``: Adam's, in q's whitened coordinates for the
     default family; ``num_particles``: guide draws per step; ``num_eval_particles``: the
-    common-random-number ELBO draws of NumPyro's SVI. ``block_size`` and ``num_decays``
-    default to 100 and 2 for the full-rank family (its ELBO estimates are precise), 250 and
-    3 for NumPyro's SVI.
+    common-random-number ELBO draws of NumPyro's SVI. ``learning_rate``, ``block_size``,
+    ``patience`` and ``num_decays`` default to :data:`FULL_RANK_RULE` (0.005, 100, 5, 2) for
+    the full-rank family and :data:`NUMPYRO_RULE` (0.02, 250, 2, 3) for NumPyro's SVI.
 
     ``proxy.info`` holds the guide and its parameters (an ``AutoMultivariateNormal`` of the
     model for the default family), ``losses`` (per-step −ELBO estimates), ``elbo_trace``,
@@ -206,8 +212,11 @@ def fit_variational(
     """
     t0 = time.perf_counter()
     full_rank = guide is None and potential.dim <= int(max_full_rank_dim)
-    block_size = (100 if full_rank else 250) if block_size is None else block_size
-    num_decays = (2 if full_rank else 3) if num_decays is None else num_decays
+    defaults = FULL_RANK_RULE if full_rank else NUMPYRO_RULE
+    learning_rate = defaults["learning_rate"] if learning_rate is None else learning_rate
+    block_size = defaults["block_size"] if block_size is None else block_size
+    patience = defaults["patience"] if patience is None else patience
+    num_decays = defaults["num_decays"] if num_decays is None else num_decays
     _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
                     learning_rate, tol, num_particles)
     _check_request(potential, guide, guide_params, covariance, max_full_rank_dim)
@@ -263,8 +272,8 @@ def _fit_full_rank(potential, data, key, rule, num_particles, chunk_size) -> Fit
     guide = _cached_default_guide(potential, potential.dim)
     params = autoguide_params(potential, guide, mean, cov)
     mean, tril = device_array(mean, dtype), device_array(tril, dtype)
+    passes = start.pop("num_data_passes") + info.pop("num_data_passes")
     info.update(start)
-    passes = start["num_data_passes"] + info.pop("num_data_passes")
     return Fitted(mean, device_array(cov, dtype), True, gaussian_sampler(mean, tril), guide,
                   params, info, passes)
 
