@@ -268,8 +268,9 @@ def test_non_centred_hierarchical_with_laplace_warns_not_mixed():
 
 @pytest.mark.slow
 def test_variational_proxy_uses_expected_hessian_covariance():
-    """On the non-centred model the guide's covariance may collapse a direction; the kernels'
-    variational proxy takes (E_q[∇²f])⁻¹, whose smallest variance is not collapsed."""
+    """On the non-centred model the kernels' variational proxy takes (E_q[∇²f])⁻¹, which does
+    not collapse where a guide's scale can; the converged full-rank guide does not collapse
+    either (its covariance is (E_q[∇²f])⁻¹ at stationarity), so the two agree."""
     import numpyro
     from numpyro.infer.reparam import LocScaleReparam
 
@@ -283,7 +284,8 @@ def test_variational_proxy_uses_expected_hessian_covariance():
     assert proxy.info["covariance"] == "expected_hessian"
     eig = np.linalg.eigvalsh(np.asarray(proxy.cov, np.float64))
     guide_eig = np.linalg.eigvalsh(np.asarray(proxy.info["guide_cov"], np.float64))
-    assert eig.min() > 1e-4 and eig.min() >= guide_eig.min()
+    assert eig.min() > 1e-4 and guide_eig.min() > 1e-4
+    assert 0.5 < eig.min() / guide_eig.min() < 2.0, (eig.min(), guide_eig.min())
     assert kernel.step_size > 1e-2  # a usable step, where the Laplace centre gives ~1e-2/v
 
 

@@ -1,16 +1,28 @@
 """The variational proxy: SVI fit, guide ordering, and SGLD accuracy with proxy="variational"."""
 
 import logging
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
-from models import linreg_data, linreg_exact, linreg_model, logistic_data, logistic_hier_model
+from models import (
+    NOISE_SD,
+    PRIOR_SD,
+    linreg_data,
+    linreg_exact,
+    linreg_model,
+    logistic_data,
+    logistic_hier_model,
+)
 from numpyro.infer import MCMC
 from numpyro.infer.autoguide import AutoMultivariateNormal
 
-from numpyro_subsample import SGLD, ModelData, build_potential, fit_variational
+from numpyro_subsample import SGLD, ModelData, ProxyFitWarning, build_potential, fit_variational
+from numpyro_subsample.proxies.svi import Plateau, plateau_step
 
 # compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
 pytestmark = pytest.mark.fast_compile
@@ -55,14 +67,104 @@ def test_svi_reports_trace_and_stops_by_rule(linreg, cv_run):
     assert kernel.proxy.kind == "variational"
     assert info["converged"] and info["svi_steps"] < 20_000
     assert info["losses"].shape == (info["svi_steps"],)
-    assert len(info["elbo_trace"]) == info["svi_steps"] // 250
-    assert info["elbo_trace"][-1] > info["elbo_trace"][0]
-    # the guide is a usable (approximate) proxy: centre within 1 sd, sds within a factor 2.5
+    assert len(info["elbo_trace"]) == len(info["elbo_se"]) == info["svi_steps"] // 100
+    assert np.isfinite(info["elbo_trend"]) and info["hessian_definite"]
+    # the guide is a usable proxy: centre within 0.1 sd, sds within 10% (exact for a
+    # Gaussian posterior; the SG kernel's proxy covariance is E_q[∇²f]⁻¹)
     mean, sd = linreg[2]
-    assert np.all(np.abs((np.asarray(kernel.proxy.centre) - mean) / sd) < 1.0)
+    assert np.all(np.abs((np.asarray(kernel.proxy.centre) - mean) / sd) < 0.1)
     ratio = np.sqrt(np.diag(np.asarray(kernel.proxy.cov))) / sd
-    assert np.all((ratio > 0.4) & (ratio < 2.5)), ratio
-    assert kernel.proxy.num_data_passes > 1
+    assert np.all(np.abs(ratio - 1) < 0.1), ratio
+    n_over_n = 100 / 5000  # subsample over data: each Adam or SVI step reads n rows
+    assert kernel.proxy.num_data_passes > (info["adam_steps"] + info["svi_steps"]) * n_over_n + (
+        info["newton_passes"] + 100)  # + the importance weights' 100 full-data values
+
+
+def test_full_rank_guide_matches_conjugate_posterior(linreg):
+    """The default full-rank fit on Bayesian linear regression (N = 5000, d = 4, n = 100):
+    mean within 0.05 posterior sd and covariance within 10% in the exact posterior's whitened
+    coordinates (the ELBO's optimum is the posterior itself)."""
+    X, y, _ = linreg
+    data = ModelData.from_args((X, y), {})
+    pot = build_potential(linreg_model, data, jax.random.PRNGKey(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proxy = fit_variational(pot, data, jax.random.PRNGKey(4))
+    Xn, yn = np.asarray(X, np.float64), np.asarray(y, np.float64)
+    prec = Xn.T @ Xn / NOISE_SD**2 + np.eye(4) / PRIOR_SD**2
+    cov = np.linalg.inv(prec)
+    mean = cov @ Xn.T @ yn / NOISE_SD**2
+    err = (np.asarray(proxy.centre, np.float64) - mean) / np.sqrt(np.diag(cov))
+    assert np.all(np.abs(err) < 0.05), err
+    root = np.linalg.cholesky(prec)  # whitened: Lᵀ Σ_q L = I for the exact posterior
+    white = root.T @ np.asarray(proxy.info["guide_cov"], np.float64) @ root
+    assert np.abs(white - np.eye(4)).max() < 0.1, white
+    assert proxy.info["converged"] and proxy.info["guide"] is not None
+
+
+def rare_feature_model(x, y, subsample_size=100):
+    """β ~ N(0, 3²), y_i ~ Bernoulli(σ(β x_i)); x_i = 1 in 300 of 2000 rows, 3 of them y = 1:
+    a skewed posterior whose mode is 0.25 sd from the Gaussian ELBO's optimum."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, 3.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=beta * x[idx]), obs=y[idx])
+
+
+def _gaussian_elbo_optimum(num_rows=300, ones=3, prior_sd=3.0):
+    """argmax over (m, s) of E_q[log p] + log s by Gauss-Hermite quadrature (80 nodes)."""
+    from scipy.optimize import minimize
+
+    def f(b):
+        return -ones * b + num_rows * np.logaddexp(0.0, b) + b**2 / (2 * prior_sd**2)
+
+    x, w = np.polynomial.hermite_e.hermegauss(80)
+    w = w / w.sum()
+    res = minimize(lambda p: np.sum(w * f(p[0] + np.exp(p[1]) * x)) - p[1],
+                   [np.log(ones / num_rows), np.log(0.5)], method="Nelder-Mead",
+                   options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 5000})
+    return res.x[0], np.exp(res.x[1])
+
+
+def test_skewed_posterior_reaches_the_elbo_optimum_not_the_mode():
+    """A subsampled skewed posterior (the rare rows' remainder is noisy over minibatches):
+    the fit reaches the Gaussian ELBO's optimum (quadrature) within 0.08 of its sd and 5% in
+    sd, where the start (the Laplace approximation) is 0.25 sd away."""
+    x = np.zeros(2000, np.float32)
+    x[:300] = 1.0
+    y = np.zeros(2000, np.float32)
+    y[[3, 100, 250]] = 1.0
+    data = ModelData.from_args((jnp.asarray(x), jnp.asarray(y)), {})
+    pot = build_potential(rare_feature_model, data, jax.random.PRNGKey(0))
+    m, s = _gaussian_elbo_optimum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proxy = fit_variational(pot, data, jax.random.PRNGKey(2))
+    sd = float(np.sqrt(proxy.info["guide_cov"][0, 0]))
+    assert abs(float(proxy.centre[0]) - m) < 0.08 * s, (float(proxy.centre[0]), m, s)
+    assert abs(np.log(sd / s)) < 0.05, (sd, s)
+    assert proxy.info["converged"]
+
+
+def test_plateau_rule():
+    """Rate divided on each plateau of `patience` blocks, stop after `num_decays` of them;
+    a slow rise below the threshold per block still counts once it adds up."""
+    rule, actions = Plateau(-np.inf, 0, 0), []
+    for value in [0.0, 5.0, 5.1, 5.25, 5.3, 5.3, 5.3, 5.3]:
+        rule, action = plateau_step(rule, value, 0.2, 2, 1)
+        actions.append(action)
+    assert rule.best == 5.25
+    assert actions == ["continue"] * 5 + ["decay", "continue", "stop"], actions
+
+
+def test_unconverged_fit_warns_with_figure_and_remedy(linreg):
+    X, y, _ = linreg
+    data = ModelData.from_args((X, y), {})
+    pot = build_potential(linreg_model, data, jax.random.PRNGKey(0))
+    with pytest.warns(ProxyFitWarning, match="SVI stopped at max_steps=100") as record:
+        proxy = fit_variational(pot, data, jax.random.PRNGKey(1), max_steps=100)
+    message = next(str(w.message) for w in record if "max_steps=100" in str(w.message))
+    assert "nats per 1000 steps" in message and "Pass a larger max_steps" in message
+    assert proxy.info["converged"] is False and proxy.info["svi_steps"] == 100
 
 
 def test_cv_preferential_with_variational_proxy(linreg, cv_run):

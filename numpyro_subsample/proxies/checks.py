@@ -21,8 +21,9 @@ sites of the offending flat coordinates (:func:`coordinate_labels`):
   noise measured under the proxy, and the step size chosen from it, are meaningless); a fall
   means θ̂ is not a mode along that axis;
 * for a Gaussian variational guide N(m, Σ), Stein's identity at guide draws
-  (:func:`stein_curvature`): a stationary guide has diag(E_q[∇²f]) = diag(Σ⁻¹); far below, its
-  scale has collapsed (too large a learning rate), far above, it is too wide.
+  (:func:`stein_moments`): a stationary guide has E_q[∇f] = 0 (else its mean is off by the
+  Newton step Σ E_q[∇f], :mod:`.fit_checks`) and diag(E_q[∇²f]) = diag(Σ⁻¹); far
+  below, its scale has collapsed (too large a learning rate), far above, it is too wide.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ __all__ = [
     "excursion_points",
     "excursion_messages",
     "scale_message",
-    "stein_curvature",
+    "stein_moments",
     "stein_subsample",
     "newton_pass",
     "prior_grad",
@@ -279,30 +280,32 @@ def excursion_messages(labels, sd, grad, hess_diag, rises) -> list[str]:
 
 
 def stein_subsample(num_data: int, num_draws: int) -> np.ndarray:
-    """Plate indices for :func:`stein_curvature`: (num_draws + 1)·m ≤ max(N, 512·(S + 1))
+    """Plate indices for :func:`stein_moments`: (num_draws + 1)·m ≤ max(N, 512·(S + 1))
     datum gradients, i.e. at most one data pass for N ≥ 512·(S + 1); uniform, fixed seed."""
     m = int(min(num_data, MAX_STEIN_DATA, max(512, num_data // (num_draws + 1))))
     return np.sort(np.random.default_rng(0).choice(num_data, m, replace=False)).astype(np.int32)
 
 
 @partial(jax.jit, static_argnames=("potential",))
-def stein_curvature(
+def stein_moments(
     potential: Potential,
     centre: jax.Array,
     scale_tril: jax.Array,
     z: jax.Array,
     idx: jax.Array,
     data: ModelData,
-) -> jax.Array:
-    """diag(Σ⁻¹ E_q[(θ − m)∇f(θ)ᵀ]) for q = N(m, Σ = LLᵀ), from the draws θ_s = m + L z_s.
+) -> tuple[jax.Array, jax.Array]:
+    """E_q[∇f(θ)] − ∇f(m) and diag(Σ⁻¹ E_q[(θ − m)∇f(θ)ᵀ]) for q = N(m, Σ = LLᵀ), from the
+    draws θ_s = m + L z_s (pass antithetic pairs z, −z: the first then has no linear term).
 
-    By Stein's lemma E_q[(θ − m)∇f(θ)ᵀ] = Σ E_q[∇²f], so this estimates the diagonal of
-    E_q[∇²f], which a stationary Gaussian guide matches: E_q[∇²f] = Σ⁻¹ for a full-rank guide,
-    and its diagonal for a diagonal or low-rank-plus-diagonal one (the fixed-point conditions
-    of the Gaussian variational approximation, Opper and Archambeau 2009). As E_q[θ − m] = 0,
-    ∇f(θ_s) enters as its change since m, ∇f(θ_s) − ∇f(m) (a control variate), and the data
-    part of that change is the subsample ``idx``'s, scaled by N / len(idx) (unbiased; exact
-    when idx holds every datum).
+    A stationary Gaussian guide has E_q[∇f] = 0 and, by Stein's lemma E_q[(θ − m)∇f(θ)ᵀ] =
+    Σ E_q[∇²f], E_q[∇²f] = Σ⁻¹ for a full-rank guide, diag(E_q[∇²f]) = diag(Σ⁻¹) for a
+    diagonal or low-rank-plus-diagonal one (the fixed-point conditions of the Gaussian
+    variational approximation, Opper and Archambeau 2009); both are Stein identities of the
+    posterior, E_p[∇f] = 0 and E_p[(θ − m)∇fᵀ] = I, read under q. ∇f(θ_s) enters as its
+    change since m, ∇f(θ_s) − ∇f(m) (a control variate), and the data part of that change is
+    the subsample ``idx``'s, scaled by N / len(idx) (unbiased; exact when idx holds every
+    datum).
     """
     scale = potential.num_data / idx.shape[0]
     sub_grad = jax.grad(lambda t: jnp.sum(potential.data_terms(t, idx, data)))
@@ -313,16 +316,17 @@ def stein_curvature(
         theta = centre + scale_tril @ zs
         change = scale * (sub_grad(theta) - g0) + (prior(theta) - p0)
         w = jax.scipy.linalg.solve_triangular(scale_tril.T, zs, lower=False)  # Σ⁻¹(θ − m)
-        return w * change
+        return change, w * change
 
-    return jnp.mean(jax.lax.map(one, z), axis=0)
+    change, curvature = jax.lax.map(one, z)
+    return jnp.mean(change, axis=0), jnp.mean(curvature, axis=0)
 
 
 def scale_message(labels, ratio) -> str | None:
     """Message for a guide whose variances are far from the posterior's, or None.
 
-    ``ratio`` is :func:`stein_curvature` over diag(Σ⁻¹): 1 for a stationary Gaussian guide,
-    about c⁻² for a guide whose sd along coordinate k is c times too small.
+    ``ratio`` is the curvature of :func:`stein_moments` over diag(Σ⁻¹): 1 for a stationary
+    Gaussian guide, about c⁻² for a guide whose sd along coordinate k is c times too small.
     """
     ratio = np.asarray(ratio, np.float64)
     bad = ~((ratio > MIN_STEIN_RATIO) & (ratio < 1.0 / MIN_STEIN_RATIO))

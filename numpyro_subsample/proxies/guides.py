@@ -27,7 +27,9 @@ from numpyro.infer.initialization import init_to_median, init_to_value
 
 from numpyro_subsample.core.potential import ModelData, Potential
 
-__all__ = ["default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
+__all__ = [
+    "autoguide_params", "default_guide", "gaussian_sampler", "guide_moments", "MAX_FULL_RANK_DIM",
+]
 
 MAX_FULL_RANK_DIM = 200
 
@@ -165,3 +167,37 @@ def guide_moments(
     mean = draws.mean(0)
     cov = jnp.cov(draws, rowvar=False).reshape(d, d)
     return mean, cov, False, sample
+
+
+# -- the default Gaussian fit as an autoguide ----------------------------------------------------
+@partial(jax.jit, static_argnames=("num",))
+def _sample_gaussian(mean, tril, key, num):
+    """``num`` draws of N(mean, L Lᵀ) in the potential's flat order."""
+    return mean + jax.random.normal(key, (num, mean.shape[0]), mean.dtype) @ tril.T
+
+
+def gaussian_sampler(mean: jax.Array, tril: jax.Array) -> Callable[[jax.Array, int], jax.Array]:
+    """``sample(key, S) -> (S, d)``: draws of N(mean, L Lᵀ)."""
+    return partial(_sample_gaussian, mean, tril)
+
+
+def guide_order(potential: Potential) -> np.ndarray:
+    """order with x_guide[j] = θ_potential[order[j]] for an ``AutoContinuous`` guide of the
+    potential's model, which flattens the latent sites in model order
+    (``potential.latent_sites``), the potential by name."""
+    positions = potential.unravel(jnp.arange(potential.dim, dtype=jnp.float32))
+    return np.concatenate([np.asarray(positions[name]).ravel().round().astype(np.int64)
+                           for name in potential.latent_sites])
+
+
+def autoguide_params(potential: Potential, guide: AutoMultivariateNormal, mean: np.ndarray,
+                     cov: np.ndarray) -> dict:
+    """Parameters of ``guide``, an ``AutoMultivariateNormal`` of the potential's model, whose
+    distribution is N(mean, cov) in the potential's flat order (:func:`guide_order`). The
+    guide is not set up here (that traces and compiles the model); :func:`guide_moments`
+    checks the order against the set-up guide when the parameters are used."""
+    order = guide_order(potential)
+    cov_g = np.asarray(cov, np.float64)[np.ix_(order, order)]
+    dtype = potential.init_theta.dtype
+    return {f"{guide.prefix}_loc": jnp.asarray(np.asarray(mean)[order], dtype),
+            f"{guide.prefix}_scale_tril": jnp.asarray(np.linalg.cholesky(cov_g), dtype)}

@@ -1,38 +1,49 @@
-"""Variational proxy: a NumPyro autoguide fitted by SVI on the model's own subsampled ELBO.
+"""Variational proxy: a Gaussian q fitted by stochastic variational inference on the model.
 
-The fitted guide q gives a centre (its mean) and a covariance in the flat unconstrained space
-of :attr:`Potential.unravel`; :func:`fit_variational` turns them into a
+The fitted q gives a centre (its mean) and a covariance in the flat unconstrained space of
+:attr:`Potential.unravel`; :func:`fit_variational` turns them into a
 :class:`~numpyro_subsample.proxies.base.Proxy` with
 :func:`~numpyro_subsample.proxies.laplace.proxy_from_moments`, so the control variates, the
 preconditioning and the preferential weights use it as they use the Laplace proxy. The guide
 and its parameters stay in ``proxy.info`` for the variational energy-conserving proxy
 (Rønning and Hamelryck 2021, Eq. 2-4; :mod:`numpyro_subsample.ecs.kernel`).
 
-Guide: ``AutoMultivariateNormal`` up to ``max_full_rank_dim`` (default 200) unconstrained
-dimensions, ``AutoLowRankMultivariateNormal`` above; or the user's ``guide=`` (any NumPyro
-guide) with or without fitted ``guide_params=``. The default guide is built once per
-:class:`~numpyro_subsample.core.potential.Potential`, and every compiled SVI program takes the
-data as an argument, so a refit on new data of the same shapes compiles nothing.
+Default family (d ≤ ``max_full_rank_dim``, default 200): full-rank Gaussian
+q = N(θ̂ + L0 u, L0 T Tᵀ L0ᵀ), fitted in the potential's space
+(:func:`~numpyro_subsample.proxies.svi.fit_gaussian_cv`), returned also as the parameters of
+an ``AutoMultivariateNormal`` of the model.
+
+1. Start: the mode θ̂ by Adam on minibatches and damped full-data Newton steps (as the
+   Laplace fit), and the whitening L0 = chol((∇²f(θ̂))⁻¹); u, T start at 0, I: q starts at
+   the Laplace approximation. Where ∇²f(θ̂) is not positive definite, L0 is diagonal from its
+   clipped diagonal.
+2. ELBO: with t_i the second-order Taylor expansion of f_i at θ̂, the minibatch estimate of
+   E_q[f] is E_q[Σ_i t_i] (exact: a quadratic) + f0 + (N/n) Σ_{i∈S} (f_i − t_i) at guide
+   draws, unbiased, its variance that of the remainder only (the control variates of Baker
+   et al. 2019, Eq. 5, to second order). Adam in the whitened coordinates (u, log diag T,
+   strict lower T).
+3. Convergence: blocks of ``block_size`` steps; each block's smoothed ELBO is the mean of its
+   per-step estimates, with its standard error se. A block improves if it exceeds the best so
+   far by max(``tol``, 2 se) (``tol`` default 0.01·d nats); after ``patience`` blocks without
+   improvement the learning rate is divided by 4, and after ``num_decays`` such reductions
+   SVI stops (``info["converged"] = True``), or at ``max_steps``. The result is the iterate
+   average over the last block; ``info`` holds ``svi_steps``, ``elbo_trace``, ``elbo_se`` and
+   ``elbo_trend`` (slope over the last ``patience`` + 1 blocks, nats per 1000 steps).
+
+Beyond ``max_full_rank_dim``, or with the user's ``guide=`` (any NumPyro guide), NumPyro's SVI
+fits the guide (``AutoLowRankMultivariateNormal``, rank ≈ √d, by default) on the model's
+subsampled ELBO, with the same plateau rule on an ELBO estimated with common random numbers
+(:mod:`~numpyro_subsample.proxies.svi`); with fitted ``guide_params=`` SVI is skipped.
+
+Checks (:mod:`~numpyro_subsample.proxies.fit_checks`): a fit that stopped at ``max_steps``,
+a Gaussian q whose mean or variances break the Stein identities of the posterior at 32
+antithetic guide draws (E_q[∇f] = 0, diag E_q[∇²f] = diag Σ⁻¹), whose importance weights p/q
+at 100 draws have a Pareto k̂ above 0.7 (q far from the posterior), a mean at a support's
+boundary, or non-finite SVI steps warn by site with a remedy.
 
 Ordering. An ``AutoContinuous`` guide flattens the latent sites in model order, ``Potential``
-by name; the guide's moments are permuted by the map read off ``guide._unpack_latent``.
-
-Convergence rule. SVI runs in blocks of ``block_size`` Adam steps on the unconstrained
-parameters, iterate-averaged within each block. After each block the ELBO of the averaged
-parameters is estimated with common random numbers (the same ``num_eval_particles`` subsamples
-and guide draws every time), so that blocks are compared without the subsampling noise of the
-ELBO:
-
-1. a block improves if that ELBO rises by more than ``tol`` nats (default ``0.01 · d``);
-2. after ``patience`` blocks without improvement the learning rate is divided by 4;
-3. SVI stops at such a plateau after ``num_decays`` reductions (``info["converged"] = True``),
-   or at ``max_steps``. The result is the average over the last block.
-
-A fit that failed (ELBO still rising at ``max_steps``, non-finite steps, a collapsed guide
-scale, a mean at a support's boundary) is reported by site (:func:`fit_variational`).
-
-The SVI runs are in :mod:`~numpyro_subsample.proxies.svi`, the guides and their moments in
-:mod:`~numpyro_subsample.proxies.guides` (re-exported here).
+by name; the guide's moments are permuted by the map read off ``guide._unpack_latent``
+(:mod:`~numpyro_subsample.proxies.guides`).
 """
 
 from __future__ import annotations
@@ -40,46 +51,62 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.proxies.checks import (
-    boundary_message,
-    coordinate_labels,
-    describe,
-    newton_offsets,
-    prior_grad,
-    scale_message,
-    stein_curvature,
-    stein_subsample,
-    transformed_coordinates,
-    warn_proxy,
-)
+from numpyro_subsample.proxies.checks import warn_proxy
+from numpyro_subsample.proxies.fit_checks import check_passes, fit_messages
 from numpyro_subsample.proxies.guides import (
     MAX_FULL_RANK_DIM,
     _cached_default_guide,
     _setup_guide,
+    autoguide_params,
     default_guide,
+    gaussian_sampler,
     guide_moments,
+    guide_order,
 )
 from numpyro_subsample.proxies.laplace import proxy_from_moments
-from numpyro_subsample.proxies.svi import _fit_svi
+from numpyro_subsample.proxies.svi import (
+    _fit_svi,
+    expansion_start,
+    fit_gaussian_cv,
+    minibatch_mode,
+)
 
 __all__ = ["fit_variational", "default_guide", "guide_moments", "MAX_FULL_RANK_DIM"]
 
-MAX_NONFINITE_STEPS = 0.01  # share of SVI steps with a non-finite loss before a warning
-STEIN_DRAWS = 32  # guide draws of the scale check (its ratio has sd ≈ √(2/32) = 0.25)
+#: default rule of the full-rank family (precise ELBO estimates, Adam in whitened coordinates)
+FULL_RANK_RULE = {"learning_rate": 0.005, "block_size": 100, "patience": 5, "num_decays": 2}
+#: default rule of NumPyro's SVI (raw coordinates, noisier ELBO)
+NUMPYRO_RULE = {"learning_rate": 0.02, "block_size": 250, "patience": 2, "num_decays": 3}
+
+
+class Fitted(NamedTuple):
+    """A fitted q: moments in the potential's flat space, the guide, its parameters."""
+
+    mean: jax.Array
+    cov: jax.Array
+    gaussian: bool
+    sample: Callable[[jax.Array, int], jax.Array]
+    guide: Callable
+    params: dict
+    info: dict
+    passes: float
 
 
 def _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
-                    learning_rate, tol):
+                    learning_rate, tol, num_particles):
     for name, value in (("block_size", block_size), ("max_steps", max_steps),
-                        ("patience", patience), ("num_eval_particles", num_eval_particles)):
+                        ("patience", patience), ("num_eval_particles", num_eval_particles),
+                        ("num_particles", num_particles)):
         if not (isinstance(value, (int, np.integer)) and value >= 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     if not (isinstance(num_decays, (int, np.integer)) and num_decays >= 0):
@@ -87,8 +114,9 @@ def _check_settings(block_size, max_steps, patience, num_decays, num_eval_partic
     if not (isinstance(learning_rate, (int, float)) and np.isfinite(learning_rate)
             and learning_rate > 0):
         raise ValueError(
-            f"learning_rate must be a positive number, got {learning_rate!r}; the default is "
-            "0.02."
+            f"learning_rate must be a positive number, got {learning_rate!r}; the defaults are "
+            f"{FULL_RANK_RULE['learning_rate']} (full rank) and {NUMPYRO_RULE['learning_rate']} "
+            "(NumPyro's SVI)."
         )
     if tol is not None and not (isinstance(tol, (int, float)) and tol >= 0):
         raise ValueError(f"tol must be a non-negative number of nats or None, got {tol!r}.")
@@ -101,68 +129,7 @@ def _mean_hessian(potential: Potential, thetas: jax.Array, data: ModelData, chun
     return hess.mean(0)
 
 
-def fit_variational(
-    potential: Potential,
-    data: ModelData,
-    rng_key: jax.Array,
-    *,
-    guide: Callable | None = None,
-    guide_params: dict | None = None,
-    max_full_rank_dim: int = MAX_FULL_RANK_DIM,
-    learning_rate: float = 0.02,
-    block_size: int = 250,
-    patience: int = 2,
-    num_decays: int = 3,
-    max_steps: int = 20_000,
-    tol: float | None = None,
-    num_eval_particles: int = 32,
-    num_moment_samples: int = 4000,
-    covariance: str = "guide",
-    num_hessian_draws: int = 8,
-    chunk_size: int = DEFAULT_CHUNK,
-    store_datum_grads: bool = True,
-    progress: bool = False,
-) -> Proxy:
-    """Variational proxy: SVI on the model's subsampled ELBO, moments of the fitted guide.
-
-    The model is ``potential.model``, its arguments ``data``. ``guide`` defaults to an
-    ``AutoMultivariateNormal`` (low-rank above ``max_full_rank_dim``) started at the
-    potential's initial point; with ``guide_params`` (already fitted) SVI is skipped. The
-    stopping rule is in the module docstring. ``num_data_passes`` counts the SVI steps and the
-    common-random-number ELBO evaluations (n/N each), the per-datum gradients at the centre
-    (one) and the Stein check's datum gradients (33 at each of m = min(N, 4096,
-    max(512, N/33)) data: one pass for N ≥ 16 896).
-    ``proxy.info`` holds the guide, its parameters, the per-step loss (``losses``, −ELBO on
-    the model's subsample), the per-block common-random-number ELBO (``elbo_trace``, after
-    ``initial_elbo``), ``svi_steps``, whether the plateau rule was met (``converged``),
-    ``gaussian`` and ``sample`` (draws ``(key, S) -> (S, d)`` from q in the potential's flat
-    space), and the checks' figures (``mean_decrement``, ``stein_ratio``) and ``warnings``.
-
-    ``covariance``: ``"guide"`` (the guide's own covariance, as the variational proxies of
-    Rønning and Hamelryck 2021) or ``"expected_hessian"``: centre at the guide's mean and
-    covariance (E_q[∇²f])⁻¹, the full-data Hessian averaged over the mean and
-    ``num_hessian_draws`` guide draws (one pass each; dense, so d ≤ ``max_full_rank_dim``).
-    Variational fits shrink variances and can collapse a direction altogether (a guide sd of
-    1e-4 where the posterior's is 0.1 on hierarchical models), which would freeze a chain
-    whitened by it; the expected curvature over the guide's mass does not collapse, and is
-    the covariance the stochastic-gradient kernels use (``info["guide_cov"]`` keeps the
-    guide's). Falls back to the guide's covariance, with a warning, if the averaged Hessian
-    is not positive definite.
-
-    Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and a
-    remedy) if more than 1% of the SVI steps had a non-finite loss, SVI stopped at
-    ``max_steps`` with the ELBO still rising by more than ``tol`` over the last ``patience``
-    blocks, a Gaussian guide's variances are far (a factor 10) from stationary ones along a
-    coordinate (the ratio of diag E_q[∇²f], by Stein's identity at 32 guide draws, to the
-    guide's diag Σ⁻¹: ``stein_ratio``; a collapsed or too wide guide scale), or its mean is at
-    a support's boundary (:mod:`.checks`). The Newton
-    decrement at the mean (``mean_decrement``, in guide sds) is reported, not checked: the mean
-    of a skewed posterior (a non-centred hierarchical model) is legitimately several sds
-    from its mode.
-    """
-    t0 = time.perf_counter()
-    _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
-                    learning_rate, tol)
+def _check_request(potential, guide, guide_params, covariance, max_full_rank_dim) -> None:
     if potential.enumerated_sites:
         raise ValueError(
             "The variational proxy does not support sites marked for enumeration "
@@ -175,18 +142,151 @@ def fit_variational(
             "guide_params= needs the guide= they were fitted for; pass both (e.g. "
             "proxy.info['guide'] and proxy.info['guide_params'] of a fitted proxy)."
         )
-    if guide is None:
-        guide = _cached_default_guide(potential, int(max_full_rank_dim))
-    k_setup, k_fit, k_mom = jax.random.split(rng_key, 3)
-    _setup_guide(guide, k_setup, data)
-    if guide_params is None:
-        params, info = _fit_svi(
-            potential.model, guide, data, k_fit, learning_rate=learning_rate,
-            block_size=int(block_size), patience=int(patience), num_decays=int(num_decays),
-            max_steps=int(max_steps), progress=progress,
-            tol=0.01 * potential.dim if tol is None else float(tol),
-            num_eval_particles=int(num_eval_particles),
+    if covariance not in ("guide", "expected_hessian"):
+        raise ValueError(
+            f"covariance must be 'guide' or 'expected_hessian', got {covariance!r}."
         )
+    if covariance == "expected_hessian" and potential.dim > int(max_full_rank_dim):
+        raise ValueError(
+            f"covariance='expected_hessian' needs a dense d × d Hessian; d = "
+            f"{potential.dim} > max_full_rank_dim = {max_full_rank_dim}: use 'guide'."
+        )
+
+
+def fit_variational(
+    potential: Potential,
+    data: ModelData,
+    rng_key: jax.Array,
+    *,
+    guide: Callable | None = None,
+    guide_params: dict | None = None,
+    max_full_rank_dim: int = MAX_FULL_RANK_DIM,
+    learning_rate: float | None = None,
+    block_size: int | None = None,
+    patience: int | None = None,
+    num_decays: int | None = None,
+    max_steps: int = 20_000,
+    tol: float | None = None,
+    num_particles: int = 1,
+    num_eval_particles: int = 32,
+    num_moment_samples: int = 4000,
+    covariance: str = "guide",
+    num_hessian_draws: int = 8,
+    chunk_size: int = DEFAULT_CHUNK,
+    store_datum_grads: bool = True,
+    progress: bool = False,
+) -> Proxy:
+    """Variational proxy: a Gaussian q fitted by SVI until its ELBO stops rising.
+
+    The model is ``potential.model``, its arguments ``data``. The family, the start, the
+    ELBO estimator and the stopping rule are in the module docstring: full rank with
+    second-order control variates up to ``max_full_rank_dim``, else NumPyro's SVI of
+    ``guide`` (default ``AutoLowRankMultivariateNormal``); with ``guide_params`` (already
+    fitted) SVI is skipped. ``learning_rate``: Adam's, in q's whitened coordinates for the
+    default family; ``num_particles``: guide draws per step; ``num_eval_particles``: the
+    common-random-number ELBO draws of NumPyro's SVI. ``learning_rate``, ``block_size``,
+    ``patience`` and ``num_decays`` default to :data:`FULL_RANK_RULE` (0.005, 100, 5, 2) for
+    the full-rank family and :data:`NUMPYRO_RULE` (0.02, 250, 2, 3) for NumPyro's SVI.
+
+    ``proxy.info`` holds the guide and its parameters (an ``AutoMultivariateNormal`` of the
+    model for the default family), ``losses`` (per-step −ELBO estimates), ``elbo_trace``,
+    ``elbo_trend``, ``svi_steps``, ``converged``, ``gaussian`` and ``sample`` (draws
+    ``(key, S) -> (S, d)`` from q in the potential's flat space), the checks' figures
+    (``stationary_offsets``, ``stein_ratio``, ``pareto_k``, ``mean_decrement``) and
+    ``warnings``.
+    ``num_data_passes`` counts the start (Adam epochs, Newton passes), the SVI steps (n/N
+    each), the per-datum gradients at the centre (one), the Stein checks (one for
+    N ≥ 16 896) and the importance weights (100 full-data values).
+
+    ``covariance``: ``"guide"`` (q's own) or ``"expected_hessian"``: (E_q[∇²f])⁻¹, the
+    full-data Hessian averaged over the mean and ``num_hessian_draws`` draws (one pass each;
+    d ≤ ``max_full_rank_dim``), which does not collapse where a guide's scale has; falls back
+    to q's, with a warning, if not positive definite. ``info["guide_cov"]`` keeps q's.
+
+    Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming the sites, the
+    figure and a remedy) if SVI stopped at ``max_steps``, if more than 1% of its steps had a
+    non-finite loss, if q's mean or variances break the Stein identities (Newton step
+    Σ E_q[∇f] over 1 sd, or a variance ratio beyond a factor 10), if the Pareto k̂ of the
+    importance weights p/q exceeds 0.7, or if its mean is at a support's boundary
+    (:mod:`.fit_checks`). ``info["pareto_k"]`` holds k̂.
+    """
+    t0 = time.perf_counter()
+    full_rank = guide is None and potential.dim <= int(max_full_rank_dim)
+    defaults = FULL_RANK_RULE if full_rank else NUMPYRO_RULE
+    learning_rate = defaults["learning_rate"] if learning_rate is None else learning_rate
+    block_size = defaults["block_size"] if block_size is None else block_size
+    patience = defaults["patience"] if patience is None else patience
+    num_decays = defaults["num_decays"] if num_decays is None else num_decays
+    _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
+                    learning_rate, tol, num_particles)
+    _check_request(potential, guide, guide_params, covariance, max_full_rank_dim)
+    tol = 0.01 * potential.dim if tol is None else float(tol)
+    k_fit, k_mom = jax.random.split(rng_key)
+    rule = dict(learning_rate=float(learning_rate), block_size=int(block_size),
+                patience=int(patience), num_decays=int(num_decays), max_steps=int(max_steps),
+                tol=tol, progress=progress)
+    if full_rank:
+        fit = _fit_full_rank(potential, data, k_fit, rule, int(num_particles), chunk_size)
+    else:
+        init_loc, passes = None, 0.0
+        if guide is None:  # low rank: its mean starts at the minibatch mode
+            guide = _cached_default_guide(potential, int(max_full_rank_dim))
+            theta, steps = minibatch_mode(potential, data, jax.random.fold_in(k_fit, 3),
+                                          progress)
+            init_loc = np.asarray(theta)[guide_order(potential)]
+            passes = steps * potential.plate.subsample_size / potential.num_data
+        fit = _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                         int(num_eval_particles), int(num_moment_samples), init_loc)
+        fit = fit._replace(passes=fit.passes + passes)
+    cov, passes, cov_info = fit.cov, fit.passes, {}
+    if covariance == "expected_hessian":
+        cov, more = _expected_hessian_cov(potential, data, fit, jax.random.fold_in(k_mom, 1),
+                                          int(num_hessian_draws), chunk_size)
+        passes += more
+    proxy = proxy_from_moments(
+        potential, data, fit.mean, cov, chunk_size=chunk_size,
+        store_datum_grads=store_datum_grads, kind="variational", num_data_passes=passes,
+    )
+    messages, figures = fit_messages(potential, data, proxy, fit.info, int(patience), tol,
+                                     fit.gaussian, chunk_size)
+    for message in messages:
+        warn_proxy(message)
+    info = dict(fit.info, guide=fit.guide, guide_params=fit.params, gaussian=fit.gaussian,
+                sample=fit.sample, warnings=messages, guide_cov=fit.cov, covariance=covariance,
+                **cov_info, **figures)
+    passes = proxy.num_data_passes + (check_passes(potential.num_data) if fit.gaussian else 0)
+    return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
+
+
+# -- the default family: full rank, control-variate ELBO ----------------------------------------
+def _fit_full_rank(potential, data, key, rule, num_particles, chunk_size) -> Fitted:
+    """Start at the Laplace approximation, run :func:`fit_gaussian_cv`, and express q as an
+    ``AutoMultivariateNormal`` of the model."""
+    k_start, k_svi = jax.random.split(key)
+    exp, u0, start = expansion_start(potential, data, k_start, chunk_size=chunk_size,
+                                     progress=rule["progress"])
+    mean, tril, info = fit_gaussian_cv(potential, data, exp, u0, k_svi,
+                                       num_draws=num_particles, **rule)
+    dtype = potential.init_theta.dtype
+    cov = tril @ tril.T
+    guide = _cached_default_guide(potential, potential.dim)
+    params = autoguide_params(potential, guide, mean, cov)
+    mean, tril = device_array(mean, dtype), device_array(tril, dtype)
+    passes = start.pop("num_data_passes") + info.pop("num_data_passes")
+    info.update(start)
+    return Fitted(mean, device_array(cov, dtype), True, gaussian_sampler(mean, tril), guide,
+                  params, info, passes)
+
+
+# -- a NumPyro guide (low rank beyond max_full_rank_dim, or the user's) -------------------------
+def _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule, num_eval_particles,
+               num_moment_samples, init_loc=None) -> Fitted:
+    """NumPyro's SVI of ``guide`` (skipped with ``guide_params``; its loc from ``init_loc``)
+    and q's moments."""
+    _setup_guide(guide, jax.random.fold_in(k_fit, 7), data)
+    if guide_params is None:
+        params, info = _fit_svi(potential.model, guide, data, k_fit, init_loc=init_loc,
+                                num_eval_particles=num_eval_particles, **rule)
         evaluations = info["svi_steps"] + info["crn_evaluations"]
         passes = evaluations * potential.plate.subsample_size / potential.num_data
     else:
@@ -206,100 +306,24 @@ def fit_variational(
             f"The guide's covariance is not positive definite (smallest eigenvalue {eig_min:.3g})"
             "; use a full-rank guide or more num_moment_samples."
         )
-    guide_cov = cov
-    if covariance not in ("guide", "expected_hessian"):
-        raise ValueError(
-            f"covariance must be 'guide' or 'expected_hessian', got {covariance!r}."
-        )
-    if covariance == "expected_hessian":
-        if potential.dim > int(max_full_rank_dim):
-            raise ValueError(
-                f"covariance='expected_hessian' needs a dense d × d Hessian; d = "
-                f"{potential.dim} > max_full_rank_dim = {max_full_rank_dim}: use 'guide'."
-            )
-        k_h = jax.random.fold_in(k_mom, 1)
-        draws = jnp.asarray(sample(k_h, int(num_hessian_draws)), dtype)
-        thetas = jnp.concatenate([mean[None], draws])
-        h_mean = np.asarray(_mean_hessian(potential, thetas, data, int(chunk_size)), np.float64)
-        h_mean = 0.5 * (h_mean + h_mean.T)
-        passes += float(thetas.shape[0])
-        lam = np.linalg.eigvalsh(h_mean)
-        if lam.min() > 0:
-            cov = jnp.asarray(np.linalg.inv(h_mean), dtype)
-        else:
-            warn_proxy(
-                "covariance='expected_hessian': the full-data Hessian averaged over the guide's "
-                f"mean and {int(num_hessian_draws)} draws is not positive definite (smallest "
-                f"eigenvalue {lam.min():.3g}); the guide's covariance is used instead. Check the "
-                "fit (more SVI steps, a smaller learning_rate) or pass covariance='guide'."
-            )
-    proxy = proxy_from_moments(
-        potential, data, mean, cov, chunk_size=chunk_size, store_datum_grads=store_datum_grads,
-        kind="variational", num_data_passes=passes,
-    )
-    messages, figures = _fit_messages(potential, data, proxy, info, int(patience), tol, gaussian)
-    for message in messages:
-        warn_proxy(message)
-    info.update(guide=guide, guide_params=params, gaussian=gaussian, sample=sample,
-                warnings=messages, guide_cov=guide_cov, covariance=covariance, **figures)
-    passes = proxy.num_data_passes + (
-        (STEIN_DRAWS + 1) * len(stein_subsample(potential.num_data, STEIN_DRAWS))
-        / potential.num_data if gaussian else 0.0
-    )
-    return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
+    return Fitted(mean, cov, gaussian, sample, guide, params, info, passes)
 
 
-def _fit_messages(potential, data, proxy, info, patience, tol, gaussian) -> tuple[list, dict]:
-    """Warnings of a variational fit (:mod:`.checks`): non-finite SVI steps, an ELBO still
-    rising at ``max_steps``, guide variances far from the posterior's (Stein's identity at
-    guide draws, Gaussian guides), a mean at a support's boundary; and the figures checked."""
-    labels = coordinate_labels(potential)
-    mean = np.asarray(proxy.centre, np.float64)
-    cov = np.asarray(proxy.cov, np.float64)
-    grad = np.asarray(proxy.sum_grads) + np.asarray(prior_grad(potential, proxy.centre, data))
-    decrement, offsets = newton_offsets(grad, cov)
-    messages = []
-    losses = info.get("losses")
-    if losses is not None and losses.size:
-        bad = int(np.sum(~np.isfinite(losses)))
-        if bad > MAX_NONFINITE_STEPS * losses.size:
-            messages.append(
-                f"{bad} of {losses.size} SVI steps had a non-finite loss (−ELBO) and were "
-                "skipped; the guide may sit where the model's density or its gradient "
-                "overflows. Pass a smaller learning_rate (proxy_kwargs={'learning_rate': ...}) "
-                "or check the model's support and priors."
-            )
-    trace = info.get("elbo_trace")
-    rising = False
-    if trace is not None and len(trace) and info.get("converged") is False:
-        tol = 0.01 * potential.dim if tol is None else float(tol)
-        previous = np.concatenate([[info["initial_elbo"]], trace])[-1 - min(patience, len(trace))]
-        rise = float(trace[-1] - previous)
-        if rise > tol:
-            rising = True
-            messages.append(
-                f"SVI stopped at max_steps={info['svi_steps']} with the ELBO still rising "
-                f"({rise:.3g} nats over the last {min(patience, len(trace))} block(s), tol "
-                f"{tol:.3g}); the guide's mean is still moving, most along "
-                f"{describe(labels, -offsets)} (remaining Newton step from the mean, in guide "
-                "sds). Pass a larger max_steps (proxy_kwargs={'max_steps': ...}) or a larger "
-                "learning_rate if the rise is steady, a smaller one if it is erratic."
-            )
-    ratio = None
-    if gaussian:
-        idx = stein_subsample(potential.num_data, STEIN_DRAWS)
-        dtype = proxy.centre.dtype
-        z = jax.random.normal(jax.random.PRNGKey(0), (STEIN_DRAWS, potential.dim), dtype)
-        curvature = np.asarray(stein_curvature(
-            potential, proxy.centre, proxy.scale_tril, z, jnp.asarray(idx), data,
-        ), np.float64)
-        inv_tril = np.linalg.inv(np.asarray(proxy.scale_tril, np.float64))
-        ratio = curvature / np.sum(inv_tril**2, axis=0)  # over diag(Σ⁻¹)
-        scale = scale_message(labels, ratio)
-        messages += [scale] if scale else []
-    outward = -offsets * (np.abs(offsets) > 1.0) if rising else None
-    boundary = boundary_message(
-        labels, transformed_coordinates(potential, data), mean, "variational", outward
+def _expected_hessian_cov(potential, data, fit, key, num_draws, chunk_size):
+    """(E_q[∇²f])⁻¹ over q's mean and ``num_draws`` draws, or q's covariance (with a warning)
+    if not positive definite; and the data passes used."""
+    dtype = potential.init_theta.dtype
+    draws = jnp.asarray(fit.sample(key, num_draws), dtype)
+    thetas = jnp.concatenate([jnp.asarray(fit.mean, dtype)[None], draws])
+    h_mean = np.asarray(_mean_hessian(potential, thetas, data, int(chunk_size)), np.float64)
+    h_mean = 0.5 * (h_mean + h_mean.T)
+    lam = np.linalg.eigvalsh(h_mean)
+    if lam.min() > 0:
+        return jnp.asarray(np.linalg.inv(h_mean), dtype), float(thetas.shape[0])
+    warn_proxy(
+        "covariance='expected_hessian': the full-data Hessian averaged over the guide's "
+        f"mean and {num_draws} draws is not positive definite (smallest eigenvalue "
+        f"{lam.min():.3g}); the guide's covariance is used instead. Check the fit (more SVI "
+        "steps, a smaller learning_rate) or pass covariance='guide'."
     )
-    messages += [boundary] if boundary else []
-    return messages, {"mean_decrement": decrement, "stein_ratio": ratio}
+    return fit.cov, float(thetas.shape[0])
