@@ -158,6 +158,10 @@ def predictive(
     dict
         Site name → NumPy array with the draws along the first axis (the plate's rows along
         the plate's dimension for sites inside the plate).
+
+    References
+    ----------
+    Gelman et al. (2013), Sect. 6.3 (posterior predictive draws).
     """
     bound = parse_memory(chunk_memory)
     kernel, samples, data = _resolve(mcmc_or_kernel, samples, args, kwargs)

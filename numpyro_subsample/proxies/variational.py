@@ -159,6 +159,45 @@ def fit_variational(
     decrement at the mean (``mean_decrement``, in guide sds) is reported, not checked: the mean
     of a skewed posterior (a non-centred hierarchical model) is legitimately several sds
     from its mode.
+
+    Parameters
+    ----------
+    potential, data
+        The model's potential and data.
+    rng_key
+        Key of SVI and of the moment draws.
+    guide
+        A NumPyro guide (default: an autoguide, see above).
+    guide_params
+        Fitted guide parameters: skip SVI.
+    max_full_rank_dim
+        Largest d of the full-rank default guide.
+    learning_rate, block_size, patience, num_decays, max_steps, tol
+        SVI's Adam rate and its stopping rule (module docstring).
+    num_eval_particles
+        Particles of the common-random-number ELBO.
+    num_moment_samples
+        Draws for the moments of a non-Gaussian guide.
+    covariance
+        ``"guide"`` or ``"expected_hessian"`` (above).
+    num_hessian_draws
+        Guide draws averaged by ``"expected_hessian"``.
+    chunk_size
+        Data per vmapped evaluation in full-data passes.
+    store_datum_grads
+        Keep the (N, d) table of ∇f_i at the centre.
+    progress
+        Show progress bars.
+
+    Returns
+    -------
+    Proxy
+        N(guide mean, Σ̂) with ``info`` as above.
+
+    References
+    ----------
+    Rønning and Hamelryck (2021), Eq. 2-4 (variational proxies); Hoffman, Blei, Wang and
+    Paisley (2013) (stochastic variational inference).
     """
     t0 = time.perf_counter()
     _check_settings(block_size, max_steps, patience, num_decays, num_eval_particles,
