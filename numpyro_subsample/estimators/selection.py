@@ -96,7 +96,7 @@ def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.A
 
     References
     ----------
-    Knuth (1997), Sect. 3.4.2 (selection sampling; here by rejection of repeats).
+    Knuth (1997), Sect. 3.4.2 (random sampling; here by redrawing repeats).
     """
     if n > population:
         raise ValueError(f"Cannot draw {n} distinct indices from {population}.")

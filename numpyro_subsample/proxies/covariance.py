@@ -61,7 +61,7 @@ class StructuredCovariance(NamedTuple):
 
     References
     ----------
-    Golub and Van Loan (2013), Sect. 2.1.4 (the Woodbury identity behind the O(d·k)
+    Golub and Van Loan (2013) (the Woodbury identity behind the O(d·k)
     operations).
     """
 

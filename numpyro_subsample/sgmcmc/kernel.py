@@ -70,7 +70,7 @@ class SGLD(SGMCMCKernel):
 
     References
     ----------
-    Welling and Teh (2011), Eq. 4 (the SGLD update); Putcha, Nemeth and Fearnhead (2023),
+    Welling and Teh (2011) (the SGLD update); Putcha, Nemeth and Fearnhead (2023),
     Eq. 3-4 (the estimator and the update with ε = 2h).
     """
 
@@ -103,7 +103,7 @@ class SGHMC(SGMCMCKernel):
 
     References
     ----------
-    Chen, Fox and Guestrin (2014), Eq. 13-15 (SGHMC with friction and the noise estimate B̂).
+    Chen, Fox and Guestrin (2014) (SGHMC with friction and the noise estimate B̂).
     """
 
     _default_friction = 1.0
@@ -150,7 +150,7 @@ class SGNHT(SGHMC):
 
     References
     ----------
-    Ding, Fang, Babbush, Chen, Skeel and Neven (2014), Algorithm 2 (the SGNHT update).
+    Ding, Fang, Babbush, Chen, Skeel and Neven (2014) (the SGNHT update).
     """
 
     _default_friction = 0.5

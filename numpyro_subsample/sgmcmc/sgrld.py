@@ -224,7 +224,7 @@ class SGRLD(SubsampleKernel):
 
     References
     ----------
-    Patterson and Teh (2013), Eq. 11 (SGRLD in the expanded-mean parameterisation, with
+    Patterson and Teh (2013) (SGRLD in the expanded-mean parameterisation, with
     mirroring); Fu and Zhang (2023), Sect. 4.3 (CP-SGRLD) and Eq. 10, 14.
     """
 
