@@ -1,7 +1,8 @@
 """Sphinx configuration of the numpyro_subsample documentation.
 
 Build: ``sphinx-build -W -b html docs docs/_build/html`` (the ``docs`` extra installs the
-packages). The notebooks of ``notebooks/`` are copied into ``docs/examples/`` at build time.
+packages). The notebooks of ``notebooks/`` are copied into ``docs/examples/`` at build time;
+the quick start is executed at reduced size (``NUMPYRO_SUBSAMPLE_DOCS_EXECUTE=off`` skips it).
 """
 
 from __future__ import annotations
