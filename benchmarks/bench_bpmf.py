@@ -211,9 +211,9 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
     RMSE curve, ZV and checks."""
     from numpyro.infer import MCMC
 
+    from numpyro_subsample import check_run
     from numpyro_subsample.compare import CompileTimer
     from numpyro_subsample.compare.checks import CHECK_FIELDS
-    from numpyro_subsample.post.checks import check_run
 
     steps, S = spec["steps"], spec["draws"]
     # the adapted preconditioner (the default with a structured proxy) needs a warm-up: a tenth
@@ -280,7 +280,7 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
 def _package_zv(mcmc, u_te, v_te, r_te) -> dict:
     """The package's ZV degree 1 (``post.zv.zv_fit``) of the test predictions over all the
     run's draws: its result, or the error it raises."""
-    from numpyro_subsample.post.zv import zv_fit
+    from numpyro_subsample import zv_fit
 
     users, items = jnp.asarray(u_te), jnp.asarray(v_te)
     out: dict = {}
@@ -358,6 +358,7 @@ def _worker(spec: dict) -> None:
 
 def _proxy_rows(kernel, dd: dict, spec: dict, prep_warnings) -> list[dict]:
     """The proxy of the SGLD-CV kernel alone: predictions at θ̂ and over draws from it."""
+    # not public: the structured covariance's matrix-free L ξ
     from numpyro_subsample.proxies.covariance import scale_matvec
 
     prox, pot = kernel.proxy, kernel.preprocessed.potential
