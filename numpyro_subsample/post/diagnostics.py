@@ -316,7 +316,7 @@ def mcmc_ksd(
     Returns
     -------
     float
-        The KSD.
+        The KSD of the pooled, thinned draws.
 
     References
     ----------
