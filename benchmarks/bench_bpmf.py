@@ -81,120 +81,29 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import fmt, json_default, write_results  # noqa: E402
+from _bpmf_model import (  # noqa: E402
+    als_map,
+    bpmf_model,
+    gibbs,
+    log,
+    make_data,
+    model_inputs,
+    predict,
+    rmse,
+    window_rmse,
+    zv_local,
+)
+from _bpmf_report import markdown  # noqa: E402
+from _runs import json_default, write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SIGMA = 0.5
 ESTIMATORS = {"SGLD-CV": "cv", "SGLD": "uniform"}
 #: the structured proxy's curvature (``proxy_kwargs``): the package's choice above
 #: MAX_DENSE_DIM (the Hessian with a Hutchinson diagonal), or the empirical Fisher
 PROXIES = {"fisher": {"curvature": "fisher"}, "hessian": {}}
 
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- data and model -------------------------------------------------------------------------------
-def make_data(L: int, M: int, D: int, density: float, test_frac: float, seed: int) -> dict:
-    """Synthetic ratings (module docstring): train/test (user, item, rating) and the truth."""
-    rng = np.random.default_rng(seed)
-    s = D**-0.25
-    U, V = s * rng.normal(size=(L, D)), s * rng.normal(size=(M, D))
-    num = int(round(density * L * M))
-    flat = rng.choice(L * M, num, replace=False)
-    users, items = flat // M, flat % M
-    r = np.sum(U[users] * V[items], 1) + SIGMA * rng.normal(size=num)
-    perm = rng.permutation(num)
-    te, tr = perm[: int(round(test_frac * num))], perm[int(round(test_frac * num)):]
-    return {"L": L, "M": M, "D": D, "s": s, "U": U, "V": V,
-            "u_tr": users[tr].astype(np.int32), "v_tr": items[tr].astype(np.int32),
-            "r_tr": r[tr], "u_te": users[te].astype(np.int32),
-            "v_te": items[te].astype(np.int32), "r_te": r[te]}
-
-
-def bpmf_model(users, items, ratings=None, num_users: int = 100, num_items: int = 100,
-               rank: int = 10, subsample_size: int = 1000) -> None:
-    """U, V with N(0, s²) priors, s = rank^{-1/4}; ratings N(U_lᵀV_m, σ²) in the data plate."""
-    s = rank**-0.25
-    U = numpyro.sample("U", dist.Normal(0.0, s).expand([num_users, rank]).to_event(2))
-    V = numpyro.sample("V", dist.Normal(0.0, s).expand([num_items, rank]).to_event(2))
-    with numpyro.plate("data", users.shape[0], subsample_size=subsample_size) as idx:
-        mean = jnp.sum(U[users[idx]] * V[items[idx]], -1)
-        numpyro.sample("r", dist.Normal(mean, SIGMA),
-                       obs=None if ratings is None else ratings[idx])
-
-
-def model_inputs(dd: dict, n: int) -> tuple[tuple, dict]:
-    f = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-    args = (jnp.asarray(dd["u_tr"]), jnp.asarray(dd["v_tr"]), jnp.asarray(dd["r_tr"], f))
-    return args, {"num_users": dd["L"], "num_items": dd["M"], "rank": dd["D"],
-                  "subsample_size": n}
-
-
-@jax.jit
-def predict(U, V, users, items):
-    """U_lᵀV_m for the pairs, for draws with leading axes: U (..., L, D) -> (..., T)."""
-    return jnp.sum(U[..., users, :] * V[..., items, :], -1)
-
-
-def rmse(pred: np.ndarray, r: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((np.asarray(pred, np.float64) - r) ** 2)))
-
-
-def window_rmse(pred: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """RMSE after each draw j of the mean over draws ⌊j/2⌋..j; ``pred`` (C, S, T)."""
-    C, S, _ = pred.shape
-    cs = np.concatenate([np.zeros((1,) + pred.shape[2:]),
-                         np.cumsum(np.asarray(pred, np.float64).sum(0), 0)])
-    j = np.arange(S)
-    lo = j // 2
-    out = np.empty(S)
-    for k in range(S):
-        out[k] = rmse((cs[k + 1] - cs[lo[k]]) / (C * (k + 1 - lo[k])), r)
-    return out
-
-
-# -- ZV on the test predictions -------------------------------------------------------------------
-@jax.jit
-def _zv_pairs(P, GU, GV, users, items):
-    """Per test pair t: ZV mean of g = P[:, t] with covariates (∇_{U_l} log π, ∇_{V_m} log π)
-    over the M pooled draws (β = Var(u)⁻¹Cov(u, g), standardised least squares with a 1e-8
-    ridge), Var g and Var(g − uᵀβ)."""
-    X = jnp.concatenate([GU[:, users, :], GV[:, items, :]], -1)  # (M, T, 2D)
-    Xc = X - X.mean(0)
-    gc = P - P.mean(0)
-    sd = jnp.sqrt(jnp.mean(Xc**2, 0)) + 1e-30
-    Z = Xc / sd
-    A = jnp.einsum("mtk,mtl->tkl", Z, Z) / Z.shape[0]
-    b = jnp.einsum("mtk,mt->tk", Z, gc) / Z.shape[0]
-    A = A + 1e-8 * jnp.eye(A.shape[-1])
-    beta = jnp.linalg.solve(A, b[..., None])[..., 0] / sd
-    res = gc - jnp.einsum("mtk,tk->mt", Xc, beta)
-    zv = P.mean(0) - jnp.einsum("tk,tk->t", X.mean(0), beta)
-    return zv, jnp.var(P, 0), jnp.var(res, 0)
-
-
-def zv_local(P: np.ndarray, grad_U: np.ndarray, grad_V: np.ndarray, users, items,
-             chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    """ZV-corrected predictions (T,) and variance reductions Var g / Var g̃ (T,), chunked
-    over the test pairs; inputs pooled over chains: P (M, T), grad_U (M, L, D)."""
-    T = P.shape[1]
-    zv, vr = np.empty(T), np.empty(T)
-    GU, GV = jnp.asarray(grad_U), jnp.asarray(grad_V)
-    for a in range(0, T, chunk):
-        b = min(a + chunk, T)
-        pad = chunk - (b - a)
-        idx = np.concatenate([np.arange(a, b), np.full(pad, b - 1)])
-        m, vg, vres = _zv_pairs(jnp.asarray(P[:, idx]), GU, GV, jnp.asarray(users[idx]),
-                                jnp.asarray(items[idx]))
-        zv[a:b] = np.asarray(m)[: b - a]
-        vr[a:b] = (np.asarray(vg) / np.maximum(np.asarray(vres), 1e-30))[: b - a]
-    return zv, vr
 
 
 # -- the SG workers (one fresh process per estimator) -------------------------------------------
@@ -211,9 +120,9 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
     RMSE curve, ZV and checks."""
     from numpyro.infer import MCMC
 
+    from numpyro_subsample import check_run
     from numpyro_subsample.compare import CompileTimer
     from numpyro_subsample.compare.checks import CHECK_FIELDS
-    from numpyro_subsample.post.checks import check_run
 
     steps, S = spec["steps"], spec["draws"]
     # the adapted preconditioner (the default with a structured proxy) needs a warm-up: a tenth
@@ -280,7 +189,7 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
 def _package_zv(mcmc, u_te, v_te, r_te) -> dict:
     """The package's ZV degree 1 (``post.zv.zv_fit``) of the test predictions over all the
     run's draws: its result, or the error it raises."""
-    from numpyro_subsample.post.zv import zv_fit
+    from numpyro_subsample import zv_fit
 
     users, items = jnp.asarray(u_te), jnp.asarray(v_te)
     out: dict = {}
@@ -358,6 +267,7 @@ def _worker(spec: dict) -> None:
 
 def _proxy_rows(kernel, dd: dict, spec: dict, prep_warnings) -> list[dict]:
     """The proxy of the SGLD-CV kernel alone: predictions at θ̂ and over draws from it."""
+    # not public: the structured covariance's matrix-free L ξ
     from numpyro_subsample.proxies.covariance import scale_matvec
 
     prox, pot = kernel.proxy, kernel.preprocessed.potential
@@ -398,200 +308,6 @@ def run_worker(spec: dict, tmp: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"worker failed ({proc.returncode}): {proc.stderr[-3000:]}")
     return json.loads(Path(spec["out"]).read_text())
-
-
-# -- ALS MAP and the Gibbs reference --------------------------------------------------------------
-def _ridge_side(rows, cols, r, other, nrows: int, s: float):
-    """Per row: precision Λ = Σ other_c other_cᵀ/σ² + I/s² and b = Σ r other_c/σ²."""
-    o = other[cols]
-    A = jax.ops.segment_sum(o[:, :, None] * o[:, None, :], rows, nrows) / SIGMA**2
-    b = jax.ops.segment_sum(o * r[:, None], rows, nrows) / SIGMA**2
-    return A + jnp.eye(other.shape[1]) / s**2, b
-
-
-def _log_post(U, V, u, v, r, s):
-    res = r - jnp.sum(U[u] * V[v], -1)
-    return -0.5 * jnp.sum(res**2) / SIGMA**2 - 0.5 * (jnp.sum(U**2) + jnp.sum(V**2)) / s**2
-
-
-def als_map(dd: dict, seed: int, max_sweeps: int = 200, tol: float = 1e-7) -> dict:
-    """MAP by alternating exact ridge solves (module docstring), wall time incl. compile."""
-    L, M, D, s = dd["L"], dd["M"], dd["D"], dd["s"]
-    u, v, r = jnp.asarray(dd["u_tr"]), jnp.asarray(dd["v_tr"]), jnp.asarray(dd["r_tr"])
-
-    @jax.jit
-    def sweep(U, V, u, v, r):
-        A, b = _ridge_side(u, v, r, V, L, s)
-        U = jnp.linalg.solve(A, b[..., None])[..., 0]
-        A, b = _ridge_side(v, u, r, U, M, s)
-        V = jnp.linalg.solve(A, b[..., None])[..., 0]
-        return U, V, _log_post(U, V, u, v, r, s)
-
-    t0 = time.perf_counter()
-    k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 1))
-    U, V = 0.1 * jax.random.normal(k1, (L, D)), 0.1 * jax.random.normal(k2, (M, D))
-    last, sweeps = -np.inf, 0
-    while sweeps < max_sweeps:
-        U, V, lp = sweep(U, V, u, v, r)
-        sweeps, lp = sweeps + 1, float(lp)
-        if abs(lp - last) <= tol * abs(lp):
-            break
-        last = lp
-    wall = time.perf_counter() - t0
-    pred = predict(U, V, jnp.asarray(dd["u_te"]), jnp.asarray(dd["v_te"]))
-    return {"method": f"MAP by ALS ({sweeps} sweeps)", "wall_s": wall,
-            "data_passes": 2.0 * sweeps, "rmse_final": rmse(pred, dd["r_te"]),
-            "log_post": lp, "warnings": []}
-
-
-def gibbs(dd: dict, seed: int, sweeps: int) -> dict:
-    """Blocked Gibbs for the fixed-precision BPMF: U_l | V and V_m | U exact Gaussians."""
-    from numpyro_subsample.compare import CompileTimer
-
-    L, M, D, s = dd["L"], dd["M"], dd["D"], dd["s"]
-    u, v, r = jnp.asarray(dd["u_tr"]), jnp.asarray(dd["v_tr"]), jnp.asarray(dd["r_tr"])
-    u_te, v_te = jnp.asarray(dd["u_te"]), jnp.asarray(dd["v_te"])
-
-    def draw(key, A, b):
-        C = jnp.linalg.cholesky(A)
-        mean = jax.scipy.linalg.cho_solve((C, True), b[..., None])[..., 0]
-        z = jax.random.normal(key, b.shape, b.dtype)
-        return mean + jax.scipy.linalg.solve_triangular(
-            jnp.swapaxes(C, -1, -2), z[..., None], lower=False)[..., 0]
-
-    @jax.jit
-    def chain(key, U, V, u, v, r, u_te, v_te):
-        def body(carry, k):
-            U, V = carry
-            ku, kv = jax.random.split(k)
-            U = draw(ku, *_ridge_side(u, v, r, V, L, s))
-            V = draw(kv, *_ridge_side(v, u, r, U, M, s))
-            return (U, V), predict(U, V, u_te, v_te)
-
-        return jax.lax.scan(body, (U, V), jax.random.split(key, sweeps))[1]
-
-    k0, k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 3), 3)
-    with CompileTimer() as ct:
-        t0 = time.perf_counter()
-        U, V = 0.1 * jax.random.normal(k1, (L, D)), 0.1 * jax.random.normal(k2, (M, D))
-        P = np.asarray(chain(k0, U, V, u, v, r, u_te, v_te))
-        wall = time.perf_counter() - t0
-    times = ct.seconds + (wall - ct.seconds) * np.arange(1, sweeps + 1) / sweeps
-    curve = window_rmse(P[None], dd["r_te"])
-    return {"method": f"exact blocked Gibbs, {sweeps} sweeps (reference)", "wall_s": wall,
-            "compile_s": ct.seconds, "data_passes": 2.0 * sweeps, "rmse_final": curve[-1],
-            "times": times, "rmse": curve, "passes": 2.0 * np.arange(1, sweeps + 1),
-            "warnings": []}
-
-
-# -- report ---------------------------------------------------------------------------------------
-def at_budget(row: dict, B: float, clock: str = "times") -> dict:
-    """The row's state at wall (``clock="times"``) or CPU (``"cpu_times"``) time B: its last
-    checkpoint stamped ≤ B (empty if none)."""
-    t = np.asarray(row[clock])
-    k = int(np.searchsorted(t, B, side="right")) - 1
-    if k < 0:
-        return {}
-    out = {"rmse": float(row["rmse"][k]), "passes": float(row["passes"][k]),
-           "time": float(t[k]), "draw": k}
-    key = "time" if clock == "times" else "cpu_time"
-    zv = [z for z in row.get("zv", []) if z[key] <= B]
-    if zv:
-        out["zv"] = zv[-1]
-    return out
-
-
-def _warn_cell(row: dict, limit: int = 400) -> str:
-    w = "; ".join(row.get("warnings", [])).replace("|", "/")
-    return (w[: limit - 1] + "…" if len(w) > limit else w) or "none"
-
-
-def markdown(res: dict, cmd: str) -> str:
-    cfg, budgets = res["config"], res["budgets"]
-    out = ["## BPMF: SGLD-CV against SGLD at equal wall time (`bench_bpmf.py`)", "",
-           f"Command: `{cmd}` ({res['date']}). Machine: {res['machine']}; load average at "
-           f"start {res['load_start']}, at end {res['load_end']}. Total {res['total_s']:.0f} s.",
-           "",
-           f"Synthetic ratings: L = {cfg['L']} users × M = {cfg['M']} items, rank D = "
-           f"{cfg['D']}, {100 * cfg['density']:g} % observed ({cfg['num_ratings']} ratings), "
-           f"σ = {SIGMA}, {cfg['N_train']} training and {cfg['N_test']} test ratings; "
-           f"d = {cfg['d']}; fixed prior precisions (s = D^-1/4, not the paper's "
-           f"Gaussian-Wishart hyperpriors); n = {cfg['subsample_size']} per step; "
-           f"{cfg['chains']} chains × {cfg['steps']} steps, {cfg['draws']} kept per chain. "
-           f"Test RMSE of the truth U*ᵀV*: {res['oracle_rmse']:.4f}; of predicting 0: "
-           f"{res['zero_rmse']:.4f}.", "",
-           "Equal budgets per proxy: wall B and CPU B_cpu = the smaller totals of its two "
-           "default SG rows (" + "; ".join(f"{v}: B = {b[0]:.1f} s, B_cpu = {b[1]:.1f} s"
-                                           for v, b in budgets.items())
-           + "). RMSE of the posterior-mean prediction (window: last half of the draws so far) "
-           "at the last checkpoint within the budget; – if none. Proxy [hessian]: the package's "
-           "default above d = 2000 (Hessian curvature, Hutchinson diagonal); [fisher]: "
-           "`proxy_kwargs={'curvature': 'fisher'}` (the empirical Fisher).", "",
-           "| method | RMSE at B | steps by B | RMSE at B_cpu | RMSE at end | wall s | CPU s "
-           "| setup s | sampling s | data passes (end) | step h | warnings |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in res["sg_rows"]:
-        B, Bc = budgets[r["proxy"]]
-        b, bc = at_budget(r, B), at_budget(r, Bc, "cpu_times")
-        steps_b = (b["draw"] + 1) * r["steps"] // len(r["times"]) if b else 0
-        setup = r["prep_s"] + r["chain_compile_s"]
-        out.append(
-            f"| {r['method']} | {fmt(b.get('rmse'), '.4f')} | {steps_b} | "
-            f"{fmt(bc.get('rmse'), '.4f')} | {float(r['rmse'][-1]):.4f} | {r['wall_s']:.1f} | "
-            f"{r['cpu_s']:.1f} | {setup:.1f} | {r['sampling_s']:.1f} | "
-            f"{float(r['passes'][-1]):.0f} | {r['step_size']:.3g} | {_warn_cell(r)} |")
-    for r in res["sg_rows"]:
-        B, Bc = budgets[r["proxy"]]
-        z, zc, zl = (at_budget(r, B).get("zv"), at_budget(r, Bc, "cpu_times").get("zv"),
-                     r["zv"][-1])
-        out.append(
-            f"| {r['method']} + local ZV-1 | {fmt(z['rmse'] if z else None, '.4f')} | – | "
-            f"{fmt(zc['rmse'] if zc else None, '.4f')} | {zl['rmse']:.4f} | {zl['time']:.1f} | "
-            f"{zl['cpu_time']:.1f} | – | – | {zl['passes']:.0f} | {r['step_size']:.3g} | "
-            f"median Var g / Var g̃ {fmt(z['median_vr'] if z else None, '.2f')} at B, "
-            f"{zl['median_vr']:.2f} at end |")
-    B_all = min(b[0] for b in budgets.values())
-    for r in res["other_rows"]:
-        B = budgets[r["proxy"]][0] if "proxy" in r else B_all
-        b = at_budget(r, B) if "times" in r else {}
-        rb = (fmt(b.get("rmse"), ".4f") if "times" in r
-              else (f"{r['rmse_final']:.4f}" if r["wall_s"] <= B else "–"))
-        out.append(f"| {r['method']} | {rb} | – | – | {r['rmse_final']:.4f} | "
-                   f"{r['wall_s']:.1f} | – | – | – | {fmt(r.get('data_passes'), '.0f')} | – | "
-                   f"{_warn_cell(r)} |")
-    zp = next(r["zv_package"] for r in res["sg_rows"] if "zv_package" in r)
-    zp_text = (f"raised {zp['error']}" if "error" in zp else
-               f"ran: RMSE {zp['rmse']:.4f} (raw {zp['raw_rmse']:.4f}), median Var g / Var g̃ "
-               f"{zp['median_vr']:.3g}, {zp['seconds']:.1f} s")
-    out.append(f"| ZV degree 1, package (`post.zv.zv_fit` on the first default run's draws) | "
-               f"{zp_text.replace('|', '/')} | | | | | | | | | | |")
-    out += ["", "Setup = kernel construction + preprocessing + chain compilation; rows at a "
-            "common step h = m·h_CV share the preprocessing of their estimator's default row "
-            "and are charged its time. CPU s: process CPU seconds (the machine is shared; "
-            "CPU time does not count the time other processes held the cores). Local ZV-1: "
-            "per test rating, the 2D gradient coordinates of U_l and V_m as control variates "
-            "(module docstring); its times add the post-processing. Proxy and MAP rows: "
-            "predictions at a point or averaged over independent proxy draws (no chain).", ""]
-    for r in res["sg_rows"]:
-        if "(default h)" in r["method"]:
-            pi = r["proxy_info"]
-            out.append(f"- {r['method']}: measured noise v = {r['noise']:.3g} (largest "
-                       f"eigenvalue, whitened), whitened curvature μ = "
-                       f"{r['whitened_curvature_mu']:.2f}; preprocessing {r['prep_s']:.1f} s "
-                       f"wall, {r['prep_cpu_s']:.1f} s CPU ({r['preprocessing_passes']:.0f} "
-                       f"data passes; proxy fit {r['proxy_s']:.1f} s, L-BFGS "
-                       f"{pi['lbfgs_iterations']} iterations, converged {pi['converged']}, "
-                       f"Newton decrement {pi['newton_decrement']:.3g}); "
-                       f"{r['steps_per_s']:.0f} chain-steps/s; run checks: min bulk ESS "
-                       f"{r['checks']['min_ess_bulk']:.0f}, max R-hat "
-                       f"{r['checks']['max_rhat']:.2f}.")
-    curve = ["", "RMSE against wall time (s):"]
-    grid = np.linspace(B_all / 5, max(b[0] for b in budgets.values()), 6)
-    for r in res["sg_rows"] + [x for x in res["other_rows"] if "times" in x]:
-        vals = [at_budget(r, t).get("rmse") for t in grid]
-        curve.append(f"- {r['method']}: " + ", ".join(
-            f"{t:.0f}: {fmt(v, '.4f')}" for t, v in zip(grid, vals, strict=True)))
-    return "\n".join(out + curve) + "\n"
 
 
 def main(argv=None) -> int:

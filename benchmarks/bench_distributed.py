@@ -34,7 +34,7 @@ WORKER = textwrap.dedent(
     from numpyro.infer import MCMC
     from models import linreg_model, linreg_data, linreg_exact
     from numpyro_subsample.compare.timing import CompileTimer
-    from numpyro_subsample.sgmcmc.distributed import DistributedSGLD
+    from numpyro_subsample import DistributedSGLD
 
     X, y = linreg_data(N=N, d=8, seed=0)
     mean, sd = linreg_exact(X, y)

@@ -78,8 +78,7 @@ sys.path.insert(0, str(HERE))
 import _refs  # noqa: E402
 
 if TYPE_CHECKING:
-    from numpyro_subsample import SGLD
-    from numpyro_subsample.proxies.base import Proxy
+    from numpyro_subsample import SGLD, Proxy
 
 RESULTS = HERE / "results"
 DATASET = "covtype_subset20k"
@@ -143,9 +142,10 @@ def start_proxy(args: tuple, kwargs: dict, seed: int) -> Proxy:
     the chain starts, as in Dubey et al. (2016), instead of at the Laplace mode."""
     import jax
 
-    from numpyro_subsample import ModelData, build_potential
+    from numpyro_subsample import ModelData, Proxy, build_potential
+
+    # not public: one full-data pass for value, gradient and Hessian
     from numpyro_subsample.core.datapass import value_grad_hessian
-    from numpyro_subsample.proxies.base import Proxy
 
     data = ModelData.from_args(args, kwargs)
     pot = build_potential(_refs.logistic_model, data, jax.random.PRNGKey(seed))

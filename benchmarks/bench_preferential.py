@@ -29,8 +29,10 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGLD, ModelData
-from numpyro_subsample.post.diagnostics import full_data_scores, ksd
+from numpyro_subsample import SGLD, ModelData, ksd
+
+# not public: the full-data scores ∇log π at given draws
+from numpyro_subsample.post.diagnostics import full_data_scores
 
 DATA = os.environ.get("NUMPYRO_SUBSAMPLE_DATA", "/work/shared/data")
 # SGLD's step_size is the time step h = ε/2 (ε of Putcha et al. 2023, Eq. 4): Fig. 2 states the

@@ -42,6 +42,17 @@ class ModelData:
     leaf (Python numbers, strings, ``None``, callables) is static and lives in the structure,
     so a jitted function of ``ModelData`` is recompiled only when those change. NumPy arrays
     are converted to JAX arrays once, here.
+
+    Parameters
+    ----------
+    arrays
+        The array leaves of ``(args, kwargs)``.
+    static
+        The tree structure with every non-array leaf. Build with ``ModelData.from_args``.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 1 (the data x_i of the per-datum terms f_i).
     """
 
     __slots__ = ("arrays", "static")

@@ -33,7 +33,23 @@ __all__ = [
 
 
 class DataPlate(NamedTuple):
-    """Facts about the model's subsample plate."""
+    """Facts about the model's subsample plate.
+
+    Parameters
+    ----------
+    name
+        The plate's name.
+    size
+        N.
+    subsample_size
+        n.
+    dim
+        The plate's batch dimension.
+
+    References
+    ----------
+    Welling and Teh (2011) (N/n-weighted subsample sums over this plate).
+    """
 
     name: str
     size: int  # N

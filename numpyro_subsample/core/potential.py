@@ -128,6 +128,17 @@ class Potential:
     (2023, Eq. 1), for the model's data ``data`` (a :class:`ModelData`). The object is hashable
     by identity, so it can be a static argument of ``jax.jit``: one potential per model and data
     signature, compiled once.
+
+    Parameters
+    ----------
+    plate, terms, unravel, init_theta, latent_sites, plate_deterministic_sites
+        The plate, ``terms`` above, flat θ → sites, a start, the site names.
+    constrain, model, data_leaves, enumerated_dims, local
+        Unconstrain's inverse, the model, plate-indexed data, enumerated and local sites.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 1.
     """
 
     plate: DataPlate
@@ -270,6 +281,20 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     deterministic sites or sites outside the plate that depend on enumerated sites, observed
     sites that do not follow the plate or whose value would broadcast the likelihood, data
     arrays indexed by the plate without N rows, non-finite data.
+
+    Parameters
+    ----------
+    model, data, rng_key
+        The model, its :class:`ModelData` and the key of the prototype trace.
+
+    Returns
+    -------
+    Potential
+        The model's potential.
+
+    References
+    ----------
+    Putcha et al. (2023), Eq. 1.
     """
     check_data_finite(data)
     tr, init_values = _prototype_trace(model, data, rng_key)

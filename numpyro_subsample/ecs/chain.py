@@ -53,6 +53,35 @@ class ECSState(NamedTuple):
     the current draw; ``loglik_estimate``: l̂ − Σ_i a_i; ``index_accept_prob``: of the last
     block-Gibbs step; ``accept_prob``, ``num_steps``, ``diverging``: of the last HMC step;
     ``params``: the preprocessing's arrays.
+
+    Parameters
+    ----------
+    i
+        Iteration counter.
+    z
+        Unconstrained latent values (dict).
+    hmc_state
+        NumPyro's ``HMCState`` on the whitened position.
+    idx
+        The subsample u, shape (m,).
+    aux
+        The proxy's terms for u.
+    sigma2
+        σ̂² at the current draw.
+    loglik_estimate
+        The estimate l̂ minus the proxy's sum.
+    index_accept_prob
+        Acceptance probability of the last block-Gibbs step of u.
+    accept_prob, num_steps, diverging
+        Of the last HMC step.
+    rng_key
+        The chain's random key.
+    params
+        The preprocessing's arrays.
+
+    References
+    ----------
+    Rønning and Hamelryck (2021), Eq. 1; Dang et al. (2019) (the block-Gibbs update of u).
     """
 
     i: jax.Array

@@ -150,12 +150,20 @@ max_tree_depth, trajectory_length, num_steps
         Progress bars of the preprocessing (proxy fit). Default None: those of the
         package's ``MCMC`` running the kernel follow its ``progress_bar``; otherwise on, off
         under CI.
+    uniform_mix, num_selection_draws
+        Uniform share and proxy draws of the preferential weights (defaults 0.05, 16).
 
-    Example::
+    Examples
+    --------
+    ::
 
         kernel = EnergyConservingHMC(model, proxy="laplace", num_blocks=10)
         mcmc = MCMC(kernel, num_warmup=500, num_samples=1000)
         mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("sigma2", "index_accept_prob"))
+
+    References
+    ----------
+    Rønning and Hamelryck (2021), Eq. 1-4; Dang et al. (2019).
     """
 
     sample_field = "z"

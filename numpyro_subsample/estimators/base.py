@@ -58,6 +58,19 @@ class ControlVariate(NamedTuple):
 
     ``sum_grads`` = Σ_i ∇f_i(θ̂); ``datum_grads`` = the (N, d) table of ∇f_i(θ̂), or None to
     recompute ∇f_i(θ̂) on each subsample (one more model evaluation, no N·d memory).
+
+    Parameters
+    ----------
+    centre
+        θ̂.
+    sum_grads
+        Σ_i ∇f_i(θ̂).
+    datum_grads
+        The (N, d) table of ∇f_i(θ̂), or None.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Eq. 4.
     """
 
     centre: jax.Array
@@ -98,6 +111,31 @@ class GradientEstimator(NamedTuple):
     pytree prefix of it: 0 for per-chain leaves, None for leaves common to all chains, such as
     a refresh clock, so that a vectorized step branches on them instead of evaluating both
     branches). ``estimate`` is then the estimate from the initial state, which it leaves as is.
+
+    Parameters
+    ----------
+    estimate
+        ``estimate(params, key, θ, data) -> (g, n)``.
+    params
+        The arrays ``estimate`` reads.
+    name
+        The configuration's name.
+    subsample_size
+        The largest n used.
+    num_data
+        N.
+    data_passes
+        Full data passes spent building it.
+    info
+        Facts about the configuration.
+    moments
+        What its exact noise needs, or None.
+    init_state, update, state_axes
+        A stateful estimator's functions and the vmap axes of its state (above).
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 3 and 5 (the estimators this record holds).
     """
 
     estimate: Callable[[Any, jax.Array, jax.Array, ModelData], tuple[jax.Array, jax.Array]]
@@ -176,7 +214,33 @@ def make_estimator(
     data_passes: float = 0.0,
     info: dict | None = None,
 ) -> GradientEstimator:
-    """Bind a potential, a selection law and a control variate into an estimator."""
+    """Bind a potential, a selection law and a control variate into an estimator.
+
+    Parameters
+    ----------
+    potential
+        The model's potential.
+    design
+        The selection law (:class:`~numpyro_subsample.estimators.selection.SamplingDesign`).
+    cv
+        The control variate, or None for the plain weighted sum.
+    name
+        The configuration's name.
+    data_passes
+        Passes spent building it.
+    info
+        Facts about the configuration.
+
+    Returns
+    -------
+    GradientEstimator
+        g(θ) = ∇f0(θ) + Σ_i ∇c_i + Σ_j w_j [∇f_{i_j}(θ) − ∇c_{i_j}].
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 5, 8, 12; Baker, Fearnhead, Fox and Nemeth
+    (2019), Eq. 4.
+    """
     return GradientEstimator(
         _design_estimate(potential, design.draw, design.size),
         (design.params, cv),

@@ -249,6 +249,26 @@ def configure_estimator(
     **options
         The builder's options (see the module of each estimator); unknown names raise
         ``ValueError`` listing the valid ones.
+    potential, data
+        The model's potential and data.
+    proxy
+        The proxy whose centre the control variates use (None for ``"uniform"``).
+    replace
+        Draw with replacement (default) or without.
+    rng_key
+        Key of the preprocessing draws (k-means, probes).
+    chunk_size
+        Data per vmapped evaluation in full-data passes.
+
+    Returns
+    -------
+    GradientEstimator
+        The configured estimator.
+
+    References
+    ----------
+    Welling and Teh (2011); Baker, Fearnhead, Fox and Nemeth (2019), Eq. 4; Putcha, Nemeth and
+    Fearnhead (2023), Eq. 8, 12, Algorithm 2; Fu and Zhang (2023), Eq. 10; Dubey et al. (2016).
     """
     if name not in ESTIMATORS:
         raise ValueError(f"Unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}.")

@@ -45,6 +45,24 @@ class SamplingDesign(NamedTuple):
 
     ``moments(params) -> DesignMoments``: the design's second moments, or None if unknown
     (the noise is then measured by Monte Carlo).
+
+    Parameters
+    ----------
+    draw
+        ``draw(params, key) -> (idx, weights)``.
+    size
+        n.
+    num_data
+        N.
+    params
+        The arrays ``draw`` reads.
+    moments
+        ``moments(params)``, or None.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 3 and 8 (uniform and preferential laws); Fu and
+    Zhang (2023), Eq. 10 (stratified).
     """
 
     draw: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
@@ -61,6 +79,24 @@ def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.A
     occurrence) until all are distinct. The procedure commutes with any relabelling of the
     population, so the final set is a uniform n-subset. Each round costs O(n log n) (a sort);
     for n ≪ N almost always one or two rounds, never an O(N) permutation.
+
+    Parameters
+    ----------
+    key
+        JAX random key.
+    population
+        Size of the population.
+    n
+        Number of indices, at most ``population``.
+
+    Returns
+    -------
+    jax.Array
+        n distinct integer indices.
+
+    References
+    ----------
+    Knuth (1997), Sect. 3.4.2 (random sampling; here by redrawing repeats).
     """
     if n > population:
         raise ValueError(f"Cannot draw {n} distinct indices from {population}.")
@@ -112,7 +148,28 @@ def _uniform_moments(num_data: int, n: int, replace: bool) -> Callable:
 
 def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> SamplingDesign:
     """Simple random sampling, weights N/n (Putcha et al. 2023, Eq. 3), with or without
-    replacement."""
+    replacement.
+
+    Parameters
+    ----------
+    num_data
+        N.
+    n
+        Subsample size.
+    replace
+        With replacement (default) or without.
+    dtype
+        Float dtype of the weights.
+
+    Returns
+    -------
+    SamplingDesign
+        The uniform law with weights N/n.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 3; Welling and Teh (2011).
+    """
     if not 1 <= int(n) <= int(num_data):
         raise ValueError(
             f"The subsample size must be between 1 and N={num_data}, got {n!r}."

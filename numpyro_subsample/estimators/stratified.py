@@ -78,6 +78,15 @@ class Strata(NamedTuple):
     ``order[starts[j] : starts[j] + sizes[j]]``. ``batch_sizes`` b_j (sum n), ``spreads`` v_j
     of Eq. (14), ``seconds`` the k-means wall time, ``inertia`` its within-cluster sum of
     squares.
+
+    Parameters
+    ----------
+    labels, order, starts, sizes, batch_sizes, spreads, seconds, inertia
+        As above; ``labels`` the stratum of each datum.
+
+    References
+    ----------
+    Fu and Zhang (2023), Eq. 10, 14.
     """
 
     labels: np.ndarray
@@ -263,7 +272,22 @@ def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> 
 
 
 def strata_of(obj: Any) -> Strata | None:
-    """The :class:`Strata` of a stratified estimator, or of a kernel's estimator; else None."""
+    """The :class:`Strata` of a stratified estimator, or of a kernel's estimator; else None.
+
+    Parameters
+    ----------
+    obj
+        A stratified estimator or a kernel.
+
+    Returns
+    -------
+    Strata or None
+        The partition.
+
+    References
+    ----------
+    Fu and Zhang (2023), Eq. 10.
+    """
     if not isinstance(obj, GradientEstimator):
         obj = getattr(getattr(obj, "preprocessed", None), "estimator", None)
     if not isinstance(obj, GradientEstimator) or not obj.info:

@@ -44,6 +44,20 @@ def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndar
     """Observed values of every sample site, with the subsample plate over all N data.
 
     ``data``: the model's data (default: those of the run, ``ModelData.from_args``).
+
+    Parameters
+    ----------
+    mcmc, data
+        A finished run and the model's data.
+
+    Returns
+    -------
+    dict
+        Site → all N values.
+
+    References
+    ----------
+    Kumar et al. (2019) (ArviZ).
     """
     kernel = kernel_of(mcmc, "full_observed_data")
     data = run_data(mcmc) if data is None else data
@@ -174,6 +188,20 @@ def full_log_likelihood(
     Costs S·N likelihood evaluations (:func:`log_likelihood_pass`, temporaries bounded by
     ``chunk_memory`` beyond the output). ``thin``: every ``thin``-th draw of each chain
     (draws 0, thin, 2·thin, ...). ``data``: the model's data (default: those of the run).
+
+    Parameters
+    ----------
+    mcmc, chunk_size, data, chunk_memory, thin
+        A finished run and the options above.
+
+    Returns
+    -------
+    dict
+        Site → (chains, draws, N).
+
+    References
+    ----------
+    Vehtari, Gelman and Gabry (2017).
     """
     kernel = kernel_of(mcmc, "full_log_likelihood")
     thin = _check_thin(thin, "thin")
@@ -296,6 +324,22 @@ def to_arviz(
     values along a ``zv_stat`` axis, and (with ``extra_fields=("grad",)``)
     ``unconstrained_posterior``. It needs ``extra_fields=("grad",)`` or an SG kernel built
     with ``zv_stream=True``.
+
+    Parameters
+    ----------
+    mcmc, log_likelihood, log_likelihood_thin, chunk_memory, plate_deterministic, zv, check
+        The finished run and the options above.
+    **kwargs
+        Passed to ``arviz.from_numpyro``.
+
+    Returns
+    -------
+    arviz.InferenceData
+        The groups above.
+
+    References
+    ----------
+    Baker et al. (2019), Sect. 4 (ZV).
     """
     kernel = kernel_of(mcmc, "to_arviz")
     thin = _check_thin(log_likelihood_thin, "log_likelihood_thin")

@@ -43,6 +43,21 @@ class BiasCheck(NamedTuple):
     units (mean) and in log sd; ``*_se``: their Monte Carlo standard errors at those
     coordinates (from the bulk ESS of both runs); ``worst_sites``: the coordinates of the
     largest mean shifts, then the largest sd shift.
+
+    Parameters
+    ----------
+    step_size
+        Step of the rerun.
+    mean_shift, mean_shift_se
+        Largest mean shift (posterior sds) and its standard error.
+    log_sd_shift, log_sd_shift_se
+        Largest log-sd shift and its standard error.
+    worst_sites
+        The coordinates of the largest shifts.
+
+    References
+    ----------
+    Vollmer, Zygalakis and Teh (2016).
     """
 
     step_size: float
@@ -56,10 +71,34 @@ class BiasCheck(NamedTuple):
 class RunCheck(NamedTuple):
     """The figures of :func:`check_run`; ``messages`` is empty when the run passed.
 
-    ``ess_threshold``: the total bulk and tail ESS below which the run warns
-    (``min_ess_per_chain`` times ``num_chains``); ``max_mcse_sd``: the largest Monte Carlo
-    standard error of a posterior mean over coordinates (ArviZ ``mcse``), in posterior sd
-    units.
+    Parameters
+    ----------
+    min_ess_bulk, min_ess_tail
+        Smallest bulk and tail ESS over coordinates.
+    max_rhat
+        Largest split R-hat.
+    worst_sites
+        Coordinates of the failed checks.
+    divergences
+        Diverging (stopped) draws.
+    num_draws
+        Draws checked.
+    num_chains
+        Chains checked.
+    ess_threshold
+        The total bulk and tail ESS below which the run warns (``min_ess_per_chain`` times
+        ``num_chains``).
+    max_mcse_sd
+        The largest Monte Carlo standard error of a posterior mean over coordinates (ArviZ
+        ``mcse``), in posterior sd units.
+    messages
+        One line per failed check.
+    bias
+        The step-halving check, or None.
+
+    References
+    ----------
+    Vehtari, Gelman, Simpson, Carpenter and Bürkner (2021).
     """
 
     min_ess_bulk: float
@@ -238,6 +277,19 @@ def check_run(
         Also run :func:`step_halving_check` (a second run at half the step size; package
         stochastic-gradient kernels only) and warn when the posterior mean of a coordinate moves
         by more than ``bias_tolerance`` posterior sds, beyond three Monte Carlo standard errors.
+    bias_tolerance
+        Posterior sds of mean shift that ``check_bias`` tolerates.
+    stacklevel
+        ``stacklevel`` of the warning.
+
+    Returns
+    -------
+    RunCheck
+        The figures; ``messages`` is empty when the run passed.
+
+    References
+    ----------
+    Vehtari, Gelman, Simpson, Carpenter and Bürkner (2021) (split R-hat, bulk and tail ESS).
     """
     x, names = _flatten(_latent_draws(mcmc))
     chains, draws, _ = x.shape
@@ -327,6 +379,24 @@ def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -
 
     The rerun has the same warmup, chains and (by default) number of draws, and reuses the
     kernel's preprocessing; it costs as much as the original run.
+
+    Parameters
+    ----------
+    mcmc
+        A finished ``MCMC`` run of a package stochastic-gradient kernel.
+    num_samples
+        Draws of the rerun (default: as the run).
+    seed
+        Seed of the rerun.
+
+    Returns
+    -------
+    BiasCheck
+        The shifts and their standard errors.
+
+    References
+    ----------
+    Vollmer, Zygalakis and Teh (2016) (the O(h) bias of SGLD that halving the step exposes).
     """
     import jax
     from numpyro.infer import MCMC as NumPyroMCMC

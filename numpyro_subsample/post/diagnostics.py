@@ -129,6 +129,28 @@ def pseudo_variance(
 
     The kernel must have been run or preprocessed; ``data`` defaults to the data it was
     preprocessed on.
+
+    Parameters
+    ----------
+    kernel
+        A run or preprocessed package SG kernel.
+    params
+        Constrained parameter values (one draw).
+    num_draws
+        Subsamples drawn.
+    rng_key
+        Key of the draws.
+    data
+        The model's data (default: the preprocessing's).
+
+    Returns
+    -------
+    float
+        The pseudo-variance.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 6.
     """
     kernel = check_kernel(kernel, "pseudo_variance")
     if rng_key is None:
@@ -162,6 +184,26 @@ def ksd(
     *log-density* gradient, i.e. −∇f). KSD = Σ_j sqrt(Σ_{k,k'} k_j^0(θ_k, θ_k') / K²) with
     k_j^0(x, y) = s_j(x)s_j(y)K + s_j(x)∂_{y_j}K + s_j(y)∂_{x_j}K + ∂_{x_j}∂_{y_j}K.
     Rows are processed in blocks (``lax.map``) so memory is O(block · K · d).
+
+    Parameters
+    ----------
+    samples
+        Draws, shape (K, d).
+    grads
+        ∇log π at the draws, shape (K, d).
+    c, beta
+        The IMQ kernel's parameters.
+    block
+        Rows per block (memory O(block · K · d)).
+
+    Returns
+    -------
+    float
+        The KSD.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 20-21; Gorham and Mackey (2017) (IMQ kernel).
     """
     x = jnp.asarray(samples)
     s = jnp.asarray(grads, x.dtype)
@@ -255,6 +297,30 @@ def mcmc_ksd(
     gradients (one data pass per draw), or with ``stochastic=True`` the kernel's own estimator
     (noisy but unbiased, as Putcha et al. 2023, Sect. 5.2.3 allow). ``data`` defaults to the
     run's data; ``ksd_kwargs`` go to :func:`ksd`.
+
+    Parameters
+    ----------
+    mcmc
+        A finished ``MCMC`` run of a package kernel.
+    stochastic
+        Use the kernel's estimator for the scores.
+    max_draws
+        Thin to at most this many draws.
+    rng_key
+        Key of the stochastic scores.
+    data
+        The model's data (default: the run's).
+    **ksd_kwargs
+        Passed to :func:`ksd`.
+
+    Returns
+    -------
+    float
+        The KSD of the pooled, thinned draws.
+
+    References
+    ----------
+    Putcha, Nemeth and Fearnhead (2023), Eq. 20-21, Sect. 5.2.3.
     """
     kernel = kernel_of(mcmc, "mcmc_ksd")
     data = run_data(mcmc) if data is None else data

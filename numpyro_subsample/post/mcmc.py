@@ -79,6 +79,13 @@ class MCMC(NumPyroMCMC):
         Thresholds of :func:`~numpyro_subsample.post.checks.check_run`.
     *args, **kwargs
         As ``numpyro.infer.MCMC``.
+    sampler
+        The kernel, as for ``numpyro.infer.MCMC``.
+
+    References
+    ----------
+    Vehtari, Gelman, Simpson, Carpenter and Bürkner (2021) (rank-normalised split R-hat, bulk
+    and tail ESS).
     """
 
     def __init__(

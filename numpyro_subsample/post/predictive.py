@@ -166,6 +166,10 @@ def predictive(
     dict
         Site name → NumPy array with the draws along the first axis (the plate's rows along
         the plate's dimension for sites inside the plate).
+
+    References
+    ----------
+    Gelman et al. (2013), Sect. 6.3 (posterior predictive draws).
     """
     bound = parse_memory(chunk_memory)
     limit = None if max_memory is None else parse_memory(max_memory, "max_memory")

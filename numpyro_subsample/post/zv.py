@@ -134,6 +134,16 @@ def zv_fit(
         ``"linearised"`` (one covariate per function, module docstring; needs the ``MCMC``
         run, not an InferenceData) or ``"auto"`` (gradient up to that d, else linearised).
         Streamed statistics hold the covariates of the kernel's ``zv_covariates``.
+
+    Returns
+    -------
+    ZVResult
+        ZV and raw means, their MCSEs, variance reductions and coefficients.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Eq. 13-14, Algorithm 2; Papamarkou, Mira and
+    Girolami (2014) (degree 2); Friel, Mira and Oates (2016).
     """
     check_degree(degree)
     check_covariate_name(covariates)
@@ -232,6 +242,26 @@ def zv_mean(
     With ``fn`` the result has fn's output structure. Keyword arguments as :func:`zv_fit`
     (``by_chain``, ``cross_fit``, ``ridge``, ``unconstrained``, ``mode``, ``data``,
     ``covariates``).
+
+    Parameters
+    ----------
+    source
+        A run or InferenceData, as for :func:`zv_fit`.
+    fn
+        g of a constrained sample (default: every site).
+    degree
+        1 or 2.
+    **kwargs
+        As :func:`zv_fit`.
+
+    Returns
+    -------
+    dict or pytree
+        The ZV means.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Eq. 13-14; Mira, Solgi and Imparato (2013).
     """
     res = zv_fit(source, fn, degree, **kwargs)
     if fn is None:
@@ -306,6 +336,24 @@ def zv_summary(idata: az.InferenceData, degree: int | None = None, **kwargs: Any
     and the gradient covariates apply, else read from the ``zv_posterior`` group (streaming
     mode: no MCSEs; the linearised covariates of :func:`to_arviz` ``zv=True`` above
     ``MAX_ZV_COVARIATES`` parameters).
+
+    Parameters
+    ----------
+    idata
+        InferenceData from :func:`to_arviz`.
+    degree
+        1 or 2 (default: as stored).
+    **kwargs
+        As :func:`zv_fit`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per coordinate.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Sect. 4.
     """
     has_grad = "sample_stats" in idata.groups() and "grad" in idata.sample_stats
     if degree is None:

@@ -115,6 +115,23 @@ class ZVResult(NamedTuple):
     ``by_chain``). ``variance_reduction`` = Var(g)/Var(g̃) per draw (R of Baker et al. 2019);
     MCSEs use ArviZ's ESS (NaN in streaming mode, which has no chain to estimate
     autocorrelation from).
+
+    Parameters
+    ----------
+    mean, raw_mean
+        ZV and plain estimates.
+    mcse_mean, raw_mcse_mean
+        Their Monte Carlo standard errors.
+    variance_reduction
+        Var(g) / Var(g̃).
+    beta
+        The fitted coefficients.
+    degree
+        1 or 2.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Eq. 14 and Sect. 4 (R).
     """
 
     mean: Any

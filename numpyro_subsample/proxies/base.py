@@ -18,7 +18,31 @@ class ProxyFitWarning(UserWarning):
 
 
 class Proxy(NamedTuple):
-    """Centre θ̂ (d,), covariance Σ̂ (d, d), its Cholesky factor L, and the data at θ̂."""
+    """Centre θ̂ (d,), covariance Σ̂ (d, d), its Cholesky factor L, and the data at θ̂.
+
+    Parameters
+    ----------
+    centre
+        θ̂, shape (d,).
+    cov
+        Σ̂, shape (d, d).
+    scale_tril
+        L with Σ̂ = L Lᵀ.
+    datum_grads
+        ∇f_i(θ̂), shape (N, d), or None (recomputed per subsample).
+    sum_grads
+        Σ_i ∇f_i(θ̂).
+    num_data_passes, seconds
+        Cost of the fit.
+    kind
+        ``"laplace"``, ``"variational"``, ``"user"``, ...
+    info
+        Facts about the fit.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Sect. 3 (the centring value θ̂ and its gradients).
+    """
 
     centre: jax.Array
     cov: jax.Array

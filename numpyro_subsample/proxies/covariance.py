@@ -45,6 +45,24 @@ class StructuredCovariance(NamedTuple):
     ``diag`` D (d,) > 0, ``basis`` U (d, k) with orthonormal columns, ``coef`` s (k,);
     ``white_basis`` W (d, k) and ``white_eig`` γ (k,) > −1 with D^{-1/2} U diag(s) Uᵀ D^{-1/2}
     = W diag(γ) Wᵀ, from which every operation is O(d·k).
+
+    Parameters
+    ----------
+    diag
+        D, shape (d,), positive.
+    basis
+        U, shape (d, k), orthonormal columns.
+    coef
+        s, shape (k,).
+    white_basis
+        W, shape (d, k).
+    white_eig
+        γ, shape (k,), each > −1.
+
+    References
+    ----------
+    Golub and Van Loan (2013) (the Woodbury identity behind the O(d·k)
+    operations).
     """
 
     diag: jax.Array

@@ -129,6 +129,36 @@ def fit_laplace(
     ``proxy.info`` holds ``adam_steps``, ``newton_steps``, ``potential`` f(θ̂), ``converged``
     (Newton's criterion met), ``newton_decrement``, ``axis_excursions`` (2, K, on the
     coordinates of :func:`~.checks.excursion_axes`) and the ``warnings`` issued.
+
+    Parameters
+    ----------
+    potential
+        The model's :class:`~numpyro_subsample.core.potential.Potential`.
+    data
+        The model's data (:class:`~numpyro_subsample.core.data.ModelData`).
+    rng_key
+        Key of Adam's minibatches.
+    subsample_size
+        Adam's minibatch size (default: the plate's n).
+    num_epochs, learning_rate
+        Adam's epochs and learning rate.
+    max_newton_steps
+        Most damped Newton steps on the full data.
+    chunk_size
+        Data per vmapped evaluation in full-data passes.
+    store_datum_grads
+        Keep the (N, d) table of ∇f_i(θ̂).
+    progress
+        Show progress bars.
+
+    Returns
+    -------
+    Proxy
+        N(θ̂, Σ̂) with Σ̂ = (∇²f(θ̂))⁻¹.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Sect. 3.2 (the centring value from an optimiser).
     """
     t0 = time.perf_counter()
     N = potential.num_data
@@ -336,7 +366,34 @@ def proxy_from_moments(
     kind: str = "user",
     num_data_passes: float = 0.0,
 ) -> Proxy:
-    """A proxy from a given centre and covariance (e.g. a fitted variational guide)."""
+    """A proxy from a given centre and covariance (e.g. a fitted variational guide).
+
+    Parameters
+    ----------
+    potential, data
+        The model's potential and data.
+    centre
+        θ̂, shape (d,).
+    cov
+        Σ̂, shape (d, d), positive definite.
+    chunk_size
+        Data per vmapped evaluation in the pass for ∇f_i(θ̂).
+    store_datum_grads
+        Keep the (N, d) table of ∇f_i(θ̂).
+    kind
+        Label stored in ``proxy.kind``.
+    num_data_passes
+        Passes already spent (added to the one of this function).
+
+    Returns
+    -------
+    Proxy
+        The proxy with θ̂, Σ̂ and the per-datum gradients at θ̂.
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Eq. 4 (what the centre's gradients feed).
+    """
     t0 = time.perf_counter()
     centre = jnp.asarray(centre)
     cov = 0.5 * (jnp.asarray(cov) + jnp.asarray(cov).T)

@@ -89,6 +89,15 @@ class StructuredProxy(NamedTuple):
     """A proxy like :class:`~numpyro_subsample.proxies.base.Proxy`, with the covariance as an
     operator: centre θ̂ (d,), ``cov_op`` Σ̂, the data at θ̂ (``datum_grads`` ∇f_i(θ̂) (N, d) or
     None, ``sum_grads`` Σ_i ∇f_i(θ̂)), the data passes and seconds spent, ``kind`` and ``info``.
+
+    Parameters
+    ----------
+    centre, cov_op, datum_grads, sum_grads, num_data_passes, seconds, kind, info
+        As above.
+
+    References
+    ----------
+    Baker et al. (2019), Sect. 3.
     """
 
     centre: jax.Array
@@ -262,6 +271,26 @@ def fit_structured(
     there. Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`) if the Newton
     decrement √(gᵀΣ̂g) at θ̂ exceeds :data:`~numpyro_subsample.proxies.checks.MAX_DECREMENT`
     and if fewer than k Ritz pairs converged.
+
+    Parameters
+    ----------
+    potential, data, rng_key
+        The model's potential and data; key of Adam's minibatches and the probes.
+    structure, rank, curvature, diagonal, num_probes, complement, oversample, ritz_tol
+        The covariance (above).
+    curvature_floor, init_theta, subsample_size, num_epochs, learning_rate, max_iterations
+        The curvature's floor and the mode search (above).
+    gtol, memory_size, chunk_size, block_size, store_datum_grads, progress
+        L-BFGS's tolerance and memory; data per evaluation; HVPs at a time; (N, d) table; bars.
+
+    Returns
+    -------
+    StructuredProxy
+        N(θ̂, Σ̂).
+
+    References
+    ----------
+    Baker et al. (2019), Sect. 3.2.
     """
     t0 = time.perf_counter()
     d = potential.dim

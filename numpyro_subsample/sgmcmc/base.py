@@ -155,6 +155,10 @@ class SGMCMCKernel(SubsampleKernel):
         ``proxy_kwargs``, ``noise_correction=True`` or ZV are refused (they need p(x_i | θ)).
     **estimator_options
         Further options of the estimator (see its module).
+
+    References
+    ----------
+    Baker et al. (2019), Eq. 4; Putcha et al. (2023), Eq. 3-19; Fu and Zhang (2023), Eq. 10.
     """
 
     sample_field = "z"

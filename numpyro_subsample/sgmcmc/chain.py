@@ -104,6 +104,44 @@ class SGMCMCState(NamedTuple):
     (:class:`~numpyro_subsample.sgmcmc.adaptation.ScaleAdaptation`, with
     ``adapt_preconditioner=True``): the dynamics then move u = w / ``adapt.scale``, and
     ``momentum`` is in u's units.
+
+    Parameters
+    ----------
+    i
+        Iteration counter.
+    z
+        Unconstrained latent values (dict site → array).
+    w
+        Whitened position, θ = θ̂ + L w.
+    momentum
+        Momentum of SGHMC and SGNHT (zeros for SGLD).
+    thermostat
+        SGNHT's thermostat ξ.
+    grad
+        Estimate of ∇log π at ``z`` (flat, unconstrained), used by the next step.
+    subsample_size
+        Data used for ``grad``.
+    diverging
+        True once the chain has failed.
+    fail_step, fail_coord
+        Iteration and flat coordinate of the failure (−1 while healthy).
+    data_passes
+        Cumulative data evaluations / N, preprocessing included.
+    rng_key
+        The chain's random key.
+    params
+        The preprocessing's arrays, shared by vectorized chains.
+    zv_stats
+        Streamed zero-variance statistics, or None.
+    est_state
+        The estimator's state (SAGA's table, SVRG's anchor), or None.
+    adapt
+        The adapted diagonal preconditioner, or None.
+
+    References
+    ----------
+    Welling and Teh (2011); Chen, Fox and Guestrin (2014); Ding et al. (2014) (the dynamics
+    whose state this is).
     """
 
     i: jax.Array
@@ -125,7 +163,42 @@ class SGMCMCState(NamedTuple):
 
 
 class Preprocessed(NamedTuple):
-    """Everything computed once per data set before sampling."""
+    """Everything computed once per data set before sampling.
+
+    Parameters
+    ----------
+    potential
+        The model's :class:`~numpyro_subsample.core.potential.Potential`.
+    proxy
+        The fitted proxy N(θ̂, Σ̂), or None without one.
+    estimator
+        The configured :class:`~numpyro_subsample.estimators.base.GradientEstimator`.
+    step_size
+        The time step h.
+    noise
+        Largest eigenvalue v of the whitened gradient-noise covariance.
+    centre
+        θ̂, the centre of the whitening.
+    scale_tril
+        L (Σ̂ = L Lᵀ), dense or structured.
+    seconds, data_passes
+        Cost of the preprocessing.
+    params
+        The arrays the compiled step reads.
+    noise_cov
+        The measured whitened noise covariance V, or None.
+    noise_draws
+        Number of proxy draws the noise was averaged over.
+    noise_errors
+        Standard errors of the noise eigenvalues, or None.
+    noise_corrected
+        Whether the injected noise is N(0, 2h I − h²V).
+
+    References
+    ----------
+    Baker, Fearnhead, Fox and Nemeth (2019), Sect. 3 (the centring value); Ahn, Korattikara and
+    Welling (2012) (the noise correction).
+    """
 
     potential: Potential
     proxy: Proxy | StructuredProxy | None

@@ -160,6 +160,12 @@ class DistributedSGLD(SGLD):
         step h; no ``noise_correction``). With ``step_size=None`` the SGLD rule is applied to
         the measured noise v_within + τ̄·v_between: the shard part of the noise persists over a
         trajectory.
+    model
+        A NumPyro model with a subsample plate; its arrays with N rows are sharded.
+
+    References
+    ----------
+    Ahn, Shahbaba and Welling (2014), supplement Prop. 1.1 (Eq. 1), Cor. 1.2 and 1.3.
     """
 
     def __init__(

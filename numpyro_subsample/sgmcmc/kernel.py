@@ -60,6 +60,18 @@ class SGLD(SGMCMCKernel):
         kernel = SGLD(model, estimator="cv")
         mcmc = MCMC(kernel, num_warmup=1000, num_samples=5000)
         mcmc.run(jax.random.PRNGKey(0), X, y)
+
+    Parameters
+    ----------
+    model
+        A NumPyro model whose likelihood sits in ``numpyro.plate(name, N, subsample_size=n)``.
+    **kwargs
+        The options of :class:`SGMCMCKernel` (``estimator``, ``step_size``, ``proxy``, ...).
+
+    References
+    ----------
+    Welling and Teh (2011) (the SGLD update); Putcha, Nemeth and Fearnhead (2023),
+    Eq. 3-4 (the estimator and the update with ε = 2h).
     """
 
     def __init__(self, model: Callable, **kwargs: Any) -> None:
@@ -86,6 +98,12 @@ class SGHMC(SGMCMCKernel):
     **kwargs
         As :class:`SGMCMCKernel` (``step_size`` is the time step h); the momentum is the
         state's ``momentum`` field.
+    model
+        A NumPyro model with a subsample plate, as for :class:`SGLD`.
+
+    References
+    ----------
+    Chen, Fox and Guestrin (2014) (SGHMC with friction and the noise estimate B̂).
     """
 
     _default_friction = 1.0
@@ -127,6 +145,12 @@ class SGNHT(SGHMC):
     **kwargs
         As :class:`SGMCMCKernel` (``step_size`` is the time step h, default from
         :func:`~numpyro_subsample.sgmcmc.stepsize.sgnht_step_size`).
+    model
+        A NumPyro model with a subsample plate, as for :class:`SGLD`.
+
+    References
+    ----------
+    Ding, Fang, Babbush, Chen, Skeel and Neven (2014) (the SGNHT update).
     """
 
     _default_friction = 0.5

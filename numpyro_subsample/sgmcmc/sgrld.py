@@ -222,6 +222,11 @@ class SGRLD(SubsampleKernel):
         **model_kwargs) -> rows`` (an exact conditional; ``values`` the simplex values π) or
         by ``local_steps`` MALA steps (default). Such models need an explicit ``step_size``
         and, for ``"stratified"``, ``features``; the draws hold π only.
+
+    References
+    ----------
+    Patterson and Teh (2013) (SGRLD in the expanded-mean parameterisation, with
+    mirroring); Fu and Zhang (2023), Sect. 4.3 (CP-SGRLD) and Eq. 10, 14.
     """
 
     sample_field = "pi"

@@ -32,7 +32,17 @@ __all__ = ["ShardLayout", "shard_layout", "shard_design", "ShardParams"]
 
 
 class ShardLayout(NamedTuple):
-    """Sizes N_s, row offsets, realised frequencies q_s and trajectory lengths τ_s per shard."""
+    """Sizes N_s, row offsets, realised frequencies q_s and trajectory lengths τ_s per shard.
+
+    Parameters
+    ----------
+    sizes, offsets, frequencies, trajectory_lengths
+        N_s, first plate row, realised q_s and τ_s of each shard.
+
+    References
+    ----------
+    Ahn, Shahbaba and Welling (2014), supplement Prop. 1.1, Cor. 1.2-1.3.
+    """
 
     sizes: np.ndarray
     offsets: np.ndarray
@@ -68,6 +78,22 @@ def shard_layout(
     equal trajectories realises). ``adaptive=True``: τ_s = max(1, round(τ̄ S q_s)) with
     τ̄ = ``trajectory_length`` and q_s = ``shard_frequencies`` (default N_s/N); the returned
     frequencies are the realised ones, τ_s / Σ_t τ_t.
+
+    Parameters
+    ----------
+    num_data, num_shards, shard_sizes, shard_frequencies
+        N, S, N_s (default: as equal as possible) and q_s (default N_s/N).
+    trajectory_length, adaptive
+        τ (fixed, Cor. 1.2) or τ̄ (``adaptive=True``, Cor. 1.3).
+
+    Returns
+    -------
+    ShardLayout
+        The layout.
+
+    References
+    ----------
+    Ahn et al. (2014), Prop. 1.1.
     """
     S = int(num_shards)
     if S < 1:
@@ -145,6 +171,20 @@ def shard_design(layout: ShardLayout, n: int, replace: bool = True, dtype=None) 
     indices within shard s, weights (N_s/n)/q_s, so E[Σ_j w_j h_{i_j}] = Σ_i h_i.
 
     A single-device reference of what :class:`DistributedSGLD` computes shard-locally.
+
+    Parameters
+    ----------
+    layout, n, replace, dtype
+        The layout, the subsample size in a shard, with replacement or not, the weights' dtype.
+
+    Returns
+    -------
+    SamplingDesign
+        The two-stage law.
+
+    References
+    ----------
+    Ahn et al. (2014), Eq. 1.
     """
     dtype = dtype or jnp.result_type(float)
     sizes = tuple(int(x) for x in layout.sizes)
