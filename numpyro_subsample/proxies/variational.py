@@ -209,6 +209,43 @@ def fit_variational(
     Σ E_q[∇f] over 1 sd, or a variance ratio beyond a factor 10), if the Pareto k̂ of the
     importance weights p/q exceeds 0.7, or if its mean is at a support's boundary
     (:mod:`.fit_checks`). ``info["pareto_k"]`` holds k̂.
+
+    Parameters
+    ----------
+    potential, data
+        The model's potential and data.
+    rng_key
+        Key of SVI and of the moment draws.
+    guide, guide_params
+        A NumPyro guide (default: the full-rank family, see above) and its fitted parameters
+        (skip SVI).
+    max_full_rank_dim
+        Largest d of the full-rank family.
+    learning_rate, block_size, patience, num_decays, max_steps, tol
+        Adam's rate and the stopping rule (module docstring).
+    num_particles, num_eval_particles
+        Guide draws per step, and of the common-random-number ELBO of NumPyro's SVI.
+    num_moment_samples
+        Draws for the moments of a non-Gaussian guide.
+    covariance, num_hessian_draws
+        ``"guide"`` or ``"expected_hessian"`` (above), and the draws the latter averages.
+    chunk_size
+        Data per vmapped evaluation in full-data passes.
+    store_datum_grads
+        Keep the (N, d) table of ∇f_i at the centre.
+    progress
+        Show progress bars.
+
+    Returns
+    -------
+    Proxy
+        N(q's mean, Σ̂) with ``info`` as above.
+
+    References
+    ----------
+    Rønning and Hamelryck (2021), Eq. 2-4 (variational proxies); Baker, Fearnhead, Fox and
+    Nemeth (2019), Eq. 4 (the control variates of the ELBO); Yao, Vehtari, Simpson and
+    Gelman (2018) (Pareto k̂ of the importance weights).
     """
     t0 = time.perf_counter()
     full_rank = guide is None and potential.dim <= int(max_full_rank_dim)
