@@ -351,8 +351,9 @@ class SGMCMCKernel(SubsampleKernel):
         adapts = self._adapts_proxy(potential)
 
         def fit(kind: str) -> Proxy:
-            given = kind == self._proxy_spec
-            request = prep.ProxyRequest(kind, self.proxy_kwargs if given else {},
+            given = kind == self._proxy_spec  # else a fallback start: q's own covariance
+            kwargs = self.proxy_kwargs if given else {"covariance": "guide"}
+            request = prep.ProxyRequest(kind, kwargs,
                                         self.chunk_size, self.store_datum_grads and not adapts,
                                         resolve_progress(self.progress_bar),
                                         self._needs_proxy())
