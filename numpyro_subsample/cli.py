@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--optimized-xla", action="store_true",
                    help="with --quick: compile with XLA's full optimisations (slower to compile, "
                    "faster to run; --quick otherwise compiles fast, unoptimised code)")
+    c.add_argument("--device", default=None,
+                   help="JAX platform to run on: cpu, gpu (cuda, rocm) or tpu (default: JAX's "
+                   "default device); the table's summary names the device")
     c.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="progress bars (default: on when stderr is a terminal)")
     c.add_argument("--no-progress", dest="progress", action="store_false")
@@ -141,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_samples=args.num_samples, nuts_samples=args.nuts_samples, ksd=not args.no_ksd,
         jobs=args.jobs, cache_dir=args.cache_dir, use_cache=not args.no_cache,
         fast_compile=quick and not args.optimized_xla, quick=quick, progress=progress,
+        device=args.device,
         resume=args.resume, command="numpyro-subsample " + " ".join(argv),
     )
     try:

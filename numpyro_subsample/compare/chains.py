@@ -52,14 +52,13 @@ class Settings:
     nuts_samples: int
     ksd_draws: int
     checkpoints: int = 12
-    ksd_points: int = 5
 
 
 def settings_for(quick: bool = False, *, num_samples: int | None = None,
                  nuts_samples: int | None = None, ksd: bool = True) -> Settings:
     """Defaults: 1000 + 20,000 stochastic-gradient steps, 500 + 1000 NUTS/HMCECS steps and
     500 KSD draws; ``quick``: 300 + 3000, 200 + 300 and 150."""
-    s = (Settings(300, 3000, 200, 300, 150, ksd_points=3) if quick
+    s = (Settings(300, 3000, 200, 300, 150) if quick
          else Settings(1000, 20_000, 500, 1000, 500))
     if num_samples:
         s.sg_samples = int(num_samples)

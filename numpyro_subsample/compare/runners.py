@@ -44,7 +44,7 @@ from numpyro_subsample.compare.store import (
     save_arrays,
     warn_corrupt,
 )
-from numpyro_subsample.compare.timing import default_cache_root, setup_compile_cache
+from numpyro_subsample.compare.timing import default_cache_root, setup_compile_cache, use_device
 
 __all__ = [
     "InterruptLatch",
@@ -110,19 +110,31 @@ def peer_runs(problem: Problem, settings: Settings, *, seed: int = 0,
               cache_dir: str | None = None, use_cache: bool = True, with_hmcecs: bool = True,
               compile_cache_dir: str | None = None, fast_compile: bool = False,
               store: RunStore | None = None, hmcecs_method: Method | None = None,
+              progress: bool = False, device: str | None = None,
               ) -> tuple[tuple[RunOutput, bool], RunOutput | Exception | None]:
     """The NUTS reference and (``with_hmcecs``) HMCECS, as run in the worker process.
 
     Configures JAX as the main process does (``fast_compile``, the compilation cache in
-    ``compile_cache_dir``) and fits the shared proxy itself (same seed: the same mode).
-    HMCECS's run is saved in ``store`` (as ``hmcecs_method``) as soon as it finishes.
-    Returns ``((reference, cached), hmcecs)``, HMCECS's exception if it failed.
+    ``compile_cache_dir``, the ``device``) and fits the shared proxy itself (same seed: the
+    same mode); ``progress``: NumPyro's progress bar for the reference. HMCECS's run is saved
+    in ``store`` (as ``hmcecs_method``) as soon as it finishes. Returns
+    ``((reference, cached), hmcecs)``, HMCECS's exception if it failed.
     """
     if fast_compile:
         jax.config.update("jax_disable_most_optimizations", True)
     if compile_cache_dir:
         setup_compile_cache(compile_cache_dir)
-    ref = reference_run(problem, settings, seed=seed, cache_dir=cache_dir, use_cache=use_cache)
+    with use_device(device):
+        return _peer_runs(problem, settings, seed=seed, cache_dir=cache_dir,
+                          use_cache=use_cache, with_hmcecs=with_hmcecs, store=store,
+                          hmcecs_method=hmcecs_method, progress=progress)
+
+
+def _peer_runs(problem: Problem, settings: Settings, *, seed: int, cache_dir: str | None,
+               use_cache: bool, with_hmcecs: bool, store: RunStore | None,
+               hmcecs_method: Method | None, progress: bool):
+    ref = reference_run(problem, settings, seed=seed, cache_dir=cache_dir, use_cache=use_cache,
+                        progress=progress)
     hmcecs: RunOutput | Exception | None = None
     if with_hmcecs:
         try:
