@@ -73,6 +73,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     methods = [*KERNELS, *PROXIES] if args.methods == "all" else [
         s.strip() for s in args.methods.split(",") if s.strip()]
@@ -177,6 +181,7 @@ def main(argv=None) -> int:
         f"bench_hierarchical{'_quick' if args.quick else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"command": command.strip(), "started": started, "wall_s": wall,
+            "device": args.device,
             "machine": f"{platform.platform()}, {os.cpu_count()} cores, jax {jax.__version__}",
             "data_info": data.info, "reference": {**ref.meta, "cached": ref.cached},
             "reference_resolution": {"mean_err": res_mean, "sd_log_ratio": res_sd},
