@@ -25,7 +25,7 @@ from numpyro_subsample.datasets.generators import make_rare_features
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 TINY = ["--quick", "--num-data", "2000", "--subsample-size", "50", "--num-samples", "1000",
-        "--nuts-samples", "200", "--no-progress"]
+        "--nuts-samples", "200", "--reference-samples", "400", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
     code, out, _, stderr = run
     assert code == 0
     # it says what it is doing: the reference, then each method as it starts and ends
-    assert "reference: NUTS on the full data, 200 + 200 steps" in stderr
+    assert "reference: NUTS on the full data, 200 + 400 steps" in stderr
     assert "[1/4] sgld-cv: 300 + 1000 steps" in stderr and "done in" in stderr
     with open(out / "compare.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -85,7 +85,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
         assert r["checks"] in ("ok", "ESS", "div", "ESS,div", "fail")
         assert set(r["check_details"]) >= {"min_ess_bulk", "divergences", "num_draws",
                                            "messages"}
-    assert ref["check_details"]["num_draws"] == 200 and cv["check_details"]["num_draws"] == 1000
+    assert ref["check_details"]["num_draws"] == 400 and cv["check_details"]["num_draws"] == 1000
     # the proxies: as many independent draws as the SG chains, charged their fit
     shared = data["meta"]["shared_proxy"]
     lap, vi = by[laplace], by[variational]

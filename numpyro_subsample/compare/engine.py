@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -75,8 +76,9 @@ __all__ = [
 class CompareOptions:
     """Settings of :func:`run_compare` (the flags of ``numpyro-subsample compare``).
 
-    ``jobs``: 2 runs the reference and HMCECS in a worker process (default 2 with ``quick``,
-    else 1); ``fast_compile``: XLA without most optimisations (default: ``quick``);
+    ``jobs``: 2 (default) runs the reference and HMCECS in a worker process while this one
+    runs the other methods, 1 runs everything here (cleaner timings, longer wall time);
+    ``fast_compile``: XLA without most optimisations (default: ``quick``);
     ``compile_cache_dir``: the persistent compilation cache in use (from
     :func:`~numpyro_subsample.compare.timing.setup_compile_cache`), recorded and passed to the
     worker; ``device``: JAX platform to run on (``"cpu"``, ``"gpu"``, ``"tpu"``; default
@@ -93,6 +95,7 @@ class CompareOptions:
     subsample_size: int | None = None
     num_samples: int | None = None
     nuts_samples: int | None = None
+    ref_samples: int | None = None
     ksd: bool = True
     jobs: int | None = None
     cache_dir: str | None = None
@@ -161,6 +164,7 @@ def run_compare(options: CompareOptions | None = None) -> dict:
     :class:`CompareInterrupted` (a ``KeyboardInterrupt``) lists them.
     """
     o = options or CompareOptions()
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     fast = o.quick if o.fast_compile is None else bool(o.fast_compile)
     with use_device(o.device) as device, xla_fast_compile(fast):
         plan = plan_compare(o, fast, device)
@@ -175,7 +179,19 @@ def run_compare(options: CompareOptions | None = None) -> dict:
                                      plan.store.folder) from None
         meta = describe(plan, runs, rows, mc)
         paths = write_outputs(plan.out, rows, curves, meta)
+    _log(f"finished in {time.perf_counter() - t0:.0f} s: {_cpu_since(cpu0):.0f} s of CPU in "
+         f"this process, {_cpu_children():.0f} s in the second")
     return {"rows": rows, "curves": curves, "meta": meta, "paths": paths}
+
+
+def _cpu_since(before) -> float:
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return now.ru_utime + now.ru_stime - before.ru_utime - before.ru_stime
+
+
+def _cpu_children() -> float:
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ch.ru_utime + ch.ru_stime
 
 
 def plan_compare(o: CompareOptions, fast: bool, device: str) -> Plan:
@@ -186,9 +202,9 @@ def plan_compare(o: CompareOptions, fast: bool, device: str) -> Plan:
     problem = make_problem(o.dataset, num_data=o.num_data, subsample_size=o.subsample_size,
                            data_dir=o.data_dir, seed=o.seed, quick=o.quick)
     settings = settings_for(o.quick, num_samples=o.num_samples, nuts_samples=o.nuts_samples,
-                            ksd=o.ksd)
+                            ref_samples=o.ref_samples, ksd=o.ksd)
     store = RunStore.for_problem(out, problem, settings, seed=o.seed, fast_compile=fast)
-    jobs = o.jobs or (2 if o.quick else 1)
+    jobs = o.jobs or 2
     return Plan(o, problem, settings, methods, jobs, fast, store, out, device)
 
 
@@ -206,7 +222,7 @@ def run_methods(plan: Plan, latch: InterruptLatch) -> Runs:
     peer, reference, shared = None, None, None
     try:
         if plan.jobs > 1:
-            _log(f"reference: NUTS on the full data, {s.nuts_warmup} + {s.nuts_samples} steps"
+            _log(f"reference: NUTS on the full data, {s.nuts_warmup} + {s.reference_samples} steps"
                  f"{' and hmcecs' if hmcecs else ''}, in a second process")
             peer = start_peer(p, s, with_hmcecs=hmcecs is not None,
                               compile_cache_dir=o.compile_cache_dir, fast_compile=plan.fast,
@@ -238,7 +254,7 @@ def _reference_options(o: CompareOptions) -> dict:
 def _reference(plan: Plan) -> tuple[RunOutput, bool]:
     """The NUTS reference in this process, announced and timed on stderr."""
     s = plan.settings
-    _log(f"reference: NUTS on the full data, {s.nuts_warmup} + {s.nuts_samples} steps "
+    _log(f"reference: NUTS on the full data, {s.nuts_warmup} + {s.reference_samples} steps "
          "(cached after the first run)")
     t0 = time.perf_counter()
     ref = reference_run(plan.problem, s, progress=plan.options.progress,

@@ -78,7 +78,7 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
     naming it. ``use_cache=False`` recomputes (and rewrites) it.
     """
     key = (f"v3_{problem.name}_N{problem.num_data}_d{problem.dim}_{problem.fingerprint()}"
-           f"_seed{seed}_w{settings.nuts_warmup}_s{settings.nuts_samples}")
+           f"_seed{seed}_w{settings.nuts_warmup}_s{settings.reference_samples}")
     folder = Path(cache_dir).expanduser() if cache_dir else default_cache_root() / "reference"
     path = folder / f"{key}.npz"
     if use_cache and path.is_file():
