@@ -170,12 +170,24 @@ def method_style(name: str) -> tuple[str, object, str]:
     return colour, *ESTIMATOR_STYLES.get(estimator or "uniform", ("-", "o"))
 
 
-def _log_axis(axis) -> None:
-    """Log scale with labels at 1, 2, 5 × 10^k only (no crowded minor labels)."""
+def _tick(v: float, _pos=None) -> str:
+    """1, 20, 500, 1,000, 10⁴, 2·10⁴, ...: short labels that do not run into each other."""
+    if v >= 1e4:
+        e = int(np.floor(np.log10(v) + 1e-9))
+        m = v / 10**e
+        return f"$10^{{{e}}}$" if abs(m - 1) < 1e-6 else f"${m:g}\\cdot10^{{{e}}}$"
+    return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+
+
+def _log_axis(axis, lo: float, hi: float) -> None:
+    """Labels at 1, 2, 5 × 10^k over at most 2.5 decades, else at powers of ten only; no
+    minor labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=12))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    wide = np.log10(max(hi, 1e-300) / max(lo, 1e-300)) > 2.5
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0,) if wide else (1.0, 2.0, 5.0),
+                                      numticks=12))
+    axis.set_major_formatter(FuncFormatter(_tick))
     axis.set_minor_formatter(NullFormatter())
 
 
@@ -234,12 +246,12 @@ def plot_curves(path: str | os.PathLike, curves: dict, meta: dict) -> None:
             missing = _draw_panel(ax, curves, metric, xkey)
             ax.set_xscale("log")
             ax.set_yscale("log")
-            _log_axis(ax.xaxis)
-            _log_axis(ax.yaxis)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(True, which="major", alpha=0.3)
             _set_ylim(ax, curves, metric, meta)
+            _log_axis(ax.xaxis, *ax.get_xlim())
+            _log_axis(ax.yaxis, *ax.get_ylim())
             if missing:
                 ax.text(0.01, 0.01, "not shown (no " + xlabel.split(" (")[0].split(",")[0]
                         + "): " + ", ".join(missing), transform=ax.transAxes, fontsize=7,
