@@ -45,7 +45,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
     assert code == 0
     # it says what it is doing: the reference, then each method as it starts and ends
     assert "reference: NUTS on the full data, 200 + 400 steps" in stderr
-    assert "[1/4] sgld-cv: 300 + 1000 steps" in stderr and "done in" in stderr
+    assert "[1/4] sgld-cv: 300 + 1000 steps" in stderr and "done: sgld-cv in" in stderr
     with open(out / "compare.csv") as fh:
         rows = list(csv.DictReader(fh))
     laplace, variational = "Laplace proxy (no MCMC)", "variational proxy (no MCMC)"
@@ -385,6 +385,9 @@ def test_plot_reads_at_a_glance(tmp_path):
     texts = [t.get_text() for t in axes[0].texts]
     assert any("energyconservinghmc" in t for t in texts)
     assert "compilation included" in axes[1].get_xlabel()
+    # short tick labels that do not run into each other
+    assert [report._tick(v) for v in (0.05, 2, 1000, 1e4, 2e4)] == [
+        "0.05", "2", "1,000", "$10^{4}$", "$2\\cdot10^{4}$"]
     assert {ln.get_label() for ln in axes[1].lines} >= {"sgld-cv", "energyconservinghmc"}
 
 

@@ -301,7 +301,7 @@ def _run_local(plan: Plan, todo: list[Method], outputs: dict,
             where = plan.store.save(m, out)
         except OSError as err:
             where = f"not saved ({err})"
-        _log(f"      done in {time.perf_counter() - t0:.1f} s; saved in {where}")
+        _log(f"done: {m.name} in {time.perf_counter() - t0:.1f} s; saved in {where}")
     return shared
 
 
