@@ -17,8 +17,9 @@ the same problem and settings, and Ctrl-C raises :class:`CompareInterrupted` lis
 kept. Modules: :mod:`.problems` (problems, method registry), :mod:`.runners`,
 :mod:`.proxy_runs`, :mod:`.metrics`, :mod:`.checks` (warnings, run checks), :mod:`.store`
 (saved runs, checked caches), :mod:`.report`, :mod:`.timing` (compile time, the persistent
-compilation cache, the device), :mod:`.engine` (:func:`run_compare` and its phases). See
-``docs/cli_benchmarks.md``.
+compilation cache, the device), :mod:`.engine` (:func:`run_compare` and its phases),
+:mod:`.options` (its options and intermediate results), :mod:`.evaluation` (rows, curves,
+meta). See ``docs/cli_benchmarks.md``.
 """
 
 from __future__ import annotations
