@@ -149,15 +149,21 @@ def test_reference_is_cached(run, tmp_path, capsys):
 
 
 def test_compare_runs_the_energy_conserving_kernel(run, tmp_path):
-    """The runner asks the SG kernels only for the per-draw data_passes: ECS's state has
-    none, and a run of it is a row, not a failure."""
+    """The runner asks the SG kernels for the per-draw data_passes and the energy-conserving
+    HMC for its leapfrog steps, from which its data passes follow: a row, not a failure."""
     _, _, cache, _ = run
     code = main(["compare", *TINY, "--methods", "energyconservinghmc", "--out", str(tmp_path),
                  "--cache-dir", str(cache), "--no-ksd"])
     assert code == 0
     with open(tmp_path / "compare.json") as fh:
-        rows = {r["method"]: r for r in json.load(fh)["rows"]}
-    assert rows["energyconservinghmc"]["status"] == "ok", rows["energyconservinghmc"]
+        data = json.load(fh)
+    rows = {r["method"]: r for r in data["rows"]}
+    ecs = rows["energyconservinghmc"]
+    assert ecs["status"] == "ok", ecs
+    # its data passes, from its leapfrog steps: preprocessing + ≥ 2 n/N per iteration
+    assert ecs["data_passes"] > 400 * 2 * 50 / 2000 and "approximate" in ecs["note"]
+    passes = data["curves"]["energyconservinghmc"]["passes"]
+    assert passes == sorted(passes) and all(p is not None for p in passes)
 
 
 def test_compile_cache_setup(tmp_path, monkeypatch):

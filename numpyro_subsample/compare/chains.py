@@ -229,6 +229,19 @@ def merge_warnings(*groups: tuple) -> tuple:
     return tuple((c, m, k) for (c, m), k in counts.items())
 
 
+def _passes_from_steps(kernel, num_steps, warmup: int, draws: int) -> np.ndarray:
+    """Cumulative data passes of a subsampling HMC kernel without a ``data_passes`` field
+    (EnergyConservingHMC): its preprocessing's passes, then n/N per leapfrog step and per
+    Gibbs update of the subsample; the warm-up's steps are not recorded and are counted at the
+    post-warm-up mean. NaN if the kernel reports neither."""
+    pre = getattr(kernel, "preprocessed", None)
+    n = getattr(pre, "subsample_size", None)
+    if num_steps is None or n is None or not hasattr(pre, "data_passes"):
+        return np.full(draws, math.nan)
+    per_iter = (np.asarray(num_steps, float).reshape(draws) + 1.0) * n / pre.potential.num_data
+    return float(pre.data_passes) + warmup * per_iter.mean() + np.cumsum(per_iter)
+
+
 def run_kernel(method: Method, problem: Problem, settings: Settings, *,
                shared: SharedProxy | None = None, seed: int = 0,
                progress: bool = False) -> RunOutput:
@@ -258,7 +271,7 @@ def run_kernel(method: Method, problem: Problem, settings: Settings, *,
         with CompileTimer() as ct:
             t1 = time.perf_counter()
             mcmc.run(jax.random.PRNGKey(seed), *problem.args(), **problem.kwargs(),
-                     extra_fields=("data_passes",) if method.kind == "sg" else ())
+                     extra_fields=("data_passes",) if method.kind == "sg" else ("num_steps",))
             samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
             sampling_s = time.perf_counter() - t1 - ct.seconds
     extra_fields = mcmc.get_extra_fields()
@@ -266,8 +279,10 @@ def run_kernel(method: Method, problem: Problem, settings: Settings, *,
     if "data_passes" in extra_fields:
         passes = np.asarray(extra_fields["data_passes"], float).reshape(S)
     else:
-        passes = np.full(S, math.nan)
-        notes.append("kernel reports no data_passes")
+        passes = _passes_from_steps(kernel, extra_fields.get("num_steps"), W, S)
+        notes.append("data passes approximate: (leapfrog steps + 1) × n/N per iteration, "
+                     "warm-up at the post-warm-up mean" if np.isfinite(passes[-1])
+                     else "kernel reports no data_passes")
     diverging = int(np.sum(np.asarray(extra_fields.get("diverging", 0))))
     if diverging:
         notes.append(f"{diverging} diverging steps")
