@@ -44,7 +44,12 @@ from numpyro_subsample.compare.store import (
     save_arrays,
     warn_corrupt,
 )
-from numpyro_subsample.compare.timing import default_cache_root, setup_compile_cache, use_device
+from numpyro_subsample.compare.timing import (
+    default_cache_root,
+    setup_compile_cache,
+    use_device,
+    xla_optimized,
+)
 
 __all__ = [
     "InterruptLatch",
@@ -75,7 +80,8 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
     cached reference keeps the timings of the run that made it. The file carries the SHA-256
     of its arrays (:func:`~numpyro_subsample.compare.store.save_arrays`): an unreadable or
     altered file is recomputed with a :class:`~numpyro_subsample.compare.store.CacheWarning`
-    naming it. ``use_cache=False`` recomputes (and rewrites) it.
+    naming it. ``use_cache=False`` recomputes (and rewrites) it. It is compiled with XLA's
+    optimisations even under ``--quick`` (:func:`~numpyro_subsample.compare.timing.xla_optimized`).
     """
     key = (f"v3_{problem.name}_N{problem.num_data}_d{problem.dim}_{problem.fingerprint()}"
            f"_seed{seed}_w{settings.nuts_warmup}_s{settings.reference_samples}")
@@ -92,7 +98,8 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
             return out, True
         except (CorruptCacheError, KeyError, ValueError) as err:
             warn_corrupt(path, "NUTS reference cache", err)
-    out, diverging = _run_nuts(problem, settings, seed=seed, progress=progress)
+    with xla_optimized():  # the longest loop of a comparison, also under --quick
+        out, diverging = _run_nuts(problem, settings, seed=seed, progress=progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_arrays(path, {"passes": out.passes, "seconds": out.seconds,

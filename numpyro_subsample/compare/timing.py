@@ -30,6 +30,7 @@ __all__ = [
     "setup_compile_cache",
     "use_device",
     "xla_fast_compile",
+    "xla_optimized",
 ]
 
 _COMPILE_EVENTS = (
@@ -162,6 +163,19 @@ def xla_fast_compile(on: bool = True) -> Iterator[None]:
     """
     before = bool(jax.config.read("jax_disable_most_optimizations"))
     jax.config.update("jax_disable_most_optimizations", bool(on) or before)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+@contextlib.contextmanager
+def xla_optimized() -> Iterator[None]:
+    """Compile with XLA's optimisations inside the block, even within
+    :func:`xla_fast_compile` (restored afterwards): for a long loop, such as the NUTS
+    reference's, whose run time outweighs its compilation."""
+    before = bool(jax.config.read("jax_disable_most_optimizations"))
+    jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
     finally:
