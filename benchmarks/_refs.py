@@ -490,6 +490,10 @@ def main(argv=None) -> int:
     p.add_argument("--plan-draws", type=int, default=200)
     p.add_argument("--mass", choices=("diag", "dense", "laplace"), default="diag",
                    help="mass matrix of --plan")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     if args.plan:
         _plan([n.strip() for n in args.names.split(",")], args.plan_warmup, args.plan_draws,

@@ -6,8 +6,10 @@ accuracy against a NUTS reference, with the metrics of :mod:`numpyro_subsample.c
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -223,3 +225,31 @@ def write_results(res: dict, script: str, markdown: Callable[[dict, str], str], 
         Path(md).parent.mkdir(parents=True, exist_ok=True)
         Path(md).write_text(text)
     return path
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--device PLATFORM`` to a benchmark's parser: the script runs on the first device
+    of JAX's ``PLATFORM`` (``cpu``, ``gpu``, ``cuda``, ``rocm``, ``tpu``; default JAX's default
+    device), which is printed on stdout above the tables; ``args.device`` holds its
+    description for the results (e.g. ``"cpu (TFRT_CPU_0, 1 of 1)"``). An unknown platform is
+    a usage error naming the platforms present."""
+    parser.add_argument("--device", type=_select_device, default="", metavar="PLATFORM",
+                        help="JAX platform to run on: cpu, gpu (cuda, rocm) or tpu (default: "
+                        "JAX's default device); reported with the tables")
+
+
+def _select_device(platform: str) -> str:
+    try:
+        devices = jax.devices(platform or None)
+    except RuntimeError as err:
+        present = sorted({d.platform for d in jax.devices()})
+        raise argparse.ArgumentTypeError(
+            f"JAX has no platform {platform!r} here ({str(err).splitlines()[0]}); platforms "
+            f"present: {present} (a GPU needs jax installed with its CUDA or ROCm plugin)"
+        ) from None
+    jax.config.update("jax_default_device", devices[0])
+    if platform:  # worker processes the script starts run there too
+        os.environ["JAX_PLATFORMS"] = devices[0].platform
+    text = f"{devices[0].platform} ({devices[0]}, 1 of {len(devices)})"
+    print(f"device: {text}", flush=True)
+    return text

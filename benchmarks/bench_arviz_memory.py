@@ -27,6 +27,7 @@ import time
 import tracemalloc
 import warnings
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -162,6 +163,10 @@ def main(argv=None) -> int:
     p.add_argument("--draws", type=int, default=None)
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     N = args.N or (10_000 if args.quick else 100_000)
     S = args.draws or (2_000 if args.quick else 10_000)

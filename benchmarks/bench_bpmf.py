@@ -332,6 +332,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--md", default="/tmp/scratch/bpmf/bpmf_results.md")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     a = p.parse_args(argv)
     if a.worker:
         _worker(json.loads(a.worker))
@@ -350,6 +354,7 @@ def main(argv=None) -> int:
            "chains": a.chains, "steps": steps, "draws": a.draws,
            "step_multipliers": a.step_multipliers}
     res = {"date": time.strftime("%Y-%m-%d %H:%M"),
+           "device": a.device,
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
                       f"(shared, `nice -n 19`), JAX {jax.__version__} on "
                       f"{jax.default_backend()}, float"

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 WORKER = r'''
 import json, sys, time, warnings
@@ -110,6 +111,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--nuts-sizes", type=int, nargs="*", default=[10_000, 100_000])
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(ap)
     args = ap.parse_args(argv)
     rows = []
     t0 = time.perf_counter()

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 WORKER = textwrap.dedent(
     r"""
@@ -71,6 +72,10 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=400)
     ap.add_argument("--tau", type=int, default=20)
     ap.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(ap)
     args = ap.parse_args()
     tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -235,6 +235,10 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=",".join(ECS_VARIANTS),
                    help="comma-separated ECS variants of part 1")
     p.add_argument("--sizes", default=None, help="comma-separated N of part 1 (override)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     draws2 = (40, 200)  # part 2: NUTS draws and subsamples per draw
     if args.smoke:

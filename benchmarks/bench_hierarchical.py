@@ -34,7 +34,15 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hier_models import suite  # noqa: E402
-from _runs import accuracy, fmt, json_default, run_kernel, run_proxy, warnings_cell  # noqa: E402
+from _runs import (  # noqa: E402
+    accuracy,
+    add_device_option,
+    fmt,
+    json_default,
+    run_kernel,
+    run_proxy,
+    warnings_cell,
+)
 from hier_refs import reference  # noqa: E402
 
 from numpyro_subsample import MCMC, SGHMC, SGLD  # noqa: E402
@@ -83,12 +91,12 @@ def run_problem(problem, methods, *, warmup: int, samples: int, chains: int, see
     return rows, meta
 
 
-def markdown(rows, metas, command, started, wall, settings) -> str:
+def markdown(rows, metas, command, started, wall, settings, settings_device) -> str:
     lines = [
         "## bench_hierarchical.py",
         "",
         f"`{command}` ({started}, {wall / 60:.0f} min; {platform.machine()}, "
-        f"{os.cpu_count()} cores, device {jax.devices()[0].platform}; the machine was shared "
+        f"{os.cpu_count()} cores, device {settings_device}; the machine was shared "
         f"with other jobs: timings indicative). {settings}. Errors: worst coordinate over the "
         "compared sites, in reference posterior sds (chains pooled). Reference: full-data NUTS, "
         "1000 + 10,000 draws (target accept 0.9).",
@@ -122,11 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--num-chains", type=int, default=4)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="JAX platform (cpu, gpu); default JAX's")
+    add_device_option(p)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if args.device:
-        jax.config.update("jax_platforms", args.device)
     names = [s for s in args.problems.split(",") if s]
     methods = [s for s in args.methods.split(",") if s]
     unknown = [n for n in names if n not in problems] + [
@@ -147,7 +153,8 @@ def main(argv=None) -> int:
         metas[name] = meta
     wall = time.perf_counter() - t0
     settings = f"{args.num_chains} chains x ({W} + {S}) steps, default options"
-    text = markdown(rows, metas, command.strip(), started, wall, settings)
+    text = markdown(rows, metas, command.strip(), started, wall, settings,
+                    args.device or f"{jax.devices()[0].platform} (default)")
     print(text)
     out = Path(args.out) if args.out else RESULTS / "bench_hierarchical.json"
     out.parent.mkdir(parents=True, exist_ok=True)

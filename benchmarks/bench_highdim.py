@@ -190,10 +190,15 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     p.add_argument("--md", default="/tmp/scratch/highdim_results.md")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     a = p.parse_args(argv)
     exps = [s.strip() for s in a.experiments.split(",")]
     BNN_PRIOR["scale"] = None if a.bnn_prior == "unit" else 1.0
     res = {"date": time.strftime("%Y-%m-%d %H:%M"),
+           "device": a.device,
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
                       f"(load average at start {os.getloadavg()[0]:.1f}), JAX {jax.__version__} on "
                       f"{jax.default_backend()}, float"

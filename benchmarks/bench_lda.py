@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", help="comma-separated substrings: run only the SGRLD rows "
                    "whose name contains one (e.g. 'MALA')")
     p.add_argument("--step", type=float, help="skip the tuning grid and use this step a")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     cfg = sizes(args.quick)
     K, n = cfg["topics"], cfg["subsample"]

@@ -481,6 +481,10 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None, help="JSON path (the PNG goes beside it)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     if args.worker:
         _worker(json.loads(args.worker))
@@ -510,6 +514,7 @@ def main(argv=None) -> int:
                                                                      else argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "total_s": time.perf_counter() - t0,
+        "device": args.device,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "settings": {"dataset": DATASET, "source": split["source"], "seed": args.seed,
                      "test_frac": args.test_frac, "num_test": int(split["Z_test"].shape[0]),

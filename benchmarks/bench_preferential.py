@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -311,6 +313,10 @@ def main(argv=None):
                              "step ε = 2h (whitened units) instead of the paper's plain SGLD")
     parser.add_argument("--datasets", default=None, help="Fig. 2 data sets (comma list)")
     parser.add_argument("--chains", type=int, default=2, help="Fig. 2 chains per sampler")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(parser)
     args = parser.parse_args(argv)
     quick = args.quick or os.environ.get("NUMPYRO_SUBSAMPLE_QUICK") == "1"
     saved = {}

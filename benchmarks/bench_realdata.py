@@ -198,6 +198,10 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None, help="folder holding <name>/<name>.npz")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     names = [s.strip() for s in args.datasets.split(",") if s.strip()]
     if args.quick and args.datasets == p.get_default("datasets"):
@@ -225,6 +229,7 @@ def main(argv=None) -> int:
         f"bench_realdata{'_quick' if args.quick else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"command": command.strip(), "started": started, "wall_s": wall,
+            "device": args.device,
             "machine": f"{platform.platform()}, {os.cpu_count()} cores, jax {jax.__version__}",
             "load_average_at_end": os.getloadavg()}
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=1,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +46,10 @@ def _programs(impl: str, size: int):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(ap)
     args = ap.parse_args(argv)
     _compile_seconds(lambda x: jnp.sin(x) @ x.T, jnp.ones((3, 3)))  # XLA's one-off start-up
     rows: dict[tuple[str, str], list[float]] = {}

@@ -181,6 +181,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sizes", type=str, default=None, help="comma list of N (override)")
     p.add_argument("--no-cache", action="store_true", help="recompute the NUTS reference")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     n = 1000
     if args.quick:

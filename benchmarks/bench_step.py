@@ -29,6 +29,7 @@ import sys
 import time
 import warnings
 from functools import partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,10 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="10000,1000000")
     p.add_argument("--steps", type=int, default=12_000)
     p.add_argument("--reps", type=int, default=5)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(p)
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     sizes = [int(float(s)) for s in args.sizes.split(",")]

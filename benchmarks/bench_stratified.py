@@ -46,8 +46,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import arviz as az
 import jax
@@ -333,6 +335,10 @@ def main():
     ap.add_argument("--out", default=None, help="results/<OUT>.json")
     ap.add_argument("--noise-diagnosis", action="store_true")
     ap.add_argument("--noise-points", type=int, default=64)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(ap)
     args = ap.parse_args()
     os.makedirs(RESULTS, exist_ok=True)
     if args.draws_only or args.noise_diagnosis:

@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma list of script names (bench_x.py)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per script")
     p.add_argument("--output", default=str(HERE / "RESULTS.md"))
+    p.add_argument("--device", default=None, metavar="PLATFORM",
+                   help="pass --device PLATFORM (cpu, gpu, tpu) to every script")
     args = p.parse_args(argv)
     scripts = benchmark_scripts()
     if args.only:
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
     if not scripts:
         print(f"no benchmark scripts found (--only {args.only!r}?)", file=sys.stderr)
         return 1
-    command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
+    command = ("python benchmarks/run_all.py" + (" --quick" if args.quick else "")
+               + (f" --device {args.device}" if args.device else ""))
     sections = [
         "# Benchmark results",
         "",
@@ -103,7 +106,8 @@ def main(argv=None) -> int:
     ]
     failures = 0
     for script in scripts:
-        extra = script_args(script, args.quick)
+        extra = script_args(script, args.quick) + (["--device", args.device]
+                                                    if args.device else [])
         cmd = [sys.executable, str(script), *extra]
         print(f"== {script.name}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()

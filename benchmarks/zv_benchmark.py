@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -60,6 +61,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="one tiny size (a check, not a result)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _runs import add_device_option
+
+    add_device_option(ap)
     args = ap.parse_args()
     if args.smoke:
         sizes, num_samples, chains, num_warmup = (2_000,), 200, 3, 50

@@ -2,7 +2,7 @@
 
 ``numpyro-subsample compare`` runs every sampler/estimator of the package on one problem
 (default: a synthetic Bayesian logistic regression with rare binary features and high-leverage
-rows, N = 2·10^5, d = 21), NumPyro NUTS on the full data (the reference), NumPyro HMCECS and
+rows, N = 5·10^4, d = 21), NumPyro NUTS on the full data (the reference), NumPyro HMCECS and
 independent draws from the Laplace and variational proxies, prints one table and saves it as
 CSV, JSON and a PNG plot in ``--out`` (:func:`numpyro_subsample.compare.run_compare`). Each
 method's run is saved in ``--out``/runs as soon as it finishes; after Ctrl-C (exit status 130)
@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"small run (N=10^4, short chains; about a minute); also ${QUICK_ENV}=1")
     c.add_argument("--dataset", default="default",
                    help="default (synthetic logistic regression with rare binary features and "
-                   "high-leverage rows, N=2e5, d=21), synthetic (Gaussian-like logistic "
-                   "regression, N=2e5, d=21), casp, covtype, covtype_subset20k, a9a, ijcnn1, "
+                   "high-leverage rows, N=5e4, d=21), synthetic (Gaussian-like logistic "
+                   "regression, N=5e4, d=21), casp, covtype, covtype_subset20k, a9a, ijcnn1, "
                    "w8a, skin, or a file path (.npz, CASP .csv, LIBSVM)")
     c.add_argument("--data-dir", default=None,
                    help="folder holding the named data sets (default $NUMPYRO_SUBSAMPLE_DATA or "
@@ -91,12 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--num-samples", type=_positive_int, default=None,
                    help="draws per stochastic-gradient chain (default 20000; quick 3000)")
     c.add_argument("--nuts-samples", type=_positive_int, default=None,
-                   help="draws of NUTS and HMCECS (default 1000; quick 300)")
+                   help="draws of HMCECS and EnergyConservingHMC (default 1000; quick 300)")
+    c.add_argument("--reference-samples", type=_positive_int, default=None,
+                   help="draws of the NUTS reference (default 10000: enough to resolve errors "
+                   "of about 0.05 posterior sd; cached on disk after the first run)")
     c.add_argument("--no-ksd", action="store_true", help="skip the KSD column (faster)")
     c.add_argument("--jobs", type=_positive_int, default=None,
-                   help="processes: 2 runs the NUTS reference and HMCECS in a second process "
-                        "while the package's kernels run (default 2 with --quick, else 1: "
-                        "concurrent runs share the CPU, so their timings are noisier)")
+                   help="processes: 2 (default) runs the NUTS reference and HMCECS in a second "
+                        "process while the package's kernels run; 1 runs them one after the "
+                        "other (longer, but timings not shared with a concurrent run)")
     c.add_argument("--cache-dir", default=None,
                    help="reference cache folder (default ~/.cache/numpyro_subsample/reference)")
     c.add_argument("--no-cache", action="store_true", help="recompute the NUTS reference")
@@ -108,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--optimized-xla", action="store_true",
                    help="with --quick: compile with XLA's full optimisations (slower to compile, "
                    "faster to run; --quick otherwise compiles fast, unoptimised code)")
+    c.add_argument("--device", default=None,
+                   help="JAX platform to run on: cpu, gpu (cuda, rocm) or tpu (default: JAX's "
+                   "default device); the table's summary names the device")
     c.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="progress bars (default: on when stderr is a terminal)")
     c.add_argument("--no-progress", dest="progress", action="store_false")
@@ -138,9 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = compare.CompareOptions(
         dataset=args.dataset, data_dir=args.data_dir, methods=args.methods, seed=args.seed,
         out=args.out, num_data=args.num_data, subsample_size=args.subsample_size,
-        num_samples=args.num_samples, nuts_samples=args.nuts_samples, ksd=not args.no_ksd,
+        num_samples=args.num_samples, nuts_samples=args.nuts_samples,
+        ref_samples=args.reference_samples, ksd=not args.no_ksd,
         jobs=args.jobs, cache_dir=args.cache_dir, use_cache=not args.no_cache,
         fast_compile=quick and not args.optimized_xla, quick=quick, progress=progress,
+        device=args.device,
         resume=args.resume, command="numpyro-subsample " + " ".join(argv),
     )
     try:

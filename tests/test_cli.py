@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import inspect
+import io
 import json
 import os
 import subprocess
@@ -22,7 +25,7 @@ from numpyro_subsample.datasets.generators import make_rare_features
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 TINY = ["--quick", "--num-data", "2000", "--subsample-size", "50", "--num-samples", "1000",
-        "--nuts-samples", "200", "--no-progress"]
+        "--nuts-samples", "200", "--reference-samples", "400", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +33,25 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cmp")
     cache = tmp_path_factory.mktemp("cache")
     argv = ["compare", *TINY, "--methods", "sgld-cv,sgld-uniform,laplace-proxy,variational-proxy",
-            "--out", str(out), "--cache-dir", str(cache)]
-    code = main(argv)
-    return code, out, cache
+            "--out", str(out), "--cache-dir", str(cache), "--device", "cpu"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out, cache, err.getvalue()
 
 
 def test_compare_writes_table_csv_json_png(run, capsys):
-    code, out, _ = run
+    code, out, _, stderr = run
     assert code == 0
+    # it says what it is doing: the reference, then each method as it starts and ends
+    assert "reference: NUTS on the full data, 200 + 400 steps" in stderr
+    assert "[1/4] sgld-cv: 300 + 1000 steps" in stderr and "done: sgld-cv in" in stderr
     with open(out / "compare.csv") as fh:
         rows = list(csv.DictReader(fh))
     laplace, variational = "Laplace proxy (no MCMC)", "variational proxy (no MCMC)"
     assert [r["method"] for r in rows] == ["nuts (reference)", "sgld-cv", "sgld-uniform",
                                            laplace, variational]
-    for col in ("min_ess", "ess_per_s", "warnings", "checks"):
+    for col in ("min_ess", "ess_per_s", "warnings", "checks", "flags", "ksd_draws"):
         assert col in rows[0]
     with open(out / "compare.json") as fh:
         data = json.load(fh)
@@ -62,6 +70,10 @@ def test_compare_writes_table_csv_json_png(run, capsys):
     assert cv["iterations"] == 1300 and cv["it_per_s"] > 0
     assert cv["compile_s"] >= 0 and cv["preprocessing_s"] > 0
     assert cv["ksd"] is not None and cv["ksd"] > 0
+    # the KSD of every row on the same number of thinned draws; the reference's is the floor
+    ksd = data["meta"]["ksd"]
+    assert ksd["draws"] == 150 and {r["ksd_draws"] for r in data["rows"]} == {150}
+    assert ksd["floor"] == ref["ksd"] > 0
     # ESS/s: the smallest bulk ESS over the wall time, compilation included
     for r in (cv, ref, by[laplace]):
         wall = r["preprocessing_s"] + r["sampling_s"] + r["compile_s"]
@@ -73,7 +85,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
         assert r["checks"] in ("ok", "ESS", "div", "ESS,div", "fail")
         assert set(r["check_details"]) >= {"min_ess_bulk", "divergences", "num_draws",
                                            "messages"}
-    assert ref["check_details"]["num_draws"] == 200 and cv["check_details"]["num_draws"] == 1000
+    assert ref["check_details"]["num_draws"] == 400 and cv["check_details"]["num_draws"] == 1000
     # the proxies: as many independent draws as the SG chains, charged their fit
     shared = data["meta"]["shared_proxy"]
     lap, vi = by[laplace], by[variational]
@@ -87,6 +99,21 @@ def test_compare_writes_table_csv_json_png(run, capsys):
     assert vi["data_passes"] > 1 and vi["preprocessing_s"] > 0
     # the Laplace approximation is off on this problem (a skewed coefficient posterior)
     assert lap["mean_err"] > 0.2
+    # one "flags" column: failed run checks, errors far from the reference, warnings
+    far = data["meta"]["far_sd"]
+    assert far >= 0.25 and far >= data["meta"]["reference"]["mc_error"]["mean_err"]
+    for r in data["rows"]:
+        flags = r["flags"].split(", ") if r["flags"] else []
+        assert ("mean" in r["flags"]) == (r["mean_err"] > far), r
+        assert ("sd x" in r["flags"]) == (r["sd_log_ratio"] > far), r
+        assert set(c for c in r["checks"].split(",") if c not in ("ok", "n/a")) <= set(flags)
+        assert {w["category"] for w in r["warning_messages"]} <= set(flags)
+    assert "mean" in lap["flags"]  # the proxy alone is judged like every other row
+    printed = compare.format_summary({"rows": data["rows"], "meta": data["meta"], "paths": {}})
+    assert printed.splitlines()[0].split()[-1] == "flags" and "device: cpu" in printed
+    assert "floor" in printed and "Monte Carlo error" in printed
+    # it says what it is doing: the reference, each method as it starts and ends
+    assert data["meta"]["device"].startswith("cpu")
     # one plotted curve per non-reference method, increasing in passes
     assert set(data["curves"]) == {"sgld-cv", "sgld-uniform", laplace, variational}
     passes = data["curves"]["sgld-cv"]["passes"]
@@ -109,7 +136,7 @@ def test_compare_writes_table_csv_json_png(run, capsys):
 
 
 def test_reference_is_cached(run, tmp_path, capsys):
-    _, _, cache = run
+    _, _, cache, _ = run
     assert len(list(Path(cache).glob("*.npz"))) == 1
     code = main(["compare", *TINY, "--methods", "nuts", "--out", str(tmp_path),
                  "--cache-dir", str(cache), "--no-ksd"])
@@ -122,15 +149,21 @@ def test_reference_is_cached(run, tmp_path, capsys):
 
 
 def test_compare_runs_the_energy_conserving_kernel(run, tmp_path):
-    """The runner asks the SG kernels only for the per-draw data_passes: ECS's state has
-    none, and a run of it is a row, not a failure."""
-    _, _, cache = run
+    """The runner asks the SG kernels for the per-draw data_passes and the energy-conserving
+    HMC for its leapfrog steps, from which its data passes follow: a row, not a failure."""
+    _, _, cache, _ = run
     code = main(["compare", *TINY, "--methods", "energyconservinghmc", "--out", str(tmp_path),
                  "--cache-dir", str(cache), "--no-ksd"])
     assert code == 0
     with open(tmp_path / "compare.json") as fh:
-        rows = {r["method"]: r for r in json.load(fh)["rows"]}
-    assert rows["energyconservinghmc"]["status"] == "ok", rows["energyconservinghmc"]
+        data = json.load(fh)
+    rows = {r["method"]: r for r in data["rows"]}
+    ecs = rows["energyconservinghmc"]
+    assert ecs["status"] == "ok", ecs
+    # its data passes, from its leapfrog steps: preprocessing + ≥ 2 n/N per iteration
+    assert ecs["data_passes"] > 400 * 2 * 50 / 2000 and "approximate" in ecs["note"]
+    passes = data["curves"]["energyconservinghmc"]["passes"]
+    assert passes == sorted(passes) and all(p is not None for p in passes)
 
 
 def test_compile_cache_setup(tmp_path, monkeypatch):
@@ -246,6 +279,7 @@ def test_record_warnings_unique_with_counts():
         (["compare", "--dataset", "/nonexistent/file.npz"], "neither a known name"),
         (["compare", "--num-samples", "-3"], "positive integer"),
         (["compare", "--subsample-size", "5000", "--num-data", "1000"], "--subsample-size"),
+        (["compare", "--device", "nosuchplatform"], "--device 'nosuchplatform'"),
         (["frobnicate"], "invalid choice"),
         ([], "usage"),
     ],
@@ -276,3 +310,112 @@ def test_console_script_help():
     # the persistent compilation cache is on by default, with a documented opt-out
     text = " ".join(res.stdout.split())
     assert "--no-compile-cache" in text and "cache is on by default" in text
+
+
+def test_row_flags():
+    from numpyro_subsample.compare.checks import row_flags
+
+    ok = row_flags(checks="ok", warning_messages=[], mean_err=0.1, sd_log_ratio=0.1)
+    assert ok == ""
+    got = row_flags(checks="ESS,div", mean_err=1.83, sd_log_ratio=0.4,
+                    warning_messages=[{"category": "ProxyFitWarning", "message": "m",
+                                       "count": 2}])
+    assert got == "ESS, div, mean 1.83 sd, sd x1.49, ProxyFitWarning"
+    assert row_flags(checks="n/a", warning_messages=[], mean_err=0.3, sd_log_ratio=None,
+                     far=0.5) == ""
+    assert row_flags(checks="n/a", warning_messages=[], mean_err=None, sd_log_ratio=None,
+                     status="failed") == "FAILED"
+
+
+def test_reference_mc_error_shrinks_with_ess():
+    rng = np.random.default_rng(0)
+    short, long = (compare.reference_mc_error(rng.standard_normal((s, 21)))
+                   for s in (400, 10_000))
+    assert short[0] > long[0] > 0 and short[1] > long[1] > 0
+    # 10^4 independent draws resolve the worst of 21 mean errors to about 0.03 sd
+    assert 0.02 < long[0] < 0.05
+
+
+def test_plot_reads_at_a_glance(tmp_path):
+    """Colour-blind-safe colours by dynamic, line styles by estimator; every method drawn
+    where it has the figure and named where it has not."""
+    from numpyro_subsample.compare import report
+
+    okabe_ito = {"#000000", "#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7"}
+    names = [m.name for m in available_methods().values() if m.kind != "nuts"]
+    styles = {n: report.method_style(n) for n in names}
+    assert {c for c, _, _ in styles.values()} <= okabe_ito
+    for a in names:  # no two methods look the same
+        for b in names:
+            assert a == b or styles[a] != styles[b], (a, b)
+    assert styles["sgld-cv"][0] == styles["sgld-uniform"][0] != styles["sghmc-cv"][0]
+    assert styles["sgld-cv"][1] == styles["sghmc-cv"][1] != styles["sgld-uniform"][1]
+    pts = [20, 100, 1000]
+    curves = {
+        "sgld-cv": {"name": "sgld-cv", "passes": [3, 10, 40], "wall_s": [9, 10, 12],
+                    "mean_err": [1.0, 0.3, 0.1], "sd_log_ratio": [0.5, 0.2, 0.1], "draws": pts},
+        "energyconservinghmc": {"name": "energyconservinghmc", "passes": [None] * 3,
+                                "wall_s": [20, 21, 22], "mean_err": [0.5, 0.2, 0.08],
+                                "sd_log_ratio": [0.3, 0.1, 0.05], "draws": pts},
+    }
+    meta = {"dataset": "toy", "num_data": 1000, "dim": 3, "subsample_size": 10, "far_sd": 0.25,
+            "device": "cpu", "reference": {"draws": 10_000, "mc_error": {
+                "mean_err": 0.03, "sd_log_ratio": 0.02}, "cost": {"passes": 900, "wall_s": 30}}}
+    path = tmp_path / "p.png"
+    import matplotlib.pyplot as plt
+
+    saved = {}
+    orig = plt.Figure.savefig
+
+    def keep(fig, *a, **k):
+        saved["fig"] = fig
+        return orig(fig, *a, **k)
+
+    plt.Figure.savefig = keep
+    try:
+        report.plot_curves(path, curves, meta)
+    finally:
+        plt.Figure.savefig = orig
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = saved["fig"]
+    axes = fig.axes
+    legend = fig.legends[0]
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert {"sgld-cv", "energyconservinghmc"} <= set(labels)
+    assert any("Monte Carlo error" in t for t in labels)
+    # the legend sits right of every panel, outside the data
+    fig.canvas.draw()
+    right = max(ax.get_window_extent().x1 for ax in axes)
+    assert legend.get_window_extent().x0 >= right
+    # passes panels: ECS is named as missing; seconds panels include compilation and draw it
+    texts = [t.get_text() for t in axes[0].texts]
+    assert any("energyconservinghmc" in t for t in texts)
+    assert "compilation included" in axes[1].get_xlabel()
+    # short tick labels that do not run into each other
+    assert [report._tick(v) for v in (0.05, 2, 1000, 1e4, 2e4)] == [
+        "0.05", "2", "1,000", "$10^{4}$", "$2\\cdot10^{4}$"]
+    assert {ln.get_label() for ln in axes[1].lines} >= {"sgld-cv", "energyconservinghmc"}
+
+
+def test_engine_phases_are_short_named_functions():
+    """The engine lives in compare.engine (phases 3-4 in compare.evaluation), each function
+    under 60 lines."""
+    from numpyro_subsample.compare import engine, evaluation
+
+    assert compare.run_compare is engine.run_compare
+    for mod in (engine, evaluation):
+        for name, fn in inspect.getmembers(mod, inspect.isfunction):
+            if fn.__module__ == mod.__name__:
+                assert len(inspect.getsource(fn).splitlines()) < 60, name
+    init = Path(compare.__file__).read_text()
+    assert "def " not in init  # re-exports only
+
+
+def test_use_device():
+    from numpyro_subsample.compare import use_device
+
+    with use_device("cpu") as dev:
+        assert dev.startswith("cpu")
+    with pytest.raises(ValueError, match="--device 'tpu9'.*platforms present"):
+        with use_device("tpu9"):
+            pass

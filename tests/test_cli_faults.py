@@ -20,7 +20,8 @@ from numpyro_subsample.compare import CacheWarning
 from numpyro_subsample.compare.store import CorruptCacheError, load_arrays, save_arrays
 
 TINY = ["--quick", "--num-data", "1000", "--subsample-size", "20", "--num-samples", "300",
-        "--nuts-samples", "100", "--no-ksd", "--no-progress", "--jobs", "1"]
+        "--nuts-samples", "100", "--reference-samples", "100", "--no-ksd", "--no-progress",
+        "--jobs", "1"]
 METHODS = ["--methods", "laplace-proxy,sgld-cv,sgld-uniform"]
 
 

@@ -3,6 +3,8 @@ and the run diagnostics of :func:`numpyro_subsample.post.checks.check_run`.
 
 - :func:`record_warnings` records every warning raised in a block (nothing is printed) and
   summarises them as unique ``(category, message, count)`` triples.
+- :func:`row_flags` gathers what a reader must know before trusting a row into one string:
+  failed run checks, errors far from the reference, and the warnings raised.
 - :func:`run_checks` calls ``check_run(mcmc, warn=False)`` and returns its ``RunCheck`` as a
   plain dict (``None`` if this installation has no ``post.checks``). Runs that are not a
   NumPyro ``MCMC`` (the NUTS reference and HMCECS collected in one compiled loop, the proxies'
@@ -14,14 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECK_FIELDS", "DrawsRun", "check_code", "record_warnings", "run_checks",
-           "shorten"]
+__all__ = ["CHECK_FIELDS", "FAR_SD", "DrawsRun", "check_code", "record_warnings", "row_flags",
+           "run_checks", "shorten"]
+
+#: a row whose worst mean error or |log sd ratio| exceeds this (in posterior sds) is flagged
+FAR_SD = 0.25
 
 #: the fields of ``post.checks.RunCheck``
 CHECK_FIELDS = ("min_ess_bulk", "min_ess_tail", "max_rhat", "worst_sites", "divergences",
@@ -142,3 +148,27 @@ def check_code(checks: dict | None) -> str:
     if checks.get("divergences"):
         codes.append("div")
     return ",".join(codes) or "fail"
+
+
+def row_flags(*, checks: str, warning_messages: list, mean_err: float | None,
+              sd_log_ratio: float | None, far: float = FAR_SD, status: str = "ok") -> str:
+    """The table's "flags" of one row, ``""`` if nothing is wrong.
+
+    ``checks``: the :func:`check_code` of its run checks (``ESS``, ``Rhat``, ``div``, ...);
+    ``mean <e> sd`` / ``sd x<r>`` when the worst mean error / worst |log sd ratio| against
+    the reference exceeds ``far`` (posterior sds; default :data:`FAR_SD`, raised to the
+    reference's own Monte Carlo error by the caller); each distinct warning category raised
+    (``warning_messages``: ``{"category", "message", "count"}``); ``FAILED`` for a run that
+    raised.
+    """
+    if status != "ok":
+        return "FAILED"
+    out = [c for c in checks.split(",") if c not in ("", "ok", "n/a")]
+    if mean_err is not None and math.isfinite(mean_err) and mean_err > far:
+        out.append(f"mean {mean_err:.2f} sd")
+    if sd_log_ratio is not None and math.isfinite(sd_log_ratio) and sd_log_ratio > far:
+        out.append(f"sd x{math.exp(sd_log_ratio):.2f}")
+    for w in warning_messages or []:
+        if w["category"] not in out:
+            out.append(w["category"])
+    return ", ".join(out)

@@ -4,10 +4,12 @@
   s_ref,j and the worst |log(s_j / s_ref,j)| (:func:`standardised_errors`);
 - the smallest bulk effective sample size over the coordinates, by ArviZ (:func:`min_ess`),
   and per second of wall time, compilation included;
-- the kernel Stein discrepancy of Putcha, Nemeth and Fearnhead (2023, Eq. 20-21) of thinned
-  draws with full-data scores (:class:`FullDataScore`,
+- the kernel Stein discrepancy of Putcha, Nemeth and Fearnhead (2023, Eq. 20-21) of the same
+  number of thinned draws for every row, with full-data scores (:class:`FullDataScore`,
   :func:`numpyro_subsample.post.diagnostics.ksd`);
-- the curves of error and KSD of growing prefixes of a chain against its data passes and
+- the reference's own Monte Carlo error (:func:`reference_mc_error`), below which errors
+  cannot be resolved;
+- the curves of the errors of growing prefixes of a chain against its data passes and
   seconds (:func:`evaluate`).
 """
 
@@ -34,7 +36,9 @@ __all__ = [
     "evaluate",
     "flatten_draws",
     "min_ess",
+    "reference_mc_error",
     "standardised_errors",
+    "thin",
 ]
 
 
@@ -100,7 +104,10 @@ class Result:
 
     ``method``: the row's title, ``name``: the method's registry name; ``warnings``: how many
     distinct warnings the run raised (``warning_messages``: their full text and counts);
-    ``checks``: a short code of its run checks (``check_details``: the ``RunCheck`` fields).
+    ``checks``: a short code of its run checks (``check_details``: the ``RunCheck`` fields);
+    ``flags``: what a reader must know before trusting the row (failed run checks, errors far
+    from the reference, warnings; :func:`~numpyro_subsample.compare.checks.row_flags`);
+    ``ksd_draws``: how many thinned draws the KSD used.
     """
 
     method: str
@@ -118,6 +125,8 @@ class Result:
     mean_err: float = math.nan
     sd_log_ratio: float = math.nan
     ksd: float = math.nan
+    ksd_draws: int = 0
+    flags: str = ""
     warnings: int = 0
     checks: str = "n/a"
     warning_messages: list = field(default_factory=list)
@@ -139,6 +148,32 @@ def _finite_or_none(x):
     return x
 
 
+def reference_mc_error(ref: np.ndarray, *, level: float = 0.95, reps: int = 4000,
+                       seed: int = 0) -> tuple[float, float]:
+    """The reference's own Monte Carlo error: the ``level`` quantile of the worst standardised
+    mean error and of the worst |log sd ratio| that draws with the reference's bulk ESS per
+    coordinate make against the exact posterior.
+
+    A coordinate's mean error is ≈ N(0, 1/ESS_j) in sd units and its log sd ratio
+    ≈ N(0, 1/(2 ESS_j)) (Gaussian draws; Vehtari et al. 2021 for the ESS); the worst over the
+    d coordinates is simulated ``reps`` times. Errors below these values cannot be resolved
+    against this reference.
+    """
+    ess = az.ess(az.convert_to_dataset({"x": np.asarray(ref)[None]}), method="bulk")
+    ess_j = np.maximum(np.asarray(ess["x"].values, float), 1.0)
+    z = np.abs(np.random.default_rng(seed).standard_normal((reps, ess_j.size)))
+    mean_q = float(np.quantile((z / np.sqrt(ess_j)).max(1), level))
+    return mean_q, mean_q / math.sqrt(2.0)
+
+
+def thin(draws: np.ndarray, num: int) -> np.ndarray:
+    """``num`` evenly spaced draws of (S, D) ``draws`` (all of them if S ≤ num)."""
+    S = draws.shape[0]
+    if S <= num:
+        return draws
+    return draws[np.linspace(0, S - 1, num).round().astype(int)]
+
+
 def evaluate(
     result: Result,
     trace: Trace,
@@ -147,7 +182,6 @@ def evaluate(
     score: Callable[[np.ndarray], np.ndarray] | None = None,
     ksd_draws: int = 500,
     checkpoints: int = 12,
-    ksd_points: int = 5,
 ) -> Result:
     """Fill ``result``'s accuracy columns and curve from ``trace`` against ``ref`` draws.
 
@@ -160,35 +194,34 @@ def evaluate(
         θ (K, D) → ∇log π (K, D), e.g. :class:`FullDataScore`; ``None`` or ``ksd_draws=0``
         skips the KSD.
     ksd_draws
-        At most this many evenly thinned draws enter the KSD.
-    checkpoints, ksd_points
-        Prefix lengths of the curve (geometric), and how many of them get a KSD (each
-        distinct number of thinned draws compiles the KSD once).
+        The KSD is computed on this many evenly thinned draws (:func:`thin`): give every row
+        the same number, since the KSD of a finite set of draws shrinks with its size.
+    checkpoints
+        Number of prefix lengths (geometric) of the curve: worst mean error and |log sd| of
+        the first k draws against the data passes, the seconds without compilation and the
+        wall seconds with it (``wall_s``: compilation counted before the first draw).
     """
-    S = trace.draws.shape[0]
     result.mean_err, result.sd_log_ratio = standardised_errors(trace.draws, ref)
     total = result.preprocessing_s + result.sampling_s + result.compile_s
     result.min_ess = min_ess(trace.draws)
     result.ess_per_s = result.min_ess / total if total > 0 else math.nan
-    thin_idx = kdraws = scores = None
     if ksd_draws and score is not None:
-        thin_idx = np.unique(np.linspace(0, S - 1, min(ksd_draws, S)).astype(int))
-        kdraws = trace.draws[thin_idx]
-        scores = score(kdraws)
-        result.ksd = float(ksd(kdraws, scores))
+        kdraws = thin(trace.draws, ksd_draws)
+        result.ksd = float(ksd(kdraws, score(kdraws)))
+        result.ksd_draws = int(kdraws.shape[0])
+    S = trace.draws.shape[0]
     lo = max(min(20, S), S // 100)
     points = np.unique(np.geomspace(lo, S, checkpoints).astype(int))
-    pick = np.linspace(0, len(points) - 1, ksd_points).astype(int)
-    ksd_at = set(points[np.unique(pick)].tolist())
-    curve = {"draws": [], "passes": [], "seconds": [], "mean_err": [], "ksd": []}
+    compile_s = result.compile_s if math.isfinite(result.compile_s) else 0.0
+    curve: dict[str, list] = {"draws": [], "passes": [], "seconds": [], "wall_s": [],
+                              "mean_err": [], "sd_log_ratio": []}
     for k in points:
+        mean_err, sd_err = standardised_errors(trace.draws[:k], ref)
         curve["draws"].append(int(k))
         curve["passes"].append(float(trace.passes[k - 1]))
         curve["seconds"].append(float(trace.seconds[k - 1]))
-        curve["mean_err"].append(standardised_errors(trace.draws[:k], ref)[0])
-        if kdraws is not None:
-            m = int(np.searchsorted(thin_idx, k - 1, side="right"))
-            ok = m >= 2 and int(k) in ksd_at
-            curve["ksd"].append(float(ksd(kdraws[:m], scores[:m])) if ok else None)
+        curve["wall_s"].append(float(trace.seconds[k - 1]) + compile_s)
+        curve["mean_err"].append(mean_err)
+        curve["sd_log_ratio"].append(sd_err)
     result.curve = curve
     return result

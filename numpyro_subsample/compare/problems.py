@@ -54,7 +54,7 @@ _SYNTHETIC = ("synthetic",)
 #: data set names accepted besides ``datasets.DATASET_NAMES``: ``{alias: (file, loader name)}``
 ALIASES = {"covtype_subset20k": ("covtype_subset20k.npz", "covtype")}
 QUICK_NUM_DATA = 10_000
-DEFAULT_NUM_DATA = 200_000
+DEFAULT_NUM_DATA = 50_000
 
 
 # -- problems -----------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def make_problem(
     ----------
     dataset
         ``"default"`` (logistic regression with rare binary features and high-leverage rows,
-        :func:`~numpyro_subsample.datasets.generators.make_rare_features`, N = 2·10^5, or 10^4
+        :func:`~numpyro_subsample.datasets.generators.make_rare_features`, N = 5·10^4, or 10^4
         with ``quick``), ``"synthetic"`` (the Gaussian-like
         :func:`~numpyro_subsample.datasets.default_problem`, same sizes), a name of
         :data:`~numpyro_subsample.datasets.DATASET_NAMES` or ``"covtype_subset20k"``, or a file

@@ -44,7 +44,12 @@ from numpyro_subsample.compare.store import (
     save_arrays,
     warn_corrupt,
 )
-from numpyro_subsample.compare.timing import default_cache_root, setup_compile_cache
+from numpyro_subsample.compare.timing import (
+    default_cache_root,
+    setup_compile_cache,
+    use_device,
+    xla_optimized,
+)
 
 __all__ = [
     "InterruptLatch",
@@ -75,10 +80,11 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
     cached reference keeps the timings of the run that made it. The file carries the SHA-256
     of its arrays (:func:`~numpyro_subsample.compare.store.save_arrays`): an unreadable or
     altered file is recomputed with a :class:`~numpyro_subsample.compare.store.CacheWarning`
-    naming it. ``use_cache=False`` recomputes (and rewrites) it.
+    naming it. ``use_cache=False`` recomputes (and rewrites) it. It is compiled with XLA's
+    optimisations even under ``--quick`` (:func:`~numpyro_subsample.compare.timing.xla_optimized`).
     """
     key = (f"v3_{problem.name}_N{problem.num_data}_d{problem.dim}_{problem.fingerprint()}"
-           f"_seed{seed}_w{settings.nuts_warmup}_s{settings.nuts_samples}")
+           f"_seed{seed}_w{settings.nuts_warmup}_s{settings.reference_samples}")
     folder = Path(cache_dir).expanduser() if cache_dir else default_cache_root() / "reference"
     path = folder / f"{key}.npz"
     if use_cache and path.is_file():
@@ -92,7 +98,8 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
             return out, True
         except (CorruptCacheError, KeyError, ValueError) as err:
             warn_corrupt(path, "NUTS reference cache", err)
-    out, diverging = _run_nuts(problem, settings, seed=seed, progress=progress)
+    with xla_optimized():  # the longest loop of a comparison, also under --quick
+        out, diverging = _run_nuts(problem, settings, seed=seed, progress=progress)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_arrays(path, {"passes": out.passes, "seconds": out.seconds,
@@ -110,19 +117,31 @@ def peer_runs(problem: Problem, settings: Settings, *, seed: int = 0,
               cache_dir: str | None = None, use_cache: bool = True, with_hmcecs: bool = True,
               compile_cache_dir: str | None = None, fast_compile: bool = False,
               store: RunStore | None = None, hmcecs_method: Method | None = None,
+              progress: bool = False, device: str | None = None,
               ) -> tuple[tuple[RunOutput, bool], RunOutput | Exception | None]:
     """The NUTS reference and (``with_hmcecs``) HMCECS, as run in the worker process.
 
     Configures JAX as the main process does (``fast_compile``, the compilation cache in
-    ``compile_cache_dir``) and fits the shared proxy itself (same seed: the same mode).
-    HMCECS's run is saved in ``store`` (as ``hmcecs_method``) as soon as it finishes.
-    Returns ``((reference, cached), hmcecs)``, HMCECS's exception if it failed.
+    ``compile_cache_dir``, the ``device``) and fits the shared proxy itself (same seed: the
+    same mode); ``progress``: NumPyro's progress bar for the reference. HMCECS's run is saved
+    in ``store`` (as ``hmcecs_method``) as soon as it finishes. Returns
+    ``((reference, cached), hmcecs)``, HMCECS's exception if it failed.
     """
     if fast_compile:
         jax.config.update("jax_disable_most_optimizations", True)
     if compile_cache_dir:
         setup_compile_cache(compile_cache_dir)
-    ref = reference_run(problem, settings, seed=seed, cache_dir=cache_dir, use_cache=use_cache)
+    with use_device(device):
+        return _peer_runs(problem, settings, seed=seed, cache_dir=cache_dir,
+                          use_cache=use_cache, with_hmcecs=with_hmcecs, store=store,
+                          hmcecs_method=hmcecs_method, progress=progress)
+
+
+def _peer_runs(problem: Problem, settings: Settings, *, seed: int, cache_dir: str | None,
+               use_cache: bool, with_hmcecs: bool, store: RunStore | None,
+               hmcecs_method: Method | None, progress: bool):
+    ref = reference_run(problem, settings, seed=seed, cache_dir=cache_dir, use_cache=use_cache,
+                        progress=progress)
     hmcecs: RunOutput | Exception | None = None
     if with_hmcecs:
         try:

@@ -173,6 +173,7 @@ class RunStore:
             "dim": problem.dim, "subsample_size": problem.subsample_size, "seed": int(seed),
             "sg_warmup": settings.sg_warmup, "sg_samples": settings.sg_samples,
             "nuts_warmup": settings.nuts_warmup, "nuts_samples": settings.nuts_samples,
+            "ref_samples": settings.reference_samples,
             "fast_compile": bool(fast_compile), "x64": bool(jax.config.jax_enable_x64),
         }
         return cls(Path(out) / "runs", base)

@@ -8,6 +8,7 @@
   hit, so a rerun on new data of the same shapes compiles (almost) nothing. The
   ``numpyro-subsample`` command turns the cache on by default (``--no-compile-cache`` opts out).
 - :func:`xla_fast_compile` compiles without XLA's expensive optimisations (``--quick``).
+- :func:`use_device` runs a block on a JAX platform (``--device``) and names the device.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ __all__ = [
     "default_cache_root",
     "quiet",
     "setup_compile_cache",
+    "use_device",
     "xla_fast_compile",
+    "xla_optimized",
 ]
 
 _COMPILE_EVENTS = (
@@ -167,8 +170,50 @@ def xla_fast_compile(on: bool = True) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def xla_optimized() -> Iterator[None]:
+    """Compile with XLA's optimisations inside the block, even within
+    :func:`xla_fast_compile` (restored afterwards): for a long loop, such as the NUTS
+    reference's, whose run time outweighs its compilation."""
+    before = bool(jax.config.read("jax_disable_most_optimizations"))
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+@contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """Silence Python warnings (NumPyro's and JAX's) inside the block."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+@contextlib.contextmanager
+def use_device(platform: str | None = None) -> Iterator[str]:
+    """Make the first device of JAX's ``platform`` (``"cpu"``, ``"gpu"``, ``"cuda"``,
+    ``"rocm"``, ``"tpu"``) the default inside the block (:func:`jax.default_device`); yield
+    its description, e.g. ``"cpu (TFRT_CPU_0, 1 of 1)"``. ``None``: JAX's default device.
+
+    Raises ``ValueError`` naming ``--device`` and the platforms present if there is no such
+    platform.
+    """
+    if platform:
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError as err:
+            raise ValueError(
+                f"--device {platform!r}: JAX has no such platform here ({_first(err)}); "
+                f"pass one of the platforms present: {sorted({d.platform for d in jax.devices()})}"
+                " (a GPU needs jax installed with its CUDA or ROCm plugin)."
+            ) from None
+    else:
+        devices = jax.devices()
+    dev = devices[0]
+    with jax.default_device(dev):
+        yield f"{dev.platform} ({dev}, 1 of {len(devices)})"
+
+
+def _first(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
