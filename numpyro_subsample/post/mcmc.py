@@ -4,30 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import numpy as np
 from numpyro.infer import MCMC as NumPyroMCMC
 
-from numpyro_subsample.core.data import device_array
 from numpyro_subsample.post.checks import RunCheck, check_run
 
 __all__ = ["MCMC"]
 
 
-def _on_device(tree: Any) -> Any:
-    """NumPy arrays of ``tree`` as device arrays (the other leaves as given)."""
-    return jax.tree.map(lambda x: device_array(x) if isinstance(x, np.ndarray) else x, tree,
-                        is_leaf=lambda x: x is None)
-
-
 class MCMC(NumPyroMCMC):
-    """NumPyro's ``MCMC`` (same arguments, but ``jit_model_args=True`` by default) that runs
-    :func:`check_run` after ``run``.
-
-    With ``jit_model_args=True`` the model arguments are arguments of NumPyro's compiled loop,
-    which is then reused, without tracing or compiling, by a rerun on new data of the same
-    shapes; NumPy arrays among them are moved to the device once, before the run, so that
-    the kernel and the loop share one copy.
+    """NumPyro's ``MCMC`` (same arguments) that runs :func:`check_run` after ``run``.
 
     NumPyro's ``MCMC.run`` gives its kernel no hook after the last draw, so the checks live
     here: after each ``run`` the bulk/tail ESS, split R-hat (two or more chains), stopped
@@ -58,7 +43,6 @@ class MCMC(NumPyroMCMC):
         max_rhat: float = 1.01,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("jit_model_args", True)
         super().__init__(sampler, *args, **kwargs)
         self.check, self.check_bias = bool(check), bool(check_bias)
         self.min_ess, self.max_rhat = float(min_ess), float(max_rhat)
@@ -68,7 +52,6 @@ class MCMC(NumPyroMCMC):
                **kwargs) -> None:
         """NumPyro's ``MCMC.warmup``, without the checks: warm-up draws are not meant to be
         stationary (the next ``run`` checks its draws)."""
-        args, kwargs = _on_device((args, kwargs))
         check, self.check = self.check, False
         try:
             super().warmup(rng_key, *args, extra_fields=extra_fields,
@@ -77,7 +60,6 @@ class MCMC(NumPyroMCMC):
             self.check = check
 
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs) -> None:
-        args, kwargs = _on_device((args, kwargs))
         super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
                     **kwargs)
         self.run_check = None
