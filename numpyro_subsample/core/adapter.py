@@ -11,16 +11,8 @@ compiled once per static configuration) wrapped by this thin class, in the manne
   shapes;
 - the preprocessing (proxy fit, estimator, step size) is cached per data *value*: a continued
   run, a second ``MCMC`` object or new arrays holding equal values refit nothing;
-- the preprocessing's arrays and the data travel in the chain state (fields ``params`` and
-  ``data``, shared by vectorized chains): ``sample`` reads the data from the state, not from
-  the model arguments NumPyro passes, so the data are an argument of NumPyro's compiled loop
-  whatever its ``jit_model_args`` (with ``jit_model_args=False`` NumPyro closes over the
-  arguments, which would compile them in as constants), and the loop is reused on new data of
-  the same shapes without recompiling;
-- ``postprocess_fn`` evaluates, when NumPyro calls it inside its loop with data it closed
-  over, the parts of the model that depend on the data alone while tracing, so that only
-  what the draws need (the first n rows for deterministic sites of the plate) enters the
-  program.
+- the preprocessing's arrays travel in the chain state, so NumPyro's compiled loop (with
+  ``MCMC(..., jit_model_args=True)``) is reused on new data without recompiling.
 """
 
 from __future__ import annotations
@@ -32,7 +24,6 @@ from functools import lru_cache, partial
 from typing import Any
 
 import jax
-import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.mcmc import MCMCKernel
@@ -42,7 +33,7 @@ from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
 __all__ = ["SubsampleKernel", "concrete_under_pmap", "constrained", "default_progress",
-           "postprocess_with", "preprocess_keys"]
+           "preprocess_keys"]
 
 
 def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
@@ -74,15 +65,11 @@ def _jitted_init(init_one: Callable, batched: bool, out_axes: Any = 0,
     return jax.jit(jax.vmap(init_one, in_axes=in_axes, out_axes=out_axes))
 
 
-@lru_cache(maxsize=16)
-def _jitted_draw_fn(fn: Callable) -> Callable:
-    """``fn(potential, z, data)`` compiled once per potential."""
-    return jax.jit(fn, static_argnums=0)
-
-
-def _constrained(potential: Potential, z: dict, data: ModelData) -> dict:
-    """Constrained latent values and deterministic sites of unconstrained ``z`` (uncompiled:
-    :data:`constrained` is the compiled one).
+@partial(jax.jit, static_argnums=0)
+def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
+    """Constrained latent values and deterministic sites of unconstrained ``z`` (compiled once
+    per potential; evaluated eagerly, the model would validate its distributions' arguments
+    at concrete values, where float32 rounding can fail NumPyro's simplex checks).
 
     Deterministic sites inside the data plate are evaluated on the plate's first n rows
     (indices 0..n−1, n the model's ``subsample_size``), the same rows for every draw: O(n) per
@@ -92,54 +79,6 @@ def _constrained(potential: Potential, z: dict, data: ModelData) -> dict:
         return potential.constrain(z, data)
     idx = jnp.arange(potential.plate.subsample_size)
     return potential.constrain_at(z, idx, data)
-
-
-#: :func:`_constrained` compiled once per potential (evaluated eagerly, the model would
-#: validate its distributions' arguments at concrete values, where float32 rounding can fail
-#: NumPyro's simplex checks).
-constrained = _jitted_draw_fn(_constrained)
-
-
-def _reads_data(fn: Callable, potential: Potential, z: dict, data: ModelData) -> bool:
-    """Whether ``fn(potential, z, data)``'s values depend on the data's arrays (read from its
-    jaxpr at abstract arguments: every operation fed by the data counts)."""
-    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
-    static = data.static
-    closed = jax.make_jaxpr(lambda zz, arrays: fn(potential, zz, ModelData(arrays, static)))(
-        jax.tree.map(spec, z), tuple(map(spec, data.arrays)))
-    jaxpr = closed.jaxpr
-    fed = set(jaxpr.invars[len(jax.tree.leaves(z)):])
-    for eqn in jaxpr.eqns:
-        if any(isinstance(v, jex.Var) and v in fed for v in eqn.invars):
-            fed.update(eqn.outvars)
-    return any(isinstance(v, jex.Var) and v in fed for v in jaxpr.outvars)
-
-
-def _draw_values(fn: Callable, potential: Potential, z: dict, data: ModelData) -> dict:
-    """``fn(potential, z, data)``, compiled.
-
-    Traced with concrete ``data`` (NumPyro's ``MCMC(jit_model_args=False)`` closes over the
-    model's arguments), the data would become constants of the program. There, if the values
-    do not depend on the data, ``fn`` is traced on arrays of zeros made in the program (dead
-    code, removed by the compiler); else with the operations on the data alone evaluated
-    while tracing, so that the program holds what the draw needs of the data (e.g. the n
-    rows of a deterministic site of the plate), never the data arrays themselves.
-    """
-    traced = lambda tree: any(isinstance(v, jax.core.Tracer)  # noqa: E731
-                              for v in jax.tree.leaves(tree))
-    if not traced(z) or traced(data.arrays):
-        return _jitted_draw_fn(fn)(potential, z, data)
-    if not _reads_data(fn, potential, z, data):
-        blank = tuple(jnp.zeros(a.shape, a.dtype) for a in data.arrays)
-        return fn(potential, z, ModelData(blank, data.static))
-    with jax.ensure_compile_time_eval():
-        return fn(potential, z, data)
-
-
-def postprocess_with(fn: Callable, potential: Potential, data: ModelData) -> Callable:
-    """A kernel's ``postprocess_fn``: ``z -> fn(potential, z, data)`` (see
-    :func:`_draw_values`)."""
-    return partial(_draw_values, fn, potential, data=data)
 
 
 def default_progress() -> bool:
@@ -262,7 +201,7 @@ class SubsampleKernel(MCMCKernel):
         axes = self._state_axes() if self._batched else 0
         draws = self._init_draws(rng_key, params)
         init = _jitted_init(init_one, self._batched, axes, len(draws))
-        return init(rng_key, init_params, data, params, *draws)._replace(data=data)
+        return init(rng_key, init_params, data, params, *draws)
 
     def _init_draws(self, rng_key: Any, params: Any) -> tuple:
         """Host draws passed to ``init_one`` after its four arguments (none here)."""
@@ -273,27 +212,21 @@ class SubsampleKernel(MCMCKernel):
         return 0
 
     def sample(self, state, model_args, model_kwargs):
-        """One step; the data are read from ``state.data`` (``model_args`` and
-        ``model_kwargs`` only for a state that carries none)."""
         if self._step is None:
             raise RuntimeError(
                 "`init` must be called before `sample` (MCMC.run does this; after unpickling "
                 "a kernel, run MCMC again)."
             )
-        data = state.data
-        if data is None:
-            data = ModelData.from_args(model_args, model_kwargs)
-        chains = state._replace(data=None)
+        data = ModelData.from_args(model_args, model_kwargs)
         if self._batched:
             axes = self._state_axes()
-            new = jax.vmap(self._step, in_axes=(axes, None), out_axes=axes)(chains, data)
-        else:
-            new = self._step(chains, data)
-        return new._replace(data=state.data)
+            return jax.vmap(self._step, in_axes=(axes, None), out_axes=axes)(state, data)
+        return self._step(state, data)
 
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
         data = ModelData.from_args(model_args, model_kwargs)
-        return postprocess_with(_constrained, self.potential_for(data), data)
+        potential = self.potential_for(data)
+        return partial(constrained, potential, data=data)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

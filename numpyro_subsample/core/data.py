@@ -20,10 +20,8 @@ __all__ = ["ModelData", "check_data_finite", "device_array", "indexed_axes", "tr
 def device_array(x: Any, dtype: Any = None) -> jax.Array:
     """``x``, a host value (NumPy array or scalar), as a JAX array on the default device, by a
     transfer: outside a trace ``jnp.asarray`` of a NumPy value runs an eager ``stage``
-    program, compiled once per shape and dtype. Inside a trace too the result is a concrete
-    array (``device_put`` there would stage the value as a constant of the program)."""
-    with jax.ensure_compile_time_eval():
-        return jax.device_put(np.asarray(x, dtype))
+    program, compiled once per shape and dtype."""
+    return jax.device_put(np.asarray(x, dtype))
 
 
 def trace_seed() -> jax.Array:

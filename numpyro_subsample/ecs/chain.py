@@ -52,8 +52,7 @@ class ECSState(NamedTuple):
     (:class:`~numpyro_subsample.ecs.difference.SubsampleTerms`, whitened); ``sigma2``: σ̂² at
     the current draw; ``loglik_estimate``: l̂ − Σ_i a_i; ``index_accept_prob``: of the last
     block-Gibbs step; ``accept_prob``, ``num_steps``, ``diverging``: of the last HMC step;
-    ``params``: the preprocessing's arrays; ``data``: the model's data, carried unchanged by
-    the sampling loop (shared by vectorized chains).
+    ``params``: the preprocessing's arrays.
     """
 
     i: jax.Array
@@ -69,7 +68,6 @@ class ECSState(NamedTuple):
     diverging: jax.Array
     rng_key: jax.Array
     params: ECSParams
-    data: ModelData | None = None
 
 
 class ECSConfig(NamedTuple):

@@ -103,9 +103,7 @@ class SGMCMCState(NamedTuple):
     state no longer used); ``adapt``: the diagonal preconditioner adapted during warm-up
     (:class:`~numpyro_subsample.sgmcmc.adaptation.ScaleAdaptation`, with
     ``adapt_preconditioner=True``): the dynamics then move u = w / ``adapt.scale``, and
-    ``momentum`` is in u's units; ``data``: the model's data
-    (:class:`~numpyro_subsample.core.data.ModelData`), carried unchanged by the sampling loop
-    so that it enters NumPyro's compiled loop as an argument (shared by vectorized chains).
+    ``momentum`` is in u's units.
     """
 
     i: jax.Array
@@ -124,7 +122,6 @@ class SGMCMCState(NamedTuple):
     zv_stats: ZVStats | ZVPairedStats | None = None
     est_state: Any = None
     adapt: ScaleAdaptation | None = None
-    data: ModelData | None = None
 
 
 class Preprocessed(NamedTuple):

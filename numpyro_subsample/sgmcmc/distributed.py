@@ -353,13 +353,6 @@ class DistributedSGLD(SGLD):
         self._step, self._batched = _cycle(cfg, step, single), False
         return state._replace(params=params)
 
-    def sample(self, state, model_args, model_kwargs):
-        """One draw; the data are read from the shards in ``state.params`` (never from
-        ``model_args``, which NumPyro may hold as constants)."""
-        if self._step is None:
-            return super().sample(state, model_args, model_kwargs)  # raises
-        return self._step(state, None)
-
     # -- accounting ----------------------------------------------------------------------------
     def communication_bytes(self, state: SGMCMCState) -> dict[str, int]:
         """Bytes that move per trajectory (every chain state, once) versus bytes that stay.

@@ -23,7 +23,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions import Dirichlet, ExpandedDistribution, Independent
 
-from numpyro_subsample.core.adapter import SubsampleKernel, constrained, postprocess_with
+from numpyro_subsample.core.adapter import SubsampleKernel, constrained
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.plates import (
@@ -131,7 +131,8 @@ def check_simplex_model(model: Callable, data: ModelData) -> None:
             )
 
 
-def _trace_sites(potential: Potential, pi: dict, data: ModelData) -> tuple[dict, dict]:
+@partial(jax.jit, static_argnums=0)
+def _site_values(potential: Potential, pi: dict, data: ModelData) -> tuple[dict, dict]:
     """(α of every Dirichlet site broadcast to its shape, the draw's values: π and the
     deterministic sites outside the plate) for simplex values ``pi``."""
     args, kwargs = data.args_kwargs()
@@ -149,12 +150,8 @@ def _trace_sites(potential: Potential, pi: dict, data: ModelData) -> tuple[dict,
     return alpha, values
 
 
-_site_values = partial(jax.jit, static_argnums=0)(_trace_sites)
-
-
 def _draw_values(potential: Potential, pi: dict, data: ModelData) -> dict:
-    """The draw's values (uncompiled: ``postprocess_fn`` compiles it)."""
-    return _trace_sites(potential, pi, data)[1]
+    return _site_values(potential, pi, data)[1]
 
 
 def _check_positive(name: str, value: Any, *, none: bool = False, zero: bool = False) -> None:
@@ -378,4 +375,4 @@ class SGRLD(SubsampleKernel):
 
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
         data = ModelData.from_args(model_args, model_kwargs)
-        return postprocess_with(_draw_values, self.potential_for(data), data)
+        return partial(_draw_values, self.potential_for(data), data=data)

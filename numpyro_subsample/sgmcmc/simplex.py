@@ -79,8 +79,7 @@ class SGRLDState(NamedTuple):
     ``subsample_size``: data per gradient estimate; ``data_passes``: cumulative data
     evaluations / N, preprocessing included; ``params``: the preprocessing's arrays (shared by
     vectorized chains); ``local``: the warm starts of the local latent sites
-    (:class:`~numpyro_subsample.estimators.local.LocalState`), None without them; ``data``:
-    the model's data, carried unchanged by the sampling loop (shared by vectorized chains).
+    (:class:`~numpyro_subsample.estimators.local.LocalState`), None without them.
     """
 
     i: jax.Array
@@ -94,7 +93,6 @@ class SGRLDState(NamedTuple):
     rng_key: jax.Array
     params: SGRLDParams
     local: LocalState | None = None
-    data: ModelData | None = None
 
 
 def step_size_at(schedule: jax.Array, t: jax.Array) -> jax.Array:
