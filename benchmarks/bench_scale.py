@@ -45,8 +45,9 @@ def make_data(folder: Path, model: str, rows: int, dim: int, seed: int = 0) -> t
         return xp, yp
     rng = np.random.default_rng(seed)
     beta = rng.normal(size=dim) * (1.0 if model == "linear" else 0.3)
-    X = np.lib.format.open_memmap(xp, "w+", np.float32, (rows, dim))
-    y = np.lib.format.open_memmap(yp, "w+", np.float32, (rows,))
+    xt, yt = xp.with_suffix(".part"), yp.with_suffix(".part")  # renamed when complete
+    X = np.lib.format.open_memmap(xt, "w+", np.float32, (rows, dim))
+    y = np.lib.format.open_memmap(yt, "w+", np.float32, (rows,))
     for s in range(0, rows, CHUNK):
         e = min(rows, s + CHUNK)
         X[s:e, 0], X[s:e, 1:] = 1.0, rng.standard_normal((e - s, dim - 1), np.float32)
@@ -54,6 +55,8 @@ def make_data(folder: Path, model: str, rows: int, dim: int, seed: int = 0) -> t
         y[s:e] = (eta + NOISE_SD * rng.standard_normal(e - s) if model == "linear"
                   else rng.random(e - s) < 1 / (1 + np.exp(-eta)))
     X.flush(), y.flush()
+    del X, y
+    xt.rename(xp), yt.rename(yp)
     return xp, yp
 
 
@@ -248,12 +251,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--warmup", type=int, default=2000)
     ap.add_argument("--samples", type=int, default=10_000)
     ap.add_argument("--models", nargs="+", default=["linear", "logistic"])
-    ap.add_argument("--kernels", nargs="+", default=["SGLD", "SGHMC"])
+    ap.add_argument("--kernels", nargs="*", default=["SGLD", "SGHMC"])
     ap.add_argument("--storage", nargs="+", default=["memory", "mmap"])
     ap.add_argument("--nuts-rows", type=int, default=20_000)
     ap.add_argument("--no-nuts", action="store_true")
     ap.add_argument("--device", default=None, help="JAX platform (cpu, gpu, tpu)")
-    ap.add_argument("--workdir", default=None, help="folder for the .npy files (default: tmp)")
+    ap.add_argument("--workdir", default=None,
+                    help="folder that keeps the .npy files and references (default: temporary)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -262,15 +266,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print("RESULT " + json.dumps(out), flush=True)
         return [out]
     t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        folder = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.workdir or tmp) / f"{args.rows}x{args.dim}"
+        folder.mkdir(parents=True, exist_ok=True)
         runs, nuts, refs = [], {}, {}
         for model in args.models:
             t0 = time.perf_counter()
             xp, yp = make_data(folder, model, args.rows, args.dim)
-            ref = reference(model, np.load(xp, mmap_mode="r"), np.load(yp, mmap_mode="r"))
-            refs[model] = ref.pop("check")
-            np.savez(folder / f"{model}_ref.npz", **ref)
+            if not (folder / f"{model}_ref.npz").exists():
+                ref = reference(model, np.load(xp, mmap_mode="r"), np.load(yp, mmap_mode="r"))
+                np.savez(folder / f"{model}_ref.npz", **ref)
+            refs[model] = str(np.load(folder / f"{model}_ref.npz")["check"])
             print(f"{model}: data and reference in {time.perf_counter() - t0:.0f} s "
                   f"({refs[model]})", file=sys.stderr, flush=True)
             base = dict(model=model, rows=args.rows, dim=args.dim, X=str(xp), y=str(yp),
