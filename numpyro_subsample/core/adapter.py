@@ -6,13 +6,16 @@ compiled once per static configuration) wrapped by this thin class, in the manne
 
 - the data arrive in ``init``/``sample`` as the model's ``(args, kwargs)`` and become a
   :class:`~numpyro_subsample.core.potential.ModelData` argument of every compiled program;
+  inside NumPyro's loop, whose default ``jit_model_args=False`` closes over the arguments,
+  ``sample`` and ``postprocess_fn`` read them from references made by ``init``
+  (:class:`DataRefs`), which JAX passes to the loop as arguments, never as constants;
 - the :class:`~numpyro_subsample.core.potential.Potential` is built once per data *signature*
   (static arguments, shapes, dtypes), so compiled programs are reused for new data of the same
   shapes;
 - the preprocessing (proxy fit, estimator, step size) is cached per data *value*: a continued
   run, a second ``MCMC`` object or new arrays holding equal values refit nothing;
-- the preprocessing's arrays travel in the chain state, so NumPyro's compiled loop (with
-  ``MCMC(..., jit_model_args=True)``) is reused on new data without recompiling.
+- the preprocessing's arrays travel in the chain state, so NumPyro's compiled loop is the
+  same program for new data of the same shapes (its persistent compilation cache serves it).
 """
 
 from __future__ import annotations
