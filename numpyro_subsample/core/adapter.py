@@ -6,13 +6,16 @@ compiled once per static configuration) wrapped by this thin class, in the manne
 
 - the data arrive in ``init``/``sample`` as the model's ``(args, kwargs)`` and become a
   :class:`~numpyro_subsample.core.potential.ModelData` argument of every compiled program;
+  inside NumPyro's loop, whose default ``jit_model_args=False`` closes over the arguments,
+  ``sample`` and ``postprocess_fn`` read them from references made by ``init``
+  (:class:`DataRefs`), which JAX passes to the loop as arguments, never as constants;
 - the :class:`~numpyro_subsample.core.potential.Potential` is built once per data *signature*
   (static arguments, shapes, dtypes), so compiled programs are reused for new data of the same
   shapes;
 - the preprocessing (proxy fit, estimator, step size) is cached per data *value*: a continued
   run, a second ``MCMC`` object or new arrays holding equal values refit nothing;
-- the preprocessing's arrays travel in the chain state, so NumPyro's compiled loop (with
-  ``MCMC(..., jit_model_args=True)``) is reused on new data without recompiling.
+- the preprocessing's arrays travel in the chain state, so NumPyro's compiled loop is the
+  same program for new data of the same shapes (its persistent compilation cache serves it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from functools import lru_cache, partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +36,7 @@ from numpyro.util import is_prng_key
 from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
-__all__ = ["SubsampleKernel", "concrete_under_pmap", "constrained", "default_progress",
+__all__ = ["DataRefs", "SubsampleKernel", "concrete_under_pmap", "constrained", "default_progress",
            "preprocess_keys"]
 
 
@@ -80,6 +83,58 @@ def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
         return potential.constrain(z, data)
     idx = jnp.arange(potential.plate.subsample_size)
     return potential.constrain_at(z, idx, data)
+
+
+def _traced(tree: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+class DataRefs(NamedTuple):
+    """The run's data arrays held in JAX mutable references (``jax.new_ref``, no copy).
+
+    NumPyro's ``MCMC(jit_model_args=False)`` (its default) calls ``sample`` and
+    ``postprocess_fn`` inside its compiled loop with the model arguments closed over: read
+    there, the arrays would be compiled in as constants. A reference closed over by a
+    compiled program is passed to it as an argument instead, and is not one of its outputs
+    (a carried array would be copied by every call of NumPyro's per-step program).
+    """
+
+    refs: tuple
+    data: ModelData  # the same arrays, concrete, for calls outside a trace
+
+    @classmethod
+    def of(cls, data: ModelData) -> DataRefs | None:
+        new_ref = getattr(jax, "new_ref", None)
+        if new_ref is None or _traced(data.arrays):
+            return None
+        return cls(tuple(new_ref(a) for a in data.arrays), data)
+
+    def matches(self, model_args: tuple, model_kwargs: dict | None) -> bool:
+        """Whether concrete ``(model_args, model_kwargs)`` have this data's structure, static
+        values and array shapes (checked without moving arrays to the device)."""
+        leaves, treedef = jax.tree.flatten((tuple(model_args), dict(model_kwargs or {})),
+                                           is_leaf=lambda x: x is None)
+        if _traced(leaves):
+            return False
+        tdef, pos, others = self.data.static
+        arrays = [leaves[i] for i in pos] if len(leaves) == len(pos) + len(others) else []
+        rest = [x for i, x in enumerate(leaves) if i not in set(pos)]
+        return (treedef == tdef and len(arrays) == len(self.data.arrays)
+                and all(np.shape(a) == b.shape for a, b in zip(arrays, self.data.arrays,
+                                                               strict=True))
+                and len(rest) == len(others) and all(a is b or a == b for a, b in
+                                                     zip(rest, others, strict=True)))
+
+    def read(self, inside: Any) -> ModelData:
+        """The data for a program being traced (``inside`` holds its tracers: read from the
+        references), else the concrete arrays."""
+        if not _traced(inside):
+            return self.data
+        return ModelData(tuple(r[...] for r in self.refs), self.data.static)
+
+
+def _draw_values(fn: Callable, potential: Potential, refs: DataRefs, z: dict) -> dict:
+    return fn(potential, z, refs.read(z))
 
 
 def default_progress() -> bool:
@@ -131,6 +186,7 @@ class SubsampleKernel(MCMCKernel):
     _pre_data: ModelData | None = None
     _step: Callable | None = None
     _batched: bool = False
+    _refs: DataRefs | None = None
 
     def __init__(self, model: Callable, *, seed: int = 0) -> None:
         self._model = model
@@ -228,7 +284,26 @@ class SubsampleKernel(MCMCKernel):
         axes = self._state_axes() if self._batched else 0
         draws = self._init_draws(rng_key, params)
         init = _jitted_init(init_one, self._batched, axes, len(draws))
+        self._refs = DataRefs.of(data)
         return init(rng_key, init_params, data, params, *draws)
+
+    def run_data(self, state: Any, model_args: tuple, model_kwargs: dict | None) -> ModelData:
+        """The data of a compiled step: from the references made by ``init`` when NumPyro
+        passes the model arguments as closed-over values (:class:`DataRefs`), else the
+        arguments themselves (traced, with ``jit_model_args=True``)."""
+        refs = self._refs
+        if refs is not None and refs.matches(model_args, model_kwargs):
+            return refs.read(state)
+        return ModelData.from_args(model_args, model_kwargs)
+
+    def draw_fn(self, fn: Callable, model_args: tuple, model_kwargs: dict | None) -> Callable:
+        """``z -> fn(potential, z, data)`` for ``postprocess_fn``, the data as in
+        :meth:`run_data` (``fn`` is compiled once per potential)."""
+        refs = self._refs
+        if refs is not None and refs.matches(model_args, model_kwargs):
+            return partial(_draw_values, fn, self.potential_for(refs.data), refs)
+        data = ModelData.from_args(model_args, model_kwargs)
+        return partial(fn, self.potential_for(data), data=data)
 
     def _init_draws(self, rng_key: Any, params: Any) -> tuple:
         """Host draws passed to ``init_one`` after its four arguments (none here)."""
@@ -244,20 +319,18 @@ class SubsampleKernel(MCMCKernel):
                 "`init` must be called before `sample` (MCMC.run does this; after unpickling "
                 "a kernel, run MCMC again)."
             )
-        data = ModelData.from_args(model_args, model_kwargs)
+        data = self.run_data(state, model_args, model_kwargs)
         if self._batched:
             axes = self._state_axes()
             return jax.vmap(self._step, in_axes=(axes, None), out_axes=axes)(state, data)
         return self._step(state, data)
 
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
-        data = ModelData.from_args(model_args, model_kwargs)
-        potential = self.potential_for(data)
-        return partial(constrained, potential, data=data)
+        return self.draw_fn(constrained, model_args, model_kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_pre", "_pre_data", "_step", "_batched"):
+        for key in ("_pre", "_pre_data", "_step", "_batched", "_refs"):
             state.pop(key, None)
         state["_potentials"] = {}
         return state

@@ -14,7 +14,8 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ModelData", "check_data_finite", "device_array", "indexed_axes", "trace_seed"]
+__all__ = ["ModelData", "check_data_finite", "check_mapped", "device_array", "indexed_axes",
+           "trace_seed"]
 
 
 def device_array(x: Any, dtype: Any = None) -> jax.Array:
@@ -22,6 +23,25 @@ def device_array(x: Any, dtype: Any = None) -> jax.Array:
     transfer: outside a trace ``jnp.asarray`` of a NumPy value runs an eager ``stage``
     program, compiled once per shape and dtype."""
     return jax.device_put(np.asarray(x, dtype))
+
+
+def check_mapped(x: Any) -> None:
+    """Raise if ``x`` is a memory-mapped array (``np.load(path, mmap_mode="r")``) that JAX
+    on the CPU would copy into memory instead of using the mapped file in place: it does so
+    only for a C-contiguous, 64-byte aligned array of its own dtype (float32 unless
+    ``jax_enable_x64``), which a float32 ``.npy`` file loaded whole always is."""
+    if not isinstance(x, np.memmap) or jax.default_backend() != "cpu":
+        return
+    want = jax.dtypes.canonicalize_dtype(x.dtype)
+    if want != x.dtype or not x.flags.c_contiguous or x.ctypes.data % 64:
+        why = (f"its dtype {x.dtype} is not JAX's {want}" if want != x.dtype
+               else "it is not a C-contiguous, 64-byte aligned array (a slice of the file?)")
+        raise ValueError(
+            f"The memory-mapped array of {x.filename} (shape {x.shape}) would be copied whole "
+            f"into memory: {why}. Save the data as a {want} .npy file (e.g. written in chunks "
+            f"into np.lib.format.open_memmap(path, 'w+', np.{want}, shape)) and pass "
+            "np.load(path, mmap_mode='r'), or pass np.asarray(...) to copy it on purpose."
+        )
 
 
 def trace_seed() -> jax.Array:
@@ -67,6 +87,8 @@ class ModelData:
             (tuple(model_args), dict(model_kwargs or {})), is_leaf=lambda x: x is None
         )
         pos = tuple(i for i, x in enumerate(leaves) if _is_array(x))
+        for i in pos:
+            check_mapped(leaves[i])
         arrays = tuple(device_array(leaves[i]) if isinstance(leaves[i], np.ndarray)
                        else jnp.asarray(leaves[i]) for i in pos)
         others = tuple(x for i, x in enumerate(leaves) if i not in set(pos))

@@ -151,7 +151,8 @@ def _site_values(potential: Potential, pi: dict, data: ModelData) -> tuple[dict,
     return alpha, values
 
 
-def _draw_values(potential: Potential, pi: dict, data: ModelData) -> dict:
+@partial(jax.jit, static_argnums=0)
+def _site_values_only(potential: Potential, pi: dict, data: ModelData) -> dict:
     return _site_values(potential, pi, data)[1]
 
 
@@ -381,5 +382,4 @@ class SGRLD(SubsampleKernel):
         return SGRLDState(*([0] * len(SGRLDState._fields)))._replace(params=None)
 
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
-        data = ModelData.from_args(model_args, model_kwargs)
-        return partial(_draw_values, self.potential_for(data), data=data)
+        return self.draw_fn(_site_values_only, model_args, model_kwargs)
