@@ -81,12 +81,12 @@ DEFAULT_WINDOWS = (100, 150, 250, 500)
 PILOT_CHAINS = 4
 #: At most this many data passes are spent on the pilot's subsamples (the windows shrink
 #: in proportion when N/n is small; never below :data:`MIN_WINDOW` steps each).
-MAX_PILOT_PASSES = 8.0
+MAX_PILOT_PASSES = 10.0
 #: The shortest window.
 MIN_WINDOW = 50
 #: Below this many datum evaluations (rows) in all, the pilot keeps its full windows: on small
 #: data sets a data pass costs less than the pilot's fixed overheads.
-MIN_PILOT_ROWS = 2_000_000
+MIN_PILOT_ROWS = 1_000_000
 #: Steps of one compiled block; every window is a whole number of blocks, so that all windows
 #: share one program.
 BLOCK = 50
@@ -220,10 +220,11 @@ def _window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarr
 
 
 def _trusted(start: Proxy) -> bool:
-    """Whether the pilot may keep ``start`` where a window agrees with it: a fit that reports
-    convergence, raised no warning and was not a fallback."""
+    """Whether the pilot may keep ``start`` where a window agrees with it: a fit that does
+    not report a failure to converge (a guide given with its parameters reports nothing),
+    raised no warning and was not a fallback."""
     info = start.info or {}
-    return (start.kind in ("laplace", "variational") and bool(info.get("converged", False))
+    return (start.kind in ("laplace", "variational") and bool(info.get("converged", True))
             and not info.get("warnings") and not info.get("fallback_from"))
 
 
