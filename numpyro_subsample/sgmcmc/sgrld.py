@@ -35,19 +35,53 @@ from numpyro_subsample.core.plates import (
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
+from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning
 from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
-from numpyro_subsample.estimators.stratified import Strata, make_strata, stratified_design
+from numpyro_subsample.estimators.stratified import (
+    Strata,
+    distinct_rows,
+    make_strata,
+    stratified_design,
+)
 from numpyro_subsample.sgmcmc.simplex import (
     SGRLDConfig,
     SGRLDParams,
     SGRLDState,
     datum_drifts,
     drift_noise,
+    em_point,
     sgrld_programs,
     to_simplex,
 )
 
-__all__ = ["SGRLD", "SGRLDPreprocessed", "check_simplex_model", "dirichlet_base"]
+__all__ = [
+    "EM_ITERATIONS",
+    "MAX_AUTO_STRATA",
+    "MAX_FEATURE_NUMBERS",
+    "NOISE_LIMIT_FACTOR",
+    "SGRLD",
+    "SGRLDPreprocessed",
+    "check_simplex_model",
+    "dirichlet_base",
+    "reference_totals",
+]
+
+#: Data passes of EM (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`) from the prior mean
+#: to the point where the default step's gradient noise is measured.
+EM_ITERATIONS = 2
+
+#: ``estimator="auto"`` tries the stratified design only while the default features (the
+#: per-datum drifts, N × d numbers) stay below this many numbers.
+MAX_FEATURE_NUMBERS = 2**25
+
+#: ``estimator="auto"`` gives each distinct feature row its own stratum (no subsample noise)
+#: when there are at most this many of them (and at most half the subsample size).
+MAX_AUTO_STRATA = 100
+
+#: A default step that the gradient noise makes this many times smaller than the noise-free
+#: rule's warns (:class:`~numpyro_subsample.estimators.noise.NoiseLimitedStepWarning`): the
+#: chain then needs over 10/δ steps per independent draw of the stiffest simplex row.
+NOISE_LIMIT_FACTOR = 10.0
 
 _ALTERNATIVES = (
     "SGRLD samples global Dirichlet sites only; for other continuous sites use SGLD, SGHMC or "
@@ -57,9 +91,11 @@ _ALTERNATIVES = (
 
 
 class SGRLDPreprocessed(NamedTuple):
-    """Everything computed once per data set: the design of the subsample, the Dirichlet
-    concentrations α, the schedule (a, b, c), the strata (stratified estimator) and the
-    arrays the step reads (``params``)."""
+    """Everything computed once per data set: the design of the subsample and its estimator's
+    name (``"uniform"`` or ``"stratified"``), the Dirichlet concentrations α, the schedule
+    (a, b, c), the strata (stratified estimator), the measured noise (max_k V_k / θ*_k of
+    :class:`SGRLD`'s step rule; NaN when not measured) and the arrays the step reads
+    (``params``)."""
 
     potential: Potential
     design: SamplingDesign
@@ -70,6 +106,22 @@ class SGRLDPreprocessed(NamedTuple):
     data_passes: float
     seconds: float
     params: SGRLDParams
+    estimator: str = "uniform"
+    noise: float = float("nan")
+
+
+def reference_totals(alpha: dict) -> dict:
+    """S_r of the step rule for every simplex row r of every site (broadcast along the row):
+    Σα_r − 1 when Σα_r ≥ 2 (1/(Σα_r − 1) = E[1/S] under S ~ Gamma(Σα_r, 1), the law the total
+    S = Σθ relaxes to), else that law's 10 % quantile."""
+    from scipy.stats import gamma
+
+    out = {}
+    for k, a in alpha.items():
+        tot = np.sum(np.asarray(a, np.float64), -1, keepdims=True)
+        ref = np.where(tot >= 2.0, tot - 1.0, gamma.ppf(0.1, np.minimum(tot, 2.0)))
+        out[k] = np.broadcast_to(ref, np.shape(a))
+    return out
 
 
 def dirichlet_base(fn: Any) -> Dirichlet | None:
@@ -181,27 +233,42 @@ class SGRLD(SubsampleKernel):
     model
         A NumPyro model as above.
     step_size
-        a of ε_t = a (1 + t/b)^(−c), t the iteration (warmup included). ``None``: a from
-        one data pass at the prior mean (θ̄ = α, π̄ = α / Σα) so that the stationary variance
-        of a locally linear drift is inflated by about ``max_variance_inflation`` δ:
-        a = 4δ / max_k (1 + n_r / S_r + V_k / α_k), where the Euler step inflates by
-        ε λ / 4 for a relaxation rate λ (1 for the Gamma prior, n_r / S_r for the likelihood,
-        with S_r = Σ_k α_rk the prior mean of Σθ of simplex row r and n_r = Σ_i ⟨π̄, ∇_π log
-        p(x_i | π̄)⟩ its count), and the subsample adds ε V_k / (4 θ_k), V_k the design's
-        variance of θ_k ĝ_k (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`).
+        a of ε_t = a (1 + t/b)^(−c), t the iteration (warmup included). ``None``: a from the
+        measured gradient noise, so that the stationary variance of a locally linear drift is
+        inflated by about ``max_variance_inflation`` δ (the analogue of the SG kernels' rule,
+        :mod:`~numpyro_subsample.sgmcmc.stepsize`). Linearised at θ*, the coordinate θ_k
+        relaxes at the rate λ_r = 1 + c_r / S_r (time units ε/2; 1 from the Gamma prior,
+        c_r / S_r from the likelihood, c_r = Σ_i ⟨π*, ∇_π log p(x_i | π*)⟩ the count of
+        simplex row r), so the Euler step inflates its variance by ε λ_r / 4; the subsample
+        adds ε²V_k/4 to the injected ε θ_k, a further ε V_k / (4 θ_k), V_k the design's
+        variance of θ_k ĝ_k (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`). Hence
+        a = 4δ / max_k (λ_r + V_k / θ*_k). The point is π* = ``EM_ITERATIONS`` EM steps from
+        the prior mean (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`; the posterior
+        mean for categorical counts), θ* = S_r π* with S_r of :func:`reference_totals`
+        (E[1/S] of the total S = Σθ, which every chain starts at Σα_r: S only sets the clock
+        of π's diffusion). A step that the noise makes ``NOISE_LIMIT_FACTOR`` times smaller
+        than the noise-free one warns (``NoiseLimitedStepWarning``), naming the noise and the
+        remedy.
     max_variance_inflation
         δ of the default ``step_size`` (default 0.05).
     schedule
-        ``"polynomial"`` (default; Patterson and Teh's decaying ε_t) or ``"constant"``
-        (ε_t = a).
+        ``"constant"`` (default; ε_t = a: the default a already bounds the inflation by δ) or
+        ``"polynomial"`` (Patterson and Teh's decaying ε_t, which lowers the inflation further
+        and slows the mixing by the same factor).
     decay_offset, decay_power
         b (default 1000) and c (default 0.55, in (0.5, 1] as Σε_t = ∞, Σε_t² < ∞ ask) of the
         polynomial schedule.
     estimator
-        ``"uniform"`` (default; weights N/n, with or without replacement) or
-        ``"stratified"`` (Fu and Zhang 2023, Eq. 10: k-means strata, b_j of n_j drawn
-        without replacement, weights n_j / b_j, Neyman allocation of their Eq. 14; through
-        :func:`~numpyro_subsample.estimators.stratified.make_strata`).
+        ``"auto"`` (default), ``"uniform"`` (weights N/n, with or without replacement) or
+        ``"stratified"`` (Fu and Zhang 2023, Eq. 10: k-means strata, b_j of n_j drawn without
+        replacement, weights n_j / b_j, Neyman allocation of their Eq. 14; through
+        :func:`~numpyro_subsample.estimators.stratified.make_strata`). ``"auto"`` measures
+        the noise max_k V_k / θ*_k of both designs at π* and takes the one with the larger
+        default step; its strata are the distinct feature rows when there are at most
+        ``MAX_AUTO_STRATA`` of them and at most n/2 (categorical data: no subsample noise),
+        else ``num_strata`` k-means strata. It is ``"uniform"`` with local latent sites
+        (``"stratified"`` with your ``features``) and when the default features would exceed
+        ``MAX_FEATURE_NUMBERS`` numbers.
     replace
         Uniform subsample with replacement (default) or without.
     num_strata, kmeans_iters, strata_seed
@@ -232,10 +299,10 @@ class SGRLD(SubsampleKernel):
         *,
         step_size: float | None = None,
         max_variance_inflation: float = 0.05,
-        schedule: str = "polynomial",
+        schedule: str = "constant",
         decay_offset: float = 1000.0,
         decay_power: float = 0.55,
-        estimator: str = "uniform",
+        estimator: str = "auto",
         replace: bool = True,
         num_strata: int = 10,
         features: Any = None,
@@ -249,9 +316,9 @@ class SGRLD(SubsampleKernel):
         if schedule not in ("polynomial", "constant"):
             raise ValueError(f"SGRLD: schedule must be 'polynomial' or 'constant', got "
                              f"{schedule!r}.")
-        if estimator not in ("uniform", "stratified"):
-            raise ValueError(f"SGRLD: estimator must be 'uniform' or 'stratified', got "
-                             f"{estimator!r}.")
+        if estimator not in ("auto", "uniform", "stratified"):
+            raise ValueError(f"SGRLD: estimator must be 'auto', 'uniform' or 'stratified', "
+                             f"got {estimator!r}.")
         _check_positive("step_size", step_size, none=True)
         _check_positive("max_variance_inflation", max_variance_inflation)
         _check_positive("decay_offset", decay_offset)
@@ -268,7 +335,7 @@ class SGRLD(SubsampleKernel):
         self.max_variance_inflation = float(max_variance_inflation)
         self.schedule = schedule
         self.decay_offset, self.decay_power = float(decay_offset), float(decay_power)
-        self.estimator_name, self.replace = estimator, bool(replace)
+        self._estimator_request, self.replace = estimator, bool(replace)
         self.num_strata, self.kmeans_iters = int(num_strata), int(kmeans_iters)
         self.features, self.strata_seed = features, int(strata_seed)
         self.chunk_size = int(chunk_size)
@@ -278,6 +345,12 @@ class SGRLD(SubsampleKernel):
     def step_size(self) -> float:
         """a, the initial step of the schedule in use."""
         return self.preprocessed.step_size
+
+    @property
+    def estimator_name(self) -> str:
+        """The estimator: as requested, or once preprocessed the one in use (``"auto"``
+        resolved to ``"uniform"`` or ``"stratified"``)."""
+        return self._estimator_request if self._pre is None else self._pre.estimator
 
     @property
     def strata(self) -> Strata | None:
@@ -297,9 +370,10 @@ class SGRLD(SubsampleKernel):
 
     def _preprocess(self, potential: Potential, data: ModelData) -> SGRLDPreprocessed:
         t0 = time.perf_counter()
+        request = self._estimator_request
         if potential.local:
             needs = [] if self._step_size is not None else ["an explicit step_size"]
-            if self.estimator_name == "stratified" and self.features is None:
+            if request == "stratified" and self.features is None:
                 needs.append("features (e.g. the documents' word frequencies) for 'stratified'")
             if needs:
                 raise ValueError(
@@ -325,43 +399,99 @@ class SGRLD(SubsampleKernel):
                 raise ValueError(f"Dirichlet site '{name}' has concentrations that are not "
                                  "all positive and finite.")
         alpha = {k: jnp.asarray(v, dtype) for k, v in alpha.items()}
-        pi_bar = to_simplex(alpha)
         N, n = potential.num_data, potential.plate.subsample_size
-        passes, strata = 0.0, None
-        if self.estimator_name == "uniform":
-            design = uniform_design(N, n, self.replace, dtype)
-        else:
-            if self.features is None:
-                feats = np.asarray(datum_drifts(potential, pi_bar, data, self.chunk_size))
-                passes += 1.0
-            else:
-                feats = np.asarray(self.features)
-                feats = feats[:, None] if feats.ndim == 1 else feats
-                if feats.ndim != 2 or feats.shape[0] != N:
-                    raise ValueError(f"SGRLD: features must have shape (N, p) with N={N}, "
-                                     f"got {feats.shape}.")
-            if self.num_strata > n:
-                raise ValueError(f"SGRLD: num_strata={self.num_strata} exceeds the subsample "
-                                 f"size {n}; each stratum needs a draw per step.")
-            strata = make_strata(feats, self.num_strata, n,
-                                 kmeans_iters=self.kmeans_iters, seed=self.strata_seed)
-            design = stratified_design(strata, dtype)
-        a = self._step_size
-        if a is None:
-            moments = design.moments(design.params)
-            counts, noise = drift_noise(potential, pi_bar, data, moments, self.chunk_size)
-            passes += 1.0
+        d = sum(int(np.prod(v.shape)) for v in alpha.values())
+        measure = not potential.local and (self._step_size is None or request == "auto")
+        passes, pi_star = 0.0, to_simplex(alpha)
+        if measure:
+            pi_star = em_point(potential, pi_star, alpha, data, EM_ITERATIONS, self.chunk_size)
+            passes += EM_ITERATIONS
+        names = ["uniform", "stratified"] if request == "auto" else [request]
+        if request == "auto" and self.features is None and (
+                potential.local or N * d > MAX_FEATURE_NUMBERS or n < 2):
+            names = ["uniform"]
+        elif request == "auto" and self.features is not None and potential.local:
+            names = ["stratified"]
+        candidates = []
+        for name in names:
+            if name == "uniform":
+                candidates.append((name, uniform_design(N, n, self.replace, dtype), None))
+                continue
+            strata, used = self._strata(potential, pi_star, data, auto=request == "auto")
+            passes += used
+            candidates.append((name, stratified_design(strata, dtype), strata))
+        noise, a = float("nan"), self._step_size
+        if measure:
+            ref = reference_totals(alpha)
             flat = lambda t: np.concatenate([np.ravel(t[k]) for k in sorted(t)])  # noqa: E731
-            totals = flat({k: np.broadcast_to(np.sum(np.asarray(v), -1, keepdims=True), v.shape)
-                           for k, v in alpha.items()})
-            rate = 1.0 + np.abs(np.asarray(counts)) / totals + np.asarray(noise) / flat(alpha)
-            a = 4.0 * self.max_variance_inflation / float(np.max(rate))
+            totals, theta_star = flat(ref), flat(ref) * flat(pi_star)
+            scored = []
+            for cand in candidates:
+                moments = cand[1].moments(cand[1].params)
+                counts, v = drift_noise(potential, pi_star, data, moments, self.chunk_size)
+                passes += 1.0
+                prior_lik = 1.0 + np.abs(np.asarray(counts, np.float64)) / totals
+                ratio = np.asarray(v, np.float64) / np.maximum(theta_star, 1e-300)
+                step = 4.0 * self.max_variance_inflation / float(np.max(prior_lik + ratio))
+                free = 4.0 * self.max_variance_inflation / float(np.max(prior_lik))
+                scored.append((step, free, float(np.max(ratio)), float(np.max(prior_lik))))
+            best = int(np.argmax([sc[0] for sc in scored]))
+            candidates = [candidates[best]]
+            step, free, noise, rate = scored[best]
+            if a is None:
+                a = step
+                if step * NOISE_LIMIT_FACTOR < free:
+                    self._warn_noise_limited(candidates[0][0], n, N, noise, rate, step, free)
+        name, design, strata = candidates[0]
         b, c = (self.decay_offset, self.decay_power) if self.schedule == "polynomial" else (1, 0)
         schedule = (float(a), float(b), float(c))
-        params = SGRLDParams(alpha, design.params, device_array(schedule, dtype),
-                             device_array(passes, dtype))
-        return SGRLDPreprocessed(potential, design, alpha, float(a), schedule, strata, passes,
-                                 time.perf_counter() - t0, params)
+        params = SGRLDParams(alpha=alpha, design=design.params,
+                             schedule=device_array(schedule, dtype),
+                             data_passes=device_array(passes, dtype))
+        return SGRLDPreprocessed(
+            potential=potential, design=design, alpha=alpha, step_size=float(a),
+            schedule=schedule, strata=strata, data_passes=passes,
+            seconds=time.perf_counter() - t0, params=params, estimator=name, noise=noise)
+
+    def _strata(self, potential: Potential, pi: dict, data: ModelData, *,
+                auto: bool) -> tuple[Strata, float]:
+        """The strata of the stratified design (the class docstring) and the data passes
+        their features cost."""
+        N, n = potential.num_data, potential.plate.subsample_size
+        k, passes = self.num_strata, 0.0
+        if self.features is None:
+            feats = np.asarray(datum_drifts(potential, pi, data, self.chunk_size))
+            passes = 1.0
+        else:
+            feats = np.asarray(self.features)
+            feats = feats[:, None] if feats.ndim == 1 else feats
+            if feats.ndim != 2 or feats.shape[0] != N:
+                raise ValueError(f"SGRLD: features must have shape (N, p) with N={N}, "
+                                 f"got {feats.shape}.")
+        if auto:
+            distinct = distinct_rows(feats)
+            k = distinct if distinct <= min(MAX_AUTO_STRATA, n // 2) else min(k, n // 2)
+        elif k > n:
+            raise ValueError(f"SGRLD: num_strata={k} exceeds the subsample size {n}; each "
+                             "stratum needs a draw per step.")
+        strata = make_strata(feats, k, n, kmeans_iters=self.kmeans_iters, seed=self.strata_seed)
+        return strata, passes
+
+    @staticmethod
+    def _warn_noise_limited(name: str, n: int, N: int, noise: float, rate: float,
+                            step: float, free: float) -> None:
+        warnings.warn(
+            f"SGRLD: the gradient noise of estimator={name!r} (subsample size {n} of {N}), "
+            f"max_k V_k/θ_k = {noise:.3g} against the relaxation rate 1 + c/S = {rate:.3g} "
+            f"of the likelihood, makes the default step a = {step:.3g}, "
+            f"{free / step:.0f}× smaller than without noise ({free:.3g}): the chain needs "
+            f"about {4.0 / (step * rate):.3g} steps per independent draw of the stiffest "
+            "simplex row. Use a larger subsample_size (V ∝ 1/n), or estimator='stratified' "
+            "with features= that group data of similar gradients (e.g. the observed values), "
+            "or run that many more steps.",
+            NoiseLimitedStepWarning,
+            stacklevel=4,
+        )
 
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup

@@ -54,6 +54,7 @@ __all__ = [
     "mirrored_langevin",
     "datum_drifts",
     "drift_noise",
+    "em_point",
     "sgrld_programs",
 ]
 
@@ -198,6 +199,33 @@ def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: Design
     return counts, s1 - weight @ (sums * sums)
 
 
+@partial(jax.jit, static_argnums=(0, 4))
+def _em_update(potential: Potential, pi: dict, alpha: dict, data: ModelData,
+               chunk_size: int = DEFAULT_CHUNK) -> dict:
+    dtype = jax.tree.leaves(pi)[0].dtype
+    total = scan_chunks(
+        lambda idx, mask: likelihood_grad(potential, pi, idx, mask.astype(dtype), data),
+        potential.num_data, chunk_size, jax.tree.map(jnp.zeros_like, pi),
+    )
+    tiny = jnp.finfo(dtype).tiny
+    return to_simplex({k: jnp.maximum(alpha[k] + pi[k] * total[k], 1e-3 * alpha[k] + tiny)
+                       for k in pi})
+
+
+def em_point(potential: Potential, pi: dict, alpha: dict, data: ModelData, iters: int = 2,
+             chunk_size: int = DEFAULT_CHUNK) -> dict:
+    """``iters`` fixed-point steps π_k ← (α_k + π_k Σ_i G_ik) / Σ_l (α_l + π_l Σ_i G_il),
+    G_i = ∇_π log p(x_i | π), from ``pi`` (one data pass each).
+
+    For a likelihood linear in π (categorical and multinomial counts, mixtures with weights
+    π, LDA's θ β) π_k G_ik is datum i's responsibility of category k, and this is the EM
+    update of the Dirichlet-posterior mean (α in place of the MAP's α − 1): exact in one step
+    for categorical counts. Values are floored at 10⁻³ α_k for other likelihoods."""
+    for _ in range(int(iters)):
+        pi = _em_update(potential, pi, alpha, data, chunk_size)
+    return pi
+
+
 class SGRLDConfig(NamedTuple):
     """Static configuration of the compiled step (hashable; equal configs share code)."""
 
@@ -212,8 +240,11 @@ class SGRLDConfig(NamedTuple):
 def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)``.
 
-    ``init_one`` draws θ from its Gamma(α, 1) prior; given ``init_params`` (simplex values
-    per site) it keeps the drawn totals Σθ and sets θ = π · Σθ.
+    ``init_one`` draws π from its Dirichlet(α) prior (or takes ``init_params``, simplex
+    values per site) and sets θ = S π with the total S = Σ_k α_k of each simplex row, the mean
+    of its Gamma(Σα, 1) law. S is independent of π under the target and only sets the clock
+    of π's diffusion (the time change t/S), which the default step rule assumes; a drawn S
+    would give chains with S ≪ Σα a larger effective step (:class:`SGRLD`).
 
     With local latent sites (:mod:`numpyro_subsample.estimators.local`) each step first moves
     the subsample's local values given π and takes G = ∇_π Σ_j w_j [log p(z_j | π) +
@@ -258,11 +289,13 @@ def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
         theta = {}
         for k, name in zip(jax.random.split(k_theta, len(names)), names, strict=True):
             a = params.alpha[name]
-            t = jnp.maximum(jax.random.gamma(k, a, dtype=a.dtype), jnp.finfo(a.dtype).tiny)
-            if init_params is not None:
-                given = jnp.asarray(init_params[name], a.dtype)
-                t = jnp.maximum(given * jnp.sum(t, -1, keepdims=True), jnp.finfo(a.dtype).tiny)
-            theta[name] = t
+            total = jnp.sum(a, -1, keepdims=True)
+            if init_params is None:
+                t = jnp.maximum(jax.random.gamma(k, a, dtype=a.dtype), jnp.finfo(a.dtype).tiny)
+                pi0 = t / jnp.sum(t, -1, keepdims=True)
+            else:
+                pi0 = jnp.asarray(init_params[name], a.dtype)
+            theta[name] = jnp.maximum(pi0 * total, jnp.finfo(a.dtype).tiny)
         dtype = params.schedule.dtype
         local = (init_local_state(pot.local, pot.num_data, dtype, cfg.local.init_step)
                  if pot.local else None)
