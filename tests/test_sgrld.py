@@ -185,7 +185,7 @@ def test_gradient_estimator_unbiased():
         variances[estimator] = draws.var(0).sum()
         # the design's exact variance (the default step-size rule's input): Monte Carlo
         # relative error of a variance from 4000 draws is about sqrt(2/4000) = 2 %
-        exact = np.asarray(drift_noise(pot, pi, data, design.moments(design.params))[1])
+        exact = np.asarray(drift_noise(pot, pi, data, design.moments(design.params)).noise)
         np.testing.assert_allclose(draws.var(0), exact, rtol=0.12)
     assert variances["stratified"] < 0.5 * variances["uniform"], variances
 

@@ -112,14 +112,14 @@ def kmeans_labels(
 
     Returns (labels (N,), wall seconds, inertia).
     """
-    from sklearn.cluster import KMeans
-
     t0 = time.perf_counter()
     distinct, inverse, counts = np.unique(features, axis=0, return_inverse=True,
                                           return_counts=True)
     inverse = np.reshape(inverse, -1)
     if distinct.shape[0] <= num_strata:
         return inverse.astype(np.int64), time.perf_counter() - t0, 0.0
+    from sklearn.cluster import KMeans
+
     km = KMeans(
         n_clusters=num_strata, init="k-means++", n_init=1, max_iter=int(kmeans_iters),
         random_state=int(seed),
@@ -254,7 +254,7 @@ def _stratified_moments(batch_sizes: tuple[int, ...]) -> Callable:
         )
         return DesignMoments(a[labels], a / n_j, labels)
 
-    return moments
+    return jax.jit(moments)
 
 
 def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> SamplingDesign:

@@ -50,6 +50,8 @@ from numpyro_subsample.sgmcmc.simplex import (
     datum_drifts,
     drift_noise,
     em_point,
+    flatten_sites,
+    relaxation_rates,
     sgrld_programs,
     to_simplex,
 )
@@ -236,18 +238,21 @@ class SGRLD(SubsampleKernel):
         a of ε_t = a (1 + t/b)^(−c), t the iteration (warmup included). ``None``: a from the
         measured gradient noise, so that the stationary variance of a locally linear drift is
         inflated by about ``max_variance_inflation`` δ (the analogue of the SG kernels' rule,
-        :mod:`~numpyro_subsample.sgmcmc.stepsize`). Linearised at θ*, the coordinate θ_k
-        relaxes at the rate λ_r = 1 + c_r / S_r (time units ε/2; 1 from the Gamma prior,
-        c_r / S_r from the likelihood, c_r = Σ_i ⟨π*, ∇_π log p(x_i | π*)⟩ the count of
-        simplex row r), so the Euler step inflates its variance by ε λ_r / 4; the subsample
-        adds ε²V_k/4 to the injected ε θ_k, a further ε V_k / (4 θ_k), V_k the design's
-        variance of θ_k ĝ_k (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`). Hence
-        a = 4δ / max_k (λ_r + V_k / θ*_k). The point is π* = ``EM_ITERATIONS`` EM steps from
-        the prior mean (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`; the posterior
-        mean for categorical counts), θ* = S_r π* with S_r of :func:`reference_totals`
-        (E[1/S] of the total S = Σθ, which every chain starts at Σα_r: S only sets the clock
-        of π's diffusion). A step that the noise makes ``NOISE_LIMIT_FACTOR`` times smaller
-        than the noise-free one warns (``NoiseLimitedStepWarning``), naming the noise and the
+        :mod:`~numpyro_subsample.sgmcmc.stepsize`). Linearised at θ*, simplex row r relaxes
+        at the rate λ_r = 1 + max_k F_k / θ*_k at most (time units ε/2; 1 from the Gamma
+        prior, F_k = Σ_i h_ik² the empirical Fisher information of the likelihood in the
+        metric diag(θ), h_i = θ ⊙ ∇_θ log p(x_i | π): N/S for categorical counts,
+        :func:`~numpyro_subsample.sgmcmc.simplex.relaxation_rates`), so the Euler step
+        inflates the variance by ε λ_r / 4; the subsample adds ε²V_k/4 to the injected
+        ε θ_k, a further ε V_k / (4 θ_k), V_k the design's variance of Σ_j w_j h_{i_j, k}
+        (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`). Hence
+        a = 4δ / max_k (λ_r + V_k / θ*_k), the analogue of h = 2δ / (v + μ(1 + δ)). The
+        point is π* after ``EM_ITERATIONS`` scoring steps from the prior mean
+        (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`; the posterior mean for
+        categorical counts), θ* = S_r π* with S_r of :func:`reference_totals` (E[1/S] of the
+        total S = Σθ, which every chain starts at Σα_r: S only sets the clock of π's
+        diffusion). A step that the noise makes ``NOISE_LIMIT_FACTOR`` times smaller than
+        the noise-free one warns (``NoiseLimitedStepWarning``), naming the noise and the
         remedy.
     max_variance_inflation
         δ of the default ``step_size`` (default 0.05).
@@ -402,10 +407,14 @@ class SGRLD(SubsampleKernel):
         N, n = potential.num_data, potential.plate.subsample_size
         d = sum(int(np.prod(v.shape)) for v in alpha.values())
         measure = not potential.local and (self._step_size is None or request == "auto")
-        passes, pi_star = 0.0, to_simplex(alpha)
+        passes, pi_star, at_star = 0.0, to_simplex(alpha), None
+        uniform = uniform_design(N, n, self.replace, dtype)
+        ref = reference_totals(alpha)
         if measure:
-            pi_star = em_point(potential, pi_star, alpha, data, EM_ITERATIONS, self.chunk_size)
-            passes += EM_ITERATIONS
+            pi_star, at_star = em_point(potential, pi_star, alpha, ref, data,
+                                        uniform.moments(uniform.params), EM_ITERATIONS,
+                                        self.chunk_size)
+            passes += EM_ITERATIONS + 1.0
         names = ["uniform", "stratified"] if request == "auto" else [request]
         if request == "auto" and self.features is None and (
                 potential.local or N * d > MAX_FEATURE_NUMBERS or n < 2):
@@ -415,34 +424,36 @@ class SGRLD(SubsampleKernel):
         candidates = []
         for name in names:
             if name == "uniform":
-                candidates.append((name, uniform_design(N, n, self.replace, dtype), None))
+                candidates.append((name, uniform, None, at_star))
                 continue
             strata, used = self._strata(potential, pi_star, data, auto=request == "auto")
+            design = stratified_design(strata, dtype)
+            dm = None
+            if measure:
+                dm = drift_noise(potential, pi_star, data, design.moments(design.params),
+                                 self.chunk_size)
+                used += 1.0
             passes += used
-            candidates.append((name, stratified_design(strata, dtype), strata))
+            candidates.append((name, design, strata, dm))
         noise, a = float("nan"), self._step_size
         if measure:
-            ref = reference_totals(alpha)
-            flat = lambda t: np.concatenate([np.ravel(t[k]) for k in sorted(t)])  # noqa: E731
-            totals, theta_star = flat(ref), flat(ref) * flat(pi_star)
+            theta_star = flatten_sites(ref) * flatten_sites(pi_star)
+            rate = relaxation_rates(np.asarray(at_star.fisher, np.float64), theta_star, pi_star)
+            free = 4.0 * self.max_variance_inflation / float(np.max(rate))
             scored = []
             for cand in candidates:
-                moments = cand[1].moments(cand[1].params)
-                counts, v = drift_noise(potential, pi_star, data, moments, self.chunk_size)
-                passes += 1.0
-                prior_lik = 1.0 + np.abs(np.asarray(counts, np.float64)) / totals
-                ratio = np.asarray(v, np.float64) / np.maximum(theta_star, 1e-300)
-                step = 4.0 * self.max_variance_inflation / float(np.max(prior_lik + ratio))
-                free = 4.0 * self.max_variance_inflation / float(np.max(prior_lik))
-                scored.append((step, free, float(np.max(ratio)), float(np.max(prior_lik))))
+                ratio = np.asarray(cand[3].noise, np.float64) / np.maximum(theta_star, 1e-300)
+                scored.append((4.0 * self.max_variance_inflation / float(np.max(rate + ratio)),
+                               float(np.max(ratio))))
             best = int(np.argmax([sc[0] for sc in scored]))
             candidates = [candidates[best]]
-            step, free, noise, rate = scored[best]
+            step, noise = scored[best]
             if a is None:
                 a = step
                 if step * NOISE_LIMIT_FACTOR < free:
-                    self._warn_noise_limited(candidates[0][0], n, N, noise, rate, step, free)
-        name, design, strata = candidates[0]
+                    self._warn_noise_limited(candidates[0][0], n, N, noise,
+                                             float(np.max(rate)), step, free)
+        name, design, strata, _ = candidates[0]
         b, c = (self.decay_offset, self.decay_power) if self.schedule == "polynomial" else (1, 0)
         schedule = (float(a), float(b), float(c))
         params = SGRLDParams(alpha=alpha, design=design.params,
@@ -482,7 +493,7 @@ class SGRLD(SubsampleKernel):
                             step: float, free: float) -> None:
         warnings.warn(
             f"SGRLD: the gradient noise of estimator={name!r} (subsample size {n} of {N}), "
-            f"max_k V_k/θ_k = {noise:.3g} against the relaxation rate 1 + c/S = {rate:.3g} "
+            f"max_k V_k/θ_k = {noise:.3g} against the relaxation rate 1 + F/θ = {rate:.3g} "
             f"of the likelihood, makes the default step a = {step:.3g}, "
             f"{free / step:.0f}× smaller than without noise ({free:.3g}): the chain needs "
             f"about {4.0 / (step * rate):.3g} steps per independent draw of the stiffest "

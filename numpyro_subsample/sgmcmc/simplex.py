@@ -53,8 +53,12 @@ __all__ = [
     "expanded_mean_grad",
     "mirrored_langevin",
     "datum_drifts",
+    "DriftMoments",
     "drift_noise",
     "em_point",
+    "flatten_sites",
+    "relaxation_rates",
+    "unflatten_sites",
     "sgrld_programs",
 ]
 
@@ -150,18 +154,14 @@ def mirrored_langevin(
 
 
 def _datum_terms(potential: Potential, pi: dict, data: ModelData) -> Callable:
-    """``one(i) -> (h_i, c_i)``: datum i's θ ⊙ ∇_θ log p(x_i | π) and its count
-    ⟨π, ∇_π log p(x_i | π)⟩ per simplex row (broadcast along the row), both flattened over
-    the sites in sorted order."""
+    """``one(i) -> h_i``: datum i's θ ⊙ ∇_θ log p(x_i | π), flattened over the sites in
+    sorted order."""
     dtype = jax.tree.leaves(pi)[0].dtype
 
     def one(i):
         g = likelihood_grad(potential, pi, i[None], jnp.ones((1,), dtype), data)
         h = expanded_mean_grad(pi, g)
-        count = {k: jnp.broadcast_to(jnp.sum(pi[k] * g[k], -1, keepdims=True), pi[k].shape)
-                 for k in pi}
-        flat = lambda t: jnp.concatenate([t[k].reshape(-1) for k in sorted(t)])  # noqa: E731
-        return flat(h), flat(count)
+        return jnp.concatenate([h[k].reshape(-1) for k in sorted(h)])
 
     return one
 
@@ -172,14 +172,25 @@ def datum_drifts(potential: Potential, pi: dict, data: ModelData,
     """Per-datum h_i = θ ⊙ ∇_θ log p(x_i | π) at ``pi``, flattened over the sites in sorted
     order: (N, d), one data pass (the default features of the stratified estimator)."""
     one = _datum_terms(potential, pi, data)
-    return map_data(jax.vmap(lambda i: one(i)[0]), potential.num_data, chunk_size)
+    return map_data(jax.vmap(one), potential.num_data, chunk_size)
+
+
+class DriftMoments(NamedTuple):
+    """Full-data moments of the per-datum drifts h_i = θ ⊙ ∇_θ log p(x_i | π) at a point,
+    flattened over the sites in sorted order: ``total`` Σ_i h_i, ``fisher`` Σ_i h_i² (the
+    diagonal of the empirical Fisher information in the metric diag(θ), times θ), and
+    ``noise`` diag Cov[Σ_j w_j h_{i_j}] under a design's second moments."""
+
+    total: jax.Array
+    fisher: jax.Array
+    noise: jax.Array
 
 
 @partial(jax.jit, static_argnums=(0, 4))
 def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: DesignMoments,
-                chunk_size: int = DEFAULT_CHUNK) -> tuple[jax.Array, jax.Array]:
-    """(Σ_i c_i, diag Cov[Σ_j w_j h_{i_j}]) at ``pi`` (see :func:`_datum_terms`), the
-    covariance from the design's second moments (one data pass, no N × d array)."""
+                chunk_size: int = DEFAULT_CHUNK) -> DriftMoments:
+    """The :class:`DriftMoments` at ``pi``, the covariance from the design's second
+    ``moments`` (one data pass, no N × d array)."""
     one = _datum_terms(potential, pi, data)
     N, d = potential.num_data, sum(int(np.prod(v.shape)) for v in pi.values())
     dtype = jax.tree.leaves(pi)[0].dtype
@@ -187,43 +198,67 @@ def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: Design
     a = jnp.broadcast_to(jnp.asarray(moments.datum_weight, dtype), (N,))
 
     def chunk(idx, mask):
-        h, c = jax.vmap(one)(idx)
-        m = mask.astype(dtype)[:, None]
+        h = jax.vmap(one)(idx) * mask.astype(dtype)[:, None]
         lab = jnp.zeros(idx.shape, jnp.int32) if moments.labels is None else moments.labels[idx]
-        return (jnp.sum(c * m, 0), jnp.sum(a[idx][:, None] * m * h * h, 0),
-                jax.ops.segment_sum(h * m, lab, groups))
+        return (jnp.sum(h, 0), jnp.sum(h * h, 0), jnp.sum(a[idx][:, None] * h * h, 0),
+                jax.ops.segment_sum(h, lab, groups))
 
-    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((groups, d), dtype))
-    counts, s1, sums = scan_chunks(chunk, N, chunk_size, zero)
+    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((d,), dtype),
+            jnp.zeros((groups, d), dtype))
+    total, fisher, s1, sums = scan_chunks(chunk, N, chunk_size, zero)
     weight = jnp.broadcast_to(jnp.asarray(moments.group_weight, dtype), (groups,))
-    return counts, s1 - weight @ (sums * sums)
+    return DriftMoments(total=total, fisher=fisher, noise=s1 - weight @ (sums * sums))
 
 
-@partial(jax.jit, static_argnums=(0, 4))
-def _em_update(potential: Potential, pi: dict, alpha: dict, data: ModelData,
-               chunk_size: int = DEFAULT_CHUNK) -> dict:
-    dtype = jax.tree.leaves(pi)[0].dtype
-    total = scan_chunks(
-        lambda idx, mask: likelihood_grad(potential, pi, idx, mask.astype(dtype), data),
-        potential.num_data, chunk_size, jax.tree.map(jnp.zeros_like, pi),
-    )
-    tiny = jnp.finfo(dtype).tiny
-    return to_simplex({k: jnp.maximum(alpha[k] + pi[k] * total[k], 1e-3 * alpha[k] + tiny)
-                       for k in pi})
+def flatten_sites(tree: dict) -> np.ndarray:
+    """The values of ``tree`` flattened over the sites in sorted order (float64)."""
+    return np.concatenate([np.ravel(np.asarray(tree[k], np.float64)) for k in sorted(tree)])
 
 
-def em_point(potential: Potential, pi: dict, alpha: dict, data: ModelData, iters: int = 2,
-             chunk_size: int = DEFAULT_CHUNK) -> dict:
-    """``iters`` fixed-point steps π_k ← (α_k + π_k Σ_i G_ik) / Σ_l (α_l + π_l Σ_i G_il),
-    G_i = ∇_π log p(x_i | π), from ``pi`` (one data pass each).
+def unflatten_sites(flat: np.ndarray, like: dict) -> dict:
+    """Inverse of :func:`flatten_sites` for the shapes of ``like``."""
+    out, start = {}, 0
+    for k in sorted(like):
+        size = int(np.prod(np.shape(like[k])))
+        out[k] = flat[start:start + size].reshape(np.shape(like[k]))
+        start += size
+    return out
 
-    For a likelihood linear in π (categorical and multinomial counts, mixtures with weights
-    π, LDA's θ β) π_k G_ik is datum i's responsibility of category k, and this is the EM
-    update of the Dirichlet-posterior mean (α in place of the MAP's α − 1): exact in one step
-    for categorical counts. Values are floored at 10⁻³ α_k for other likelihoods."""
-    for _ in range(int(iters)):
-        pi = _em_update(potential, pi, alpha, data, chunk_size)
-    return pi
+
+def relaxation_rates(fisher: np.ndarray, theta: np.ndarray, like: dict) -> np.ndarray:
+    """λ_r = 1 + max_k F_k / θ_k over each simplex row r, broadcast along it: the largest
+    relaxation rate of the linearised drift (time units ε/2) in row r, from the diagonal
+    F of the empirical Fisher information (:class:`DriftMoments`; 1 from the Gamma prior).
+    For categorical counts F_k / θ_k = N (1 − π_k) / S at the posterior mean."""
+    ratio = unflatten_sites(fisher / np.maximum(theta, 1e-300), like)
+    return 1.0 + flatten_sites({k: np.broadcast_to(np.max(v, -1, keepdims=True), v.shape)
+                                for k, v in ratio.items()})
+
+
+def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: ModelData,
+             moments: DesignMoments, iters: int = 2,
+             chunk_size: int = DEFAULT_CHUNK) -> tuple[dict, DriftMoments]:
+    """``iters`` scoring steps of the noise-free expanded-mean drift from ``pi`` (one data
+    pass each), and the :class:`DriftMoments` (under ``moments``) at the point reached.
+
+    With θ = S π (S = ``totals``, per row) a step is θ ← θ + (α − θ + Σ_i h_i) / λ_r,
+    λ_r of :func:`relaxation_rates` (a Fisher-scoring step in the metric diag(θ)), then
+    π = θ / Σθ. For categorical counts one step from any π lands on the posterior mean
+    (α + n) / (Σα + N); for a likelihood linear in π (mixture weights, LDA's θ β) it is a
+    damped EM step. θ is floored at 10⁻³ α."""
+    a, s = flatten_sites(alpha), flatten_sites(totals)
+    for i in range(int(iters) + 1):
+        dm = drift_noise(potential, pi, data, moments, chunk_size)
+        if i == int(iters):
+            return pi, dm
+        theta = s * flatten_sites(pi)
+        lam = relaxation_rates(np.asarray(dm.fisher, np.float64), theta, pi)
+        theta = theta + (a - theta + np.asarray(dm.total, np.float64)) / lam
+        theta = np.maximum(theta, 1e-3 * a)
+        dtype = jax.tree.leaves(pi)[0].dtype
+        pi = to_simplex({k: jnp.asarray(v, dtype)
+                         for k, v in unflatten_sites(theta, pi).items()})
+    return pi, dm
 
 
 class SGRLDConfig(NamedTuple):
