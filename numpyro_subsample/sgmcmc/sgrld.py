@@ -68,9 +68,9 @@ __all__ = [
     "reference_totals",
 ]
 
-#: Data passes of EM (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`) from the prior mean
-#: to the point where the default step's gradient noise is measured.
-EM_ITERATIONS = 2
+#: Scoring steps (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, one data pass each) from
+#: the prior mean to the point where the default step's gradient noise is measured.
+EM_ITERATIONS = 3
 
 #: ``estimator="auto"`` tries the stratified design only while the default features (the
 #: per-datum drifts, N × d numbers) stay below this many numbers.
@@ -248,8 +248,8 @@ class SGRLD(SubsampleKernel):
         (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`). Hence
         a = 4δ / max_k (λ_r + V_k / θ*_k), the analogue of h = 2δ / (v + μ(1 + δ)). The
         point is π* after ``EM_ITERATIONS`` scoring steps from the prior mean
-        (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`; the posterior mean for
-        categorical counts), θ* = S_r π* with S_r of :func:`reference_totals` (E[1/S] of the
+        (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, whose fixed point is the zero
+        of the noise-free drift: the posterior mean for categorical counts), θ* = S_r π* with S_r of :func:`reference_totals` (E[1/S] of the
         total S = Σθ, which every chain starts at Σα_r: S only sets the clock of π's
         diffusion). A step that the noise makes ``NOISE_LIMIT_FACTOR`` times smaller than
         the noise-free one warns (``NoiseLimitedStepWarning``), naming the noise and the

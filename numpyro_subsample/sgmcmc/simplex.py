@@ -242,10 +242,11 @@ def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: Mo
     pass each), and the :class:`DriftMoments` (under ``moments``) at the point reached.
 
     With θ = S π (S = ``totals``, per row) a step is θ ← θ + (α − θ + Σ_i h_i) / λ_r,
-    λ_r of :func:`relaxation_rates` (a Fisher-scoring step in the metric diag(θ)), then
-    π = θ / Σθ. For categorical counts one step from any π lands on the posterior mean
-    (α + n) / (Σα + N); for a likelihood linear in π (mixture weights, LDA's θ β) it is a
-    damped EM step. θ is floored at 10⁻³ α."""
+    λ_r of :func:`relaxation_rates` at the current point (a Fisher-scoring step in the metric
+    diag(θ)), then π = θ / Σθ. Its fixed point is the zero of the noise-free drift (for
+    categorical counts the posterior mean (α + n) / (Σα + N), reached in one step when λ_r
+    is measured there); a step shrinks the error by about (λ̂ − λ)/λ̂ when the measured λ̂
+    overestimates the rate λ. θ is floored at 10⁻³ α."""
     a, s = flatten_sites(alpha), flatten_sites(totals)
     for i in range(int(iters) + 1):
         dm = drift_noise(potential, pi, data, moments, chunk_size)
