@@ -251,9 +251,9 @@ class SGRLD(SubsampleKernel):
         (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, whose fixed point is the zero
         of the noise-free drift: the posterior mean for categorical counts), θ* = S_r π*
         with S_r of :func:`reference_totals` (E[1/S] of the total S = Σθ, which every chain
-        starts at Σα_r: S only sets the clock of π's diffusion). A step that the noise makes ``NOISE_LIMIT_FACTOR`` times smaller than
-        the noise-free one warns (``NoiseLimitedStepWarning``), naming the noise and the
-        remedy.
+        starts at Σα_r: S only sets the clock of π's diffusion). A step that the noise
+        makes ``NOISE_LIMIT_FACTOR`` times smaller than the noise-free one warns
+        (``NoiseLimitedStepWarning``), naming the noise and the remedy.
     max_variance_inflation
         δ of the default ``step_size`` (default 0.05).
     schedule
