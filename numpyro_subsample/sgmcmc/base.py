@@ -154,7 +154,7 @@ class SGMCMCKernel(SubsampleKernel):
         self,
         model: Callable,
         *,
-        estimator: str = "cv",
+        estimator: str | None = None,
         step_size: float | None = None,
         proxy: str | Proxy | StructuredProxy = "laplace",
         preconditioning: bool = True,
@@ -188,6 +188,8 @@ class SGMCMCKernel(SubsampleKernel):
             local_update=local_update, local_steps=local_steps,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
+        self._estimator_request = estimator
+        estimator = "cv" if estimator is None else estimator
         structured = prep.check_request(
             type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
             preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
@@ -200,7 +202,6 @@ class SGMCMCKernel(SubsampleKernel):
             noise_correction = (estimator not in STATEFUL and not structured
                                 and adapt_preconditioner is not True)
         super().__init__(model, seed=seed)
-        self.estimator_name = estimator
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
         self._proxy_spec = proxy
@@ -233,6 +234,14 @@ class SGMCMCKernel(SubsampleKernel):
                               corrected=self._corrected(corrected))
 
     # -- properties users read ----------------------------------------------------------------
+    @property
+    def estimator_name(self) -> str:
+        """The estimator: as given, else ``"cv"``, or ``"uniform"`` for a model with local
+        latent sites (known once preprocessed)."""
+        if self._estimator_request is not None:
+            return self._estimator_request
+        return "uniform" if self._pre is not None and self._pre.potential.local else "cv"
+
     @property
     def default_fields(self) -> tuple[str, ...]:
         return ("z", "diverging")
@@ -277,8 +286,9 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _adapts(self, potential: Potential) -> bool:
         """As given, else with a structured proxy, or without preconditioning and step_size."""
-        if potential.local:
-            return False
+        if potential.local:  # no proxy: adapted unless a step_size is given
+            return self.adapt_preconditioner or (
+                self.adapt_preconditioner is None and self._step_size is None)
         if self.adapt_preconditioner is None:
             return self._supports_adaptation() and (self._is_structured(potential.dim) or (
                 not self.preconditioning and self._step_size is None))
@@ -344,12 +354,16 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _preprocess_local(self, potential: Potential) -> Preprocessed:
         """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
-        given = dict(estimator=self.estimator_name, estimator_options=self.estimator_options,
+        estimator = "uniform" if self._estimator_request is None else self._estimator_request
+        given = dict(estimator=estimator, estimator_options=self.estimator_options,
                      step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
                      proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
-                     adapt_preconditioner=bool(self.adapt_preconditioner))
-        return prep.local_preprocessing(type(self).__name__, potential, given, self.replace,
-                                   self.local, self._is_structured(potential.dim))
+                     adapt_preconditioner=self._adapts(potential))
+        return prep.local_preprocessing(
+            type(self).__name__, potential, given, self.replace, self.local,
+            self._is_structured(potential.dim),
+            adapted_step=adaptation.adaptive_step_size(
+                lambda v, mu: self._default_step_size(v, False, mu)))
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

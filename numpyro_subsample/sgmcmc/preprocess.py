@@ -270,12 +270,18 @@ def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: b
 
 
 def local_preprocessing(label: str, potential: Potential, given: dict, replace: bool,
-                        local: LocalConfig, structured: bool) -> Preprocessed:
+                        local: LocalConfig, structured: bool,
+                        adapted_step: float | None = None) -> Preprocessed:
     """The preprocessing of a model with local latent sites
     (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, the given
-    step. ``given``: the kernel's ``estimator``, ``estimator_options``, ``step_size``,
-    ``zv_stream``, ``proxy``, ``proxy_kwargs`` and ``noise_correction`` (as passed: None when
-    left out).
+    step, or with the adapted diagonal preconditioner (``given["adapt_preconditioner"]``,
+    the default without a step: :mod:`~numpyro_subsample.sgmcmc.adaptation`) its step
+    ``adapted_step``. The adaptation's running mean of ĝ² holds the curvature and the
+    measured gradient noise, the local sites' conditional draws included (Fisher's
+    identity), so the step rule bounds both. ``given``: the kernel's ``estimator``,
+    ``estimator_options``, ``step_size``, ``zv_stream``, ``proxy``, ``proxy_kwargs``,
+    ``noise_correction`` (as passed: None when left out) and ``adapt_preconditioner``
+    (resolved).
 
     Raises
     ------
@@ -283,13 +289,15 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
         An option that needs the marginal p(x_i | θ), naming it and the value given.
     """
     t0 = time.perf_counter()
+    adapted = bool(given.get("adapt_preconditioner"))
     needs = []
     if given["estimator"] != "uniform":
         needs.append(f"estimator='uniform' (got {given['estimator']!r})")
     if given["estimator_options"]:
         needs.append(f"no estimator options (got {sorted(given['estimator_options'])})")
-    if given["step_size"] is None:
-        needs.append("an explicit step_size (got None)")
+    if given["step_size"] is None and not adapted:
+        needs.append("a step_size or the adapted preconditioner (adapt_preconditioner=None "
+                     "or True; got False)")
     if given["zv_stream"]:
         needs.append("zv_stream=False")
     if not (isinstance(given["proxy"], str) and given["proxy"] == "laplace"):
@@ -299,22 +307,21 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
         needs.append(f"no proxy_kwargs (got {sorted(given['proxy_kwargs'])})")
     if given["noise_correction"]:
         needs.append("noise_correction left out (got True)")
-    if given.get("adapt_preconditioner"):
-        needs.append("adapt_preconditioner=False (got True)")
     if needs:
         raise ValueError(
             f"{label}: the model has local latent sites {list(potential.local_sites)} inside "
             f"the subsample plate '{potential.plate.name}', which needs {'; '.join(needs)}: the "
-            "proxy, the control variates, the default step-size rule, the noise correction "
-            "and ZV need the marginal p(x_i | θ), an integral over the local sites. Pass "
-            "estimator='uniform' and a step_size (e.g. from a short pilot run), or SGRLD for "
-            "Dirichlet globals."
+            "proxy, the control variates, the measured-noise step rule, the noise correction "
+            "and ZV need the marginal p(x_i | θ), an integral over the local sites. Leave "
+            "estimator and step_size out (uniform subsample, step from the adapted "
+            "preconditioner), or use SGRLD for Dirichlet globals."
         )
     design = uniform_design(potential.num_data, potential.plate.subsample_size, replace,
                             potential.init_theta.dtype)
     estimator = local_estimator(potential, design, local)
     wh = whitening(None, potential, preconditioning=False, structured=structured)
-    return unmeasured_preprocessed(potential, wh, estimator, float(given["step_size"]), t0)
+    step = given["step_size"] if given["step_size"] is not None else adapted_step
+    return unmeasured_preprocessed(potential, wh, estimator, float(step), t0)
 
 
 def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: GradientEstimator,
