@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from numpyro.distributions import biject_to
 
 from numpyro_subsample.core.potential import LocalSite, ModelData, Potential
@@ -43,17 +44,24 @@ from numpyro_subsample.estimators.selection import SamplingDesign
 
 __all__ = [
     "DEFAULT_LOCAL_STEPS",
+    "MIN_PILOT_STEPS",
+    "PILOT_VISITS",
     "LocalConfig",
     "LocalState",
     "init_local_state",
     "local_estimator",
+    "local_pilot",
     "mala_rows",
+    "pilot_steps",
     "update_rows",
 ]
 
 #: MALA steps per subsample update of the local sites (default of ``local_steps``).
 DEFAULT_LOCAL_STEPS = 5
 _TARGET_ACCEPT = 0.574  # Roberts and Rosenthal (1998)
+
+#: Visits per datum (N/n steps each) of the pilot of :func:`local_pilot`, and its fewest steps.
+PILOT_VISITS, MIN_PILOT_STEPS = 10, 500
 _ADAPT_GAIN = 0.5
 
 
@@ -274,3 +282,40 @@ def local_estimator(potential: Potential, design: SamplingDesign,
               "local_update": "mala" if cfg.update is None else "user"},
         init_state=init_state, update=update, state_axes=0,
     )
+
+
+def pilot_steps(num_data: int, subsample_size: int) -> int:
+    """The steps of :func:`local_pilot`: ``PILOT_VISITS`` visits per datum, at least
+    ``MIN_PILOT_STEPS``."""
+    return max(MIN_PILOT_STEPS, -(-PILOT_VISITS * int(num_data) // int(subsample_size)))
+
+
+def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Array,
+                data: ModelData, num_steps: int, learning_rate: float = 0.1) -> jax.Array:
+    """A start for the chains of a model with local sites: stochastic-approximation search
+    of the marginal posterior mode (Robbins and Monro 1951; the gradient of
+    :func:`local_estimator`, its local sites drawn by their inner update, is the Fisher
+    identity's, unbiased for the marginal gradient once they follow their conditionals),
+    ``num_steps`` Adam steps (Kingma and Ba 2015) with a cosine-decayed rate from
+    ``learning_rate``, returned as the mean of the last quarter of the iterates
+    (Polyak-Ruppert averaging). Paper 002 (Baker et al. 2019, Sect. 3) starts SGLD from a
+    stochastic optimisation in the same way. Costs ``num_steps`` · n / N data passes; one
+    compiled scan."""
+    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, int(num_steps), alpha=0.01))
+    tail = max(1, int(num_steps) // 4)
+
+    @jax.jit
+    def run(params, theta, key, data):
+        state, _ = estimator.init_state(params, data)
+
+        def body(carry, k):
+            t, s, st = carry
+            g, _, st, _ = estimator.update(params, st, k, t, data)
+            upd, s = opt.update(g, s, t)
+            return (optax.apply_updates(t, upd), s, st), t
+
+        keys = jax.random.split(key, int(num_steps))
+        path = jax.lax.scan(body, (theta, opt.init(theta), state), keys)[1]
+        return jnp.mean(path[-tail:], axis=0)
+
+    return run(estimator.params, theta0, rng_key, data)

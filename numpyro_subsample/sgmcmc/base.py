@@ -323,7 +323,7 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
-            return self._preprocess_local(potential)
+            return self._preprocess_local(potential, data)
         t0 = time.perf_counter()
         _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
         check_estimator_request(self.estimator_name, self.estimator_options,
@@ -352,7 +352,7 @@ class SGMCMCKernel(SubsampleKernel):
             chunk_size=self.chunk_size, started=t0,
         )
 
-    def _preprocess_local(self, potential: Potential) -> Preprocessed:
+    def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
         """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
         estimator = "uniform" if self._estimator_request is None else self._estimator_request
         given = dict(estimator=estimator, estimator_options=self.estimator_options,
@@ -363,7 +363,8 @@ class SGMCMCKernel(SubsampleKernel):
             type(self).__name__, potential, given, self.replace, self.local,
             self._is_structured(potential.dim),
             adapted_step=adaptation.adaptive_step_size(
-                lambda v, mu: self._default_step_size(v, False, mu)))
+                lambda v, mu: self._default_step_size(v, False, mu)),
+            data=data, rng_key=preprocess_keys(self.seed)[2])
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

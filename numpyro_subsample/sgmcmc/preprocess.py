@@ -21,7 +21,12 @@ import numpy as np
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.base import GradientEstimator
-from numpyro_subsample.estimators.local import LocalConfig, local_estimator
+from numpyro_subsample.estimators.local import (
+    LocalConfig,
+    local_estimator,
+    local_pilot,
+    pilot_steps,
+)
 from numpyro_subsample.estimators.registry import STATEFUL, check_estimator_request
 from numpyro_subsample.estimators.selection import uniform_design
 from numpyro_subsample.estimators.zv import check_covariates, covariate_choice
@@ -271,14 +276,18 @@ def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: b
 
 def local_preprocessing(label: str, potential: Potential, given: dict, replace: bool,
                         local: LocalConfig, structured: bool,
-                        adapted_step: float | None = None) -> Preprocessed:
+                        adapted_step: float | None = None, data: ModelData | None = None,
+                        rng_key: Any = None) -> Preprocessed:
     """The preprocessing of a model with local latent sites
     (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, the given
     step, or with the adapted diagonal preconditioner (``given["adapt_preconditioner"]``,
     the default without a step: :mod:`~numpyro_subsample.sgmcmc.adaptation`) its step
     ``adapted_step``. The adaptation's running mean of ĝ² holds the curvature and the
     measured gradient noise, the local sites' conditional draws included (Fisher's
-    identity), so the step rule bounds both. ``given``: the kernel's ``estimator``,
+    identity), so the step rule bounds both; the chains then start at the end of a
+    stochastic-approximation pilot (:func:`~numpyro_subsample.estimators.local.local_pilot`,
+    with ``data`` and ``rng_key``), where the adaptation sees the posterior's gradients, not
+    those of the prior's start. ``given``: the kernel's ``estimator``,
     ``estimator_options``, ``step_size``, ``zv_stream``, ``proxy``, ``proxy_kwargs``,
     ``noise_correction`` (as passed: None when left out) and ``adapt_preconditioner``
     (resolved).
@@ -320,6 +329,11 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
                             potential.init_theta.dtype)
     estimator = local_estimator(potential, design, local)
     wh = whitening(None, potential, preconditioning=False, structured=structured)
+    if adapted and data is not None:
+        steps = pilot_steps(potential.num_data, potential.plate.subsample_size)
+        centre = local_pilot(estimator, wh.centre, rng_key, data, steps)
+        wh = wh._replace(centre=centre, data_passes=steps * estimator.subsample_size
+                         / potential.num_data)
     step = given["step_size"] if given["step_size"] is not None else adapted_step
     return unmeasured_preprocessed(potential, wh, estimator, float(step), t0)
 
