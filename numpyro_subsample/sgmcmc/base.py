@@ -236,11 +236,12 @@ class SGMCMCKernel(SubsampleKernel):
     # -- properties users read ----------------------------------------------------------------
     @property
     def estimator_name(self) -> str:
-        """The estimator: as given, else ``"cv"``, or ``"uniform"`` for a model with local
-        latent sites (known once preprocessed)."""
-        if self._estimator_request is not None:
-            return self._estimator_request
-        return "uniform" if self._pre is not None and self._pre.potential.local else "cv"
+        """The estimator: as given, else ``"cv"`` (``"uniform"`` for a model with local latent
+        sites whose control variate's N × d table would be too large,
+        :func:`~numpyro_subsample.sgmcmc.preprocess.local_estimator_choice`)."""
+        if self._estimator_request is not None or self._pre is None:
+            return self._estimator_request or "cv"
+        return "cv" if self._pre.estimator.name in ("cv", "local-cv") else "uniform"
 
     @property
     def default_fields(self) -> tuple[str, ...]:
@@ -354,7 +355,7 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
         """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
-        estimator = "uniform" if self._estimator_request is None else self._estimator_request
+        estimator = self._estimator_request or prep.local_estimator_choice(potential)
         given = dict(estimator=estimator, estimator_options=self.estimator_options,
                      step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
                      proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
@@ -364,7 +365,7 @@ class SGMCMCKernel(SubsampleKernel):
             self._is_structured(potential.dim),
             adapted_step=adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu)),
-            data=data, rng_key=preprocess_keys(self.seed)[2])
+            data=data, rng_key=preprocess_keys(self.seed)[2], chunk_size=self.chunk_size)
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

@@ -22,7 +22,9 @@ from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.local import (
+    CV_SWEEPS,
     LocalConfig,
+    local_control_variate,
     local_estimator,
     local_pilot,
     pilot_steps,
@@ -51,6 +53,7 @@ from numpyro_subsample.sgmcmc.chain import (
 __all__ = [
     "DEFAULT_RANK",
     "MAX_DENSE_DIM",
+    "MAX_LOCAL_CV_NUMBERS",
     "MAX_ZV_DEGREE2_DIM",
     "STRUCTURED",
     "ProxyRequest",
@@ -58,6 +61,7 @@ __all__ = [
     "check_dimension",
     "check_request",
     "fit_proxy",
+    "local_estimator_choice",
     "local_preprocessing",
     "proxy_choice",
     "unmeasured_preprocessed",
@@ -274,23 +278,40 @@ def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: b
     return max(1.0, float(ritz[k]) / c) if c > 0 else 1.0
 
 
+#: Above this many numbers N · d the default estimator of a model with local sites is
+#: ``"uniform"``, below it ``"cv"``, whose table of ḡ_i(θ̂) holds N · d numbers.
+MAX_LOCAL_CV_NUMBERS = 2**24
+
+
+def local_estimator_choice(potential: Potential) -> str:
+    """The default estimator of a model with local sites: ``"cv"`` while its N × d table
+    stays below :data:`MAX_LOCAL_CV_NUMBERS` numbers, else ``"uniform"``."""
+    return "cv" if potential.num_data * potential.dim <= MAX_LOCAL_CV_NUMBERS else "uniform"
+
+
 def local_preprocessing(label: str, potential: Potential, given: dict, replace: bool,
                         local: LocalConfig, structured: bool,
                         adapted_step: float | None = None, data: ModelData | None = None,
-                        rng_key: Any = None) -> Preprocessed:
+                        rng_key: Any = None, chunk_size: int = 2048) -> Preprocessed:
     """The preprocessing of a model with local latent sites
-    (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, the given
-    step, or with the adapted diagonal preconditioner (``given["adapt_preconditioner"]``,
-    the default without a step: :mod:`~numpyro_subsample.sgmcmc.adaptation`) its step
-    ``adapted_step``. The adaptation's running mean of ĝ² holds the curvature and the
-    measured gradient noise, the local sites' conditional draws included (Fisher's
-    identity), so the step rule bounds both; the chains then start at the end of a
-    stochastic-approximation pilot (:func:`~numpyro_subsample.estimators.local.local_pilot`,
-    with ``data`` and ``rng_key``), where the adaptation sees the posterior's gradients, not
-    those of the prior's start. ``given``: the kernel's ``estimator``,
-    ``estimator_options``, ``step_size``, ``zv_stream``, ``proxy``, ``proxy_kwargs``,
-    ``noise_correction`` (as passed: None when left out) and ``adapt_preconditioner``
-    (resolved).
+    (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, and
+
+    - a start: the end of a stochastic-approximation pilot
+      (:func:`~numpyro_subsample.estimators.local.local_pilot`) unless a ``step_size`` is
+      given with ``estimator="uniform"``;
+    - ``estimator="cv"`` (the default while N · d ≤ :data:`MAX_LOCAL_CV_NUMBERS`): control
+      variates at the pilot's θ̂ with the table of ḡ_i(θ̂)
+      (:func:`~numpyro_subsample.estimators.local.local_control_variate`), as SGLD-CV's LDA
+      experiment (Baker et al. 2019, Sect. 5.3); ``"uniform"``: none;
+    - the given step, or with the adapted diagonal preconditioner
+      (``given["adapt_preconditioner"]``, the default without a step:
+      :mod:`~numpyro_subsample.sgmcmc.adaptation`) its step ``adapted_step``. The
+      adaptation's running mean of ĝ² holds the curvature and the gradient noise, the local
+      sites' conditional draws included (Fisher's identity), so the rule bounds both.
+
+    ``given``: the kernel's ``estimator`` (resolved), ``estimator_options``, ``step_size``,
+    ``zv_stream``, ``proxy``, ``proxy_kwargs``, ``noise_correction`` (as passed: None when
+    left out) and ``adapt_preconditioner`` (resolved).
 
     Raises
     ------
@@ -300,8 +321,8 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     t0 = time.perf_counter()
     adapted = bool(given.get("adapt_preconditioner"))
     needs = []
-    if given["estimator"] != "uniform":
-        needs.append(f"estimator='uniform' (got {given['estimator']!r})")
+    if given["estimator"] not in ("uniform", "cv"):
+        needs.append(f"estimator='cv' or 'uniform' (got {given['estimator']!r})")
     if given["estimator_options"]:
         needs.append(f"no estimator options (got {sorted(given['estimator_options'])})")
     if given["step_size"] is None and not adapted:
@@ -320,20 +341,26 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
         raise ValueError(
             f"{label}: the model has local latent sites {list(potential.local_sites)} inside "
             f"the subsample plate '{potential.plate.name}', which needs {'; '.join(needs)}: the "
-            "proxy, the control variates, the measured-noise step rule, the noise correction "
+            "proxy, the other estimators, the measured-noise step rule, the noise correction "
             "and ZV need the marginal p(x_i | θ), an integral over the local sites. Leave "
-            "estimator and step_size out (uniform subsample, step from the adapted "
-            "preconditioner), or use SGRLD for Dirichlet globals."
+            "estimator and step_size out (control variates at a pilot's end, step from the "
+            "adapted preconditioner), or use SGRLD for Dirichlet globals."
         )
     design = uniform_design(potential.num_data, potential.plate.subsample_size, replace,
                             potential.init_theta.dtype)
     estimator = local_estimator(potential, design, local)
     wh = whitening(None, potential, preconditioning=False, structured=structured)
-    if adapted and data is not None:
+    cv = given["estimator"] == "cv"
+    if data is not None and (adapted or cv):
         steps = pilot_steps(potential.num_data, potential.plate.subsample_size)
-        centre = local_pilot(estimator, wh.centre, rng_key, data, steps)
-        wh = wh._replace(centre=centre, data_passes=steps * estimator.subsample_size
-                         / potential.num_data)
+        centre, state = local_pilot(estimator, wh.centre, rng_key, data, steps)
+        passes = steps * estimator.subsample_size / potential.num_data
+        if cv:
+            table = local_control_variate(potential, local, centre, state,
+                                          jax.random.fold_in(rng_key, 1), data, chunk_size)
+            estimator = local_estimator(potential, design, local, table)
+            passes += 2.0 * CV_SWEEPS
+        wh = wh._replace(centre=centre, data_passes=passes)
     step = given["step_size"] if given["step_size"] is not None else adapted_step
     return unmeasured_preprocessed(potential, wh, estimator, float(step), t0)
 
