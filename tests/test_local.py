@@ -178,7 +178,7 @@ def test_local_control_variate_unbiased(intercepts):
     conditional draws): at θ = 1.3 its mean is the marginal gradient within 4 standard errors
     over 4000 estimates, and its variance is a fraction of the uniform estimator's (the spread
     of ḡ_i over the groups is removed; the draws' own noise and the residuals stay)."""
-    from numpyro_subsample.estimators.local import local_control_variate
+    from numpyro_subsample.estimators.local_start import local_control_variate
 
     Y, _, _ = intercepts
     kernel = SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,

@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 from numpyro.distributions import biject_to
 
 from numpyro_subsample.core.potential import LocalSite, ModelData, Potential
@@ -43,19 +42,13 @@ from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.selection import SamplingDesign
 
 __all__ = [
-    "CV_SWEEPS",
     "DEFAULT_LOCAL_STEPS",
     "LocalCVParams",
-    "MIN_PILOT_STEPS",
-    "PILOT_VISITS",
     "LocalConfig",
     "LocalState",
     "init_local_state",
     "local_estimator",
-    "local_control_variate",
-    "local_pilot",
     "mala_rows",
-    "pilot_steps",
     "update_rows",
 ]
 
@@ -63,8 +56,7 @@ __all__ = [
 DEFAULT_LOCAL_STEPS = 5
 _TARGET_ACCEPT = 0.574  # Roberts and Rosenthal (1998)
 
-#: Visits per datum (N/n steps each) of the pilot of :func:`local_pilot`, and its fewest steps.
-PILOT_VISITS, MIN_PILOT_STEPS = 10, 500
+
 _ADAPT_GAIN = 0.5
 
 
@@ -289,9 +281,10 @@ def local_estimator(potential: Potential, design: SamplingDesign, cfg: LocalConf
     """The gradient estimator of a model with local sites over ``design`` (module docstring):
     a stateful :class:`~numpyro_subsample.estimators.base.GradientEstimator` whose state is
     the :class:`LocalState` of each chain. With ``control_variate`` = (table, total) of
-    :func:`local_control_variate`, the estimate is Σ_i ḡ_i(θ̂) + Σ_j w_j [∇_θ f_{i_j}(θ,
-    z_{i_j}) − ḡ_{i_j}(θ̂)] (Baker et al. 2019, Eq. 4, with the marginal ∇f_i(θ̂) replaced by
-    its Fisher-identity expectation ḡ_i(θ̂)): unbiased, and its noise is the local draws'
+    :func:`~numpyro_subsample.estimators.local_start.local_control_variate`, the estimate
+    is Σ_i ḡ_i(θ̂) + Σ_j w_j [∇_θ f_{i_j}(θ, z_{i_j}) − ḡ_{i_j}(θ̂)] (Baker et al. 2019,
+    Eq. 4, with the marginal ∇f_i(θ̂) replaced by its Fisher-identity expectation ḡ_i(θ̂)):
+    unbiased, and its noise is the local draws'
     own plus the residuals' (small near θ̂), not the spread of ḡ_i over the data."""
     if not potential.local:
         raise ValueError("local_estimator needs a model with local latent sites.")
@@ -304,96 +297,3 @@ def local_estimator(potential: Potential, design: SamplingDesign, cfg: LocalConf
               "local_update": "mala" if cfg.update is None else "user"},
         init_state=init_state, update=update, state_axes=0,
     )
-
-
-def pilot_steps(num_data: int, subsample_size: int) -> int:
-    """The steps of :func:`local_pilot`: ``PILOT_VISITS`` visits per datum, at least
-    ``MIN_PILOT_STEPS``."""
-    return max(MIN_PILOT_STEPS, -(-PILOT_VISITS * int(num_data) // int(subsample_size)))
-
-
-def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Array,
-                data: ModelData, num_steps: int,
-                learning_rate: float = 0.1) -> tuple[jax.Array, LocalState]:
-    """A start for the chains of a model with local sites: stochastic-approximation search
-    of the marginal posterior mode (Robbins and Monro 1951; the gradient of
-    :func:`local_estimator`, its local sites drawn by their inner update, is the Fisher
-    identity's, unbiased for the marginal gradient once they follow their conditionals),
-    ``num_steps`` Adam steps (Kingma and Ba 2015) with a cosine-decayed rate from
-    ``learning_rate``, returned as the mean of the last quarter of the iterates
-    (Polyak-Ruppert averaging), with the local sites' last state. Paper 002 (Baker et al.
-    2019, Sect. 3) starts SGLD from a stochastic optimisation in the same way. Costs
-    ``num_steps`` · n / N data passes; one compiled scan."""
-    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, int(num_steps), alpha=0.01))
-    tail = max(1, int(num_steps) // 4)
-
-    @jax.jit
-    def run(params, theta, key, data):
-        state, _ = estimator.init_state(params, data)
-
-        def body(carry, k):
-            t, s, st = carry
-            g, _, st, _ = estimator.update(params, st, k, t, data)
-            upd, s = opt.update(g, s, t)
-            return (optax.apply_updates(t, upd), s, st), t
-
-        keys = jax.random.split(key, int(num_steps))
-        (_, _, state), path = jax.lax.scan(body, (theta, opt.init(theta), state), keys)
-        return jnp.mean(path[-tail:], axis=0), state
-
-    return run(estimator.params, theta0, rng_key, data)
-
-
-#: Inner updates of every datum's local sites at θ̂ for :func:`local_control_variate`: the
-#: first half is discarded, the gradients of the second half averaged.
-CV_SWEEPS = 20
-
-
-def local_control_variate(potential: Potential, cfg: LocalConfig, theta_hat: jax.Array,
-                          state: LocalState, rng_key: jax.Array, data: ModelData,
-                          chunk_size: int, sweeps: int = CV_SWEEPS
-                          ) -> tuple[jax.Array, jax.Array]:
-    """(table (N, d), total (d,)) of ḡ_i(θ̂) = E[∇_θ f_i(θ̂, z_i) | x_i, θ̂]: ``sweeps`` inner
-    updates of every datum's local sites at θ̂ from ``state`` (the pilot's), the per-datum
-    gradients averaged over the second half. ``sweeps`` data passes of the inner update and
-    of per-datum gradients; memory N × d (the table) and chunk × d."""
-    N = potential.num_data
-    chunk, num_chunks = min(int(chunk_size), N), -(-N // min(int(chunk_size), N))
-    keep = max(1, int(sweeps) // 2)
-
-    @jax.jit
-    def run(theta, state, key, data):
-        def values():
-            return potential.constrain(potential.unravel(theta), data)
-
-        def one_chunk(carry, c):
-            table, state = carry
-            idx = c * chunk + jax.lax.iota(jnp.int32, chunk)
-            mask = idx < N
-            idx = jnp.where(mask, idx, 0)
-
-            def log_density(rows):
-                return -potential.terms(theta, idx, data, rows)[1]
-
-            def sweep(carry, ik):
-                state, acc = carry
-                i, k = ik
-                rows, state = update_rows(cfg, potential.local, k, state, idx, log_density,
-                                          values, data)
-                grads = jax.jacrev(lambda t: potential.terms(t, idx, data, rows)[1])(theta)
-                return (state, acc + jnp.where(i >= int(sweeps) - keep, grads, 0.0)), None
-
-            keys = jax.random.split(jax.random.fold_in(key, c), int(sweeps))
-            zero = jnp.zeros((chunk, theta.shape[0]), theta.dtype)
-            (state, acc), _ = jax.lax.scan(sweep, (state, zero),
-                                           (jnp.arange(int(sweeps)), keys))
-            rows = acc / keep
-            table = table.at[idx].set(jnp.where(mask[:, None], rows, table[idx]))
-            return (table, state), None
-
-        table = jnp.zeros((N, theta.shape[0]), theta.dtype)
-        (table, _), _ = jax.lax.scan(one_chunk, (table, state),
-                                     jnp.arange(num_chunks, dtype=jnp.int32))
-        return table, jnp.sum(table, axis=0)
-
-    return run(theta_hat, state, rng_key, data)

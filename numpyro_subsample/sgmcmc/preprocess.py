@@ -21,11 +21,12 @@ import numpy as np
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.base import GradientEstimator
-from numpyro_subsample.estimators.local import (
+from numpyro_subsample.estimators.local import LocalConfig, local_estimator
+from numpyro_subsample.estimators.local_start import (
     CV_SWEEPS,
-    LocalConfig,
+    MAX_LOCAL_CV_NUMBERS,
     local_control_variate,
-    local_estimator,
+    local_estimator_choice,
     local_pilot,
     pilot_steps,
 )
@@ -278,17 +279,6 @@ def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: b
     return max(1.0, float(ritz[k]) / c) if c > 0 else 1.0
 
 
-#: Above this many numbers N · d the default estimator of a model with local sites is
-#: ``"uniform"``, below it ``"cv"``, whose table of ḡ_i(θ̂) holds N · d numbers.
-MAX_LOCAL_CV_NUMBERS = 2**24
-
-
-def local_estimator_choice(potential: Potential) -> str:
-    """The default estimator of a model with local sites: ``"cv"`` while its N × d table
-    stays below :data:`MAX_LOCAL_CV_NUMBERS` numbers, else ``"uniform"``."""
-    return "cv" if potential.num_data * potential.dim <= MAX_LOCAL_CV_NUMBERS else "uniform"
-
-
 def local_preprocessing(label: str, potential: Potential, given: dict, replace: bool,
                         local: LocalConfig, structured: bool,
                         adapted_step: float | None = None, data: ModelData | None = None,
@@ -297,11 +287,11 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, and
 
     - a start: the end of a stochastic-approximation pilot
-      (:func:`~numpyro_subsample.estimators.local.local_pilot`) unless a ``step_size`` is
+      (:func:`~numpyro_subsample.estimators.local_start.local_pilot`) unless a ``step_size`` is
       given with ``estimator="uniform"``;
     - ``estimator="cv"`` (the default while N · d ≤ :data:`MAX_LOCAL_CV_NUMBERS`): control
       variates at the pilot's θ̂ with the table of ḡ_i(θ̂)
-      (:func:`~numpyro_subsample.estimators.local.local_control_variate`), as SGLD-CV's LDA
+      (:func:`~numpyro_subsample.estimators.local_start.local_control_variate`), as SGLD-CV's LDA
       experiment (Baker et al. 2019, Sect. 5.3); ``"uniform"``: none;
     - the given step, or with the adapted diagonal preconditioner
       (``given["adapt_preconditioner"]``, the default without a step:
