@@ -74,6 +74,9 @@ class SGMCMCKernel(SubsampleKernel):
         ``"saga"``, ``"svrg"``, Dubey et al. 2016, whose control variate moves with each chain:
         :mod:`~numpyro_subsample.estimators.variance_reduced`; SAGA keeps an N×d table per
         vectorized chain, SVRG's option ``update_every`` is the steps between its data passes).
+        Default ``"cv"``; with local latent sites ``"cv"`` or ``"uniform"`` only (default
+        ``"cv"`` while its N × d table is small:
+        :func:`~numpyro_subsample.sgmcmc.preprocess.local_preprocessing`).
     step_size
         The time step h of the diffusion in whitened coordinates, for every dynamic:
         SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
@@ -99,7 +102,8 @@ class SGMCMCKernel(SubsampleKernel):
         for posteriors that no Gaussian proxy whitens. The default ``step_size`` is then
         :func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`, no noise is measured
         and the noise correction is off. None (default): on with a structured proxy, and with
-        ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy).
+        ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy),
+        and with local latent sites and no ``step_size``.
     max_variance_inflation
         δ of the default step-size rule (default 0.05).
     noise_correction
