@@ -354,9 +354,11 @@ def test_scoring_steps_approach_the_posterior_mean(categorical_data):
     start = np.ones(V) / V
     errors = []
     for iters in (1, 3):
-        pi, moments = em_point(pre.potential, {"pi": jnp.asarray(start)}, {"pi": jnp.ones(V)},
-                               {"pi": np.full(V, 4.0)}, ModelData.from_args((y,)),
-                               design.moments(design.params), iters=iters)
+        pi, moments, steps = em_point(
+            pre.potential, {"pi": jnp.asarray(start)}, {"pi": jnp.ones(V)},
+            {"pi": np.full(V, 4.0)}, ModelData.from_args((y,)), design.moments(design.params),
+            iters=iters, tol=0.0)
+        assert steps == iters
         errors.append(np.abs(np.asarray(pi["pi"]) - mean).max())
     initial = np.abs(start - mean).max()
     assert errors[0] < 0.5 * initial and errors[1] < 0.05 * initial, (initial, errors)

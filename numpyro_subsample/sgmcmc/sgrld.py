@@ -67,9 +67,10 @@ __all__ = [
     "reference_totals",
 ]
 
-#: Scoring steps (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, one data pass each) from
-#: the prior mean to the point where the default step's gradient noise is measured.
-EM_ITERATIONS = 3
+#: At most this many scoring steps (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, one
+#: data pass each, stopped when π changes by under 2 %) from the prior mean to the point where
+#: the default step's gradient noise is measured.
+EM_ITERATIONS = 10
 
 #: ``estimator="auto"`` tries the stratified design only while the default features (the
 #: per-datum drifts, N × d numbers) stay below this many numbers.
@@ -134,7 +135,7 @@ class SGRLD(SubsampleKernel):
         ε θ_k, a further ε V_k / (4 θ_k), V_k the design's variance of Σ_j w_j h_{i_j, k}
         (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`). Hence
         a = 4δ / max_k (λ_r + V_k / θ*_k), the analogue of h = 2δ / (v + μ(1 + δ)). The
-        point is π* after ``EM_ITERATIONS`` scoring steps from the prior mean
+        point is π* after at most ``EM_ITERATIONS`` scoring steps from the prior mean
         (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, whose fixed point is the zero
         of the noise-free drift: the posterior mean for categorical counts), θ* = S_r π*
         with S_r of :func:`reference_totals` (E[1/S] of the total S = Σθ, which every chain
@@ -298,10 +299,10 @@ class SGRLD(SubsampleKernel):
         uniform = uniform_design(N, n, self.replace, dtype)
         ref = reference_totals(alpha)
         if measure:
-            pi_star, at_star = em_point(potential, pi_star, alpha, ref, data,
-                                        uniform.moments(uniform.params), EM_ITERATIONS,
-                                        self.chunk_size)
-            passes += EM_ITERATIONS + 1.0
+            pi_star, at_star, steps = em_point(potential, pi_star, alpha, ref, data,
+                                               uniform.moments(uniform.params),
+                                               EM_ITERATIONS, self.chunk_size)
+            passes += steps + 2.0
         names = ["uniform", "stratified"] if request == "auto" else [request]
         if request == "auto" and self.features is None and (
                 potential.local or N * d > MAX_FEATURE_NUMBERS or n < 2):
@@ -319,7 +320,7 @@ class SGRLD(SubsampleKernel):
             if measure:
                 dm = drift_noise(potential, pi_star, data, design.moments(design.params),
                                  self.chunk_size)
-                used += 1.0
+                used += 2.0
             passes += used
             candidates.append((name, design, strata, dm))
         noise, a = float("nan"), self._step_size

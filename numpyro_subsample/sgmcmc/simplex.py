@@ -186,28 +186,47 @@ class DriftMoments(NamedTuple):
     noise: jax.Array
 
 
-@partial(jax.jit, static_argnums=(0, 4))
+@partial(jax.jit, static_argnums=(0, 4, 5))
 def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: DesignMoments,
-                chunk_size: int = DEFAULT_CHUNK) -> DriftMoments:
+                chunk_size: int = DEFAULT_CHUNK, noise: bool = True) -> DriftMoments:
     """The :class:`DriftMoments` at ``pi``, the covariance from the design's second
-    ``moments`` (one data pass, no N × d array)."""
+    ``moments`` (no N × d array): Σ_g [Σ_{i∈g} a_i (h_i − m_g)² − w_g (S_g − n_g m_g)²], equal
+    to Σ_i a_i h_i² − Σ_g w_g S_g² for designs whose datum weight a is constant within a
+    group g of n_g data with w_g = a/n_g (uniform and stratified), but without its
+    cancellation in float32 when the data of a group have (nearly) equal h_i: the shift m_g
+    is the group mean from a first pass. Two data passes; ``noise=False``: one, and
+    ``noise`` is zeros."""
     one = _datum_terms(potential, pi, data)
     N, d = potential.num_data, sum(int(np.prod(v.shape)) for v in pi.values())
     dtype = jax.tree.leaves(pi)[0].dtype
     groups = 1 if moments.labels is None else int(moments.group_weight.shape[0])
     a = jnp.broadcast_to(jnp.asarray(moments.datum_weight, dtype), (N,))
 
-    def chunk(idx, mask):
-        h = jax.vmap(one)(idx) * mask.astype(dtype)[:, None]
-        lab = jnp.zeros(idx.shape, jnp.int32) if moments.labels is None else moments.labels[idx]
-        return (jnp.sum(h, 0), jnp.sum(h * h, 0), jnp.sum(a[idx][:, None] * h * h, 0),
-                jax.ops.segment_sum(h, lab, groups))
+    def labels(idx):
+        return jnp.zeros(idx.shape, jnp.int32) if moments.labels is None else moments.labels[idx]
 
-    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((d,), dtype),
-            jnp.zeros((groups, d), dtype))
-    total, fisher, s1, sums = scan_chunks(chunk, N, chunk_size, zero)
+    def first(idx, mask):
+        m = mask.astype(dtype)
+        h = jax.vmap(one)(idx) * m[:, None]
+        return (jnp.sum(h, 0), jnp.sum(h * h, 0), jax.ops.segment_sum(h, labels(idx), groups),
+                jax.ops.segment_sum(m, labels(idx), groups))
+
+    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((groups, d), dtype),
+            jnp.zeros((groups,), dtype))
+    total, fisher, sums, counts = scan_chunks(first, N, chunk_size, zero)
+    if not noise:
+        return DriftMoments(total=total, fisher=fisher, noise=jnp.zeros_like(total))
+    shift = sums / jnp.maximum(counts, 1.0)[:, None]
+
+    def second(idx, mask):
+        lab = labels(idx)
+        r = (jax.vmap(one)(idx) - shift[lab]) * mask.astype(dtype)[:, None]
+        return jnp.sum(a[idx][:, None] * r * r, 0)
+
+    s1 = scan_chunks(second, N, chunk_size, jnp.zeros((d,), dtype))
     weight = jnp.broadcast_to(jnp.asarray(moments.group_weight, dtype), (groups,))
-    return DriftMoments(total=total, fisher=fisher, noise=s1 - weight @ (sums * sums))
+    rest = sums - counts[:, None] * shift
+    return DriftMoments(total=total, fisher=fisher, noise=s1 - weight @ (rest * rest))
 
 
 def flatten_sites(tree: dict) -> np.ndarray:
@@ -236,10 +255,12 @@ def relaxation_rates(fisher: np.ndarray, theta: np.ndarray, like: dict) -> np.nd
 
 
 def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: ModelData,
-             moments: DesignMoments, iters: int = 2,
-             chunk_size: int = DEFAULT_CHUNK) -> tuple[dict, DriftMoments]:
-    """``iters`` scoring steps of the noise-free expanded-mean drift from ``pi`` (one data
-    pass each), and the :class:`DriftMoments` (under ``moments``) at the point reached.
+             moments: DesignMoments, iters: int = 10, chunk_size: int = DEFAULT_CHUNK,
+             tol: float = 0.02) -> tuple[dict, DriftMoments, int]:
+    """Scoring steps of the noise-free expanded-mean drift from ``pi`` (one data pass each),
+    at most ``iters``, until no π_k changes by more than the fraction ``tol``; the point
+    reached, the :class:`DriftMoments` there (under ``moments``, two passes) and the number
+    of steps.
 
     With θ = S π (S = ``totals``, per row) a step is θ ← θ + (α − θ + Σ_i h_i) / λ_r,
     λ_r of :func:`relaxation_rates` at the current point (a Fisher-scoring step in the metric
@@ -248,18 +269,23 @@ def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: Mo
     is measured there); a step shrinks the error by about (λ̂ − λ)/λ̂ when the measured λ̂
     overestimates the rate λ. θ is floored at 10⁻³ α."""
     a, s = flatten_sites(alpha), flatten_sites(totals)
-    for i in range(int(iters) + 1):
-        dm = drift_noise(potential, pi, data, moments, chunk_size)
-        if i == int(iters):
-            return pi, dm
-        theta = s * flatten_sites(pi)
+    dtype = jax.tree.leaves(pi)[0].dtype
+    done = 0
+    while True:
+        final = done == int(iters)
+        dm = drift_noise(potential, pi, data, moments, chunk_size, final)
+        if final:
+            return pi, dm, done
+        old = flatten_sites(pi)
+        theta = s * old
         lam = relaxation_rates(np.asarray(dm.fisher, np.float64), theta, pi)
         theta = theta + (a - theta + np.asarray(dm.total, np.float64)) / lam
         theta = np.maximum(theta, 1e-3 * a)
-        dtype = jax.tree.leaves(pi)[0].dtype
         pi = to_simplex({k: jnp.asarray(v, dtype)
                          for k, v in unflatten_sites(theta, pi).items()})
-    return pi, dm
+        done += 1
+        if np.max(np.abs(flatten_sites(pi) - old) / np.maximum(old, 1e-30)) < tol:
+            iters = done  # converged: the next pass measures the moments
 
 
 class SGRLDConfig(NamedTuple):
