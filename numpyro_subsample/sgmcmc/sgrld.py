@@ -367,7 +367,9 @@ class SGRLD(SubsampleKernel):
             if feats.ndim != 2 or feats.shape[0] != N:
                 raise ValueError(f"SGRLD: features must have shape (N, p) with N={N}, "
                                  f"got {feats.shape}.")
-        if auto:
+        if auto:  # equal rows up to float rounding (chunked passes) count as one value
+            scale = np.maximum(np.max(np.abs(feats), axis=0), np.finfo(np.float64).tiny)
+            feats = np.round(feats / scale, 5) * scale
             distinct = distinct_rows(feats)
             k = distinct if distinct <= min(MAX_AUTO_STRATA, n // 2) else min(k, n // 2)
         elif k > n:
