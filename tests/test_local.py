@@ -189,8 +189,8 @@ def test_local_control_variate_unbiased(intercepts):
     design = uniform_design(N, 50, True, jnp.float32)
     plain = local_estimator(pot, design, cfg)
     state, _ = plain.init_state(plain.params, data)
-    table = local_control_variate(pot, cfg, jnp.asarray([1.0]), state, jax.random.PRNGKey(3),
-                                  data, 512)
+    table, _ = local_control_variate(pot, cfg, jnp.asarray([1.0]), state,
+                                     jax.random.PRNGKey(3), data, 512)
     assert table[0].shape == (N, 1)
     cv = local_estimator(pot, design, cfg, table)
     theta = jnp.asarray([1.3], jnp.float32)

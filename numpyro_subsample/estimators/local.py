@@ -227,11 +227,14 @@ def update_rows(
 
 class LocalCVParams(NamedTuple):
     """The arrays of the control-variate estimator with local sites: the design's arrays,
-    ``table`` (N, d) of ḡ_i(θ̂) = E[∇_θ f_i(θ̂, z_i) | x_i, θ̂] and its sum ``total`` (d,)."""
+    ``table`` (N, d) of ḡ_i(θ̂) = E[∇_θ f_i(θ̂, z_i) | x_i, θ̂], its sum ``total`` (d,), and
+    ``start``, the local sites' state every chain starts from (drawn at θ̂, so that the
+    residuals are small from the first step)."""
 
     design: Any
     table: jax.Array
     total: jax.Array
+    start: LocalState
 
 
 @lru_cache(maxsize=64)
@@ -240,7 +243,8 @@ def _programs(potential: Potential, draw: Callable, size: int, cfg: LocalConfig,
     local = potential.local
 
     def init_state(params, data):
-        del params
+        if cv:
+            return params.start, jnp.zeros((), potential.init_theta.dtype)
         state = init_local_state(local, potential.num_data, potential.init_theta.dtype,
                                  cfg.init_step)
         return state, jnp.zeros((), potential.init_theta.dtype)
@@ -276,8 +280,8 @@ def _programs(potential: Potential, draw: Callable, size: int, cfg: LocalConfig,
 
 
 def local_estimator(potential: Potential, design: SamplingDesign, cfg: LocalConfig,
-                    control_variate: tuple[jax.Array, jax.Array] | None = None
-                    ) -> GradientEstimator:
+                    control_variate: tuple[jax.Array, jax.Array] | None = None,
+                    start: LocalState | None = None) -> GradientEstimator:
     """The gradient estimator of a model with local sites over ``design`` (module docstring):
     a stateful :class:`~numpyro_subsample.estimators.base.GradientEstimator` whose state is
     the :class:`LocalState` of each chain. With ``control_variate`` = (table, total) of
@@ -285,12 +289,16 @@ def local_estimator(potential: Potential, design: SamplingDesign, cfg: LocalConf
     is Σ_i ḡ_i(θ̂) + Σ_j w_j [∇_θ f_{i_j}(θ, z_{i_j}) − ḡ_{i_j}(θ̂)] (Baker et al. 2019,
     Eq. 4, with the marginal ∇f_i(θ̂) replaced by its Fisher-identity expectation ḡ_i(θ̂)):
     unbiased, and its noise is the local draws'
-    own plus the residuals' (small near θ̂), not the spread of ḡ_i over the data."""
+    own plus the residuals' (small near θ̂), not the spread of ḡ_i over the data. Its
+    chains' local sites start from ``start`` (default: every datum at its starting value)."""
     if not potential.local:
         raise ValueError("local_estimator needs a model with local latent sites.")
     cv = control_variate is not None
     estimate, init_state, update = _programs(potential, design.draw, design.size, cfg, cv)
-    params = (LocalCVParams(design.params, *control_variate) if cv else design.params)
+    if cv and start is None:
+        start = init_local_state(potential.local, potential.num_data,
+                                 potential.init_theta.dtype, cfg.init_step)
+    params = LocalCVParams(design.params, *control_variate, start) if cv else design.params
     return GradientEstimator(
         estimate, params, "local-cv" if cv else "local", design.size, design.num_data,
         info={"local_sites": potential.local_sites, "local_steps": cfg.steps,

@@ -53,15 +53,16 @@ def pilot_steps(num_data: int, subsample_size: int) -> int:
 
 def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Array,
                 data: ModelData, num_steps: int,
-                learning_rate: float = 0.1) -> tuple[jax.Array, LocalState]:
+                learning_rate: float = 0.1) -> tuple[jax.Array, LocalState, jax.Array]:
     """A start for the chains of a model with local sites: stochastic-approximation search
     of the marginal posterior mode (Robbins and Monro 1951; the gradient of
     :func:`local_estimator`, its local sites drawn by their inner update, is the Fisher
     identity's, unbiased for the marginal gradient once they follow their conditionals),
     ``num_steps`` Adam steps (Kingma and Ba 2015) with a cosine-decayed rate from
     ``learning_rate``, returned as the mean of the last quarter of the iterates
-    (Polyak-Ruppert averaging), with the local sites' last state. Paper 002 (Baker et al.
-    2019, Sect. 3) starts SGLD from a stochastic optimisation in the same way. Costs
+    (Polyak-Ruppert averaging), with the local sites' last state and the mean of ĝ² over
+    that quarter (per coordinate: the curvature plus the estimator's noise there). Paper
+    002 (Baker et al. 2019, Sect. 3) starts SGLD from a stochastic optimisation likewise. Costs
     ``num_steps`` · n / N data passes; one compiled scan."""
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, int(num_steps), alpha=0.01))
     tail = max(1, int(num_steps) // 4)
@@ -74,11 +75,11 @@ def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Ar
             t, s, st = carry
             g, _, st, _ = estimator.update(params, st, k, t, data)
             upd, s = opt.update(g, s, t)
-            return (optax.apply_updates(t, upd), s, st), t
+            return (optax.apply_updates(t, upd), s, st), (t, g * g)
 
         keys = jax.random.split(key, int(num_steps))
-        (_, _, state), path = jax.lax.scan(body, (theta, opt.init(theta), state), keys)
-        return jnp.mean(path[-tail:], axis=0), state
+        (_, _, state), (path, sq) = jax.lax.scan(body, (theta, opt.init(theta), state), keys)
+        return jnp.mean(path[-tail:], axis=0), state, jnp.mean(sq[-tail:], axis=0)
 
     return run(estimator.params, theta0, rng_key, data)
 
@@ -91,8 +92,9 @@ CV_SWEEPS = 20
 def local_control_variate(potential: Potential, cfg: LocalConfig, theta_hat: jax.Array,
                           state: LocalState, rng_key: jax.Array, data: ModelData,
                           chunk_size: int, sweeps: int = CV_SWEEPS
-                          ) -> tuple[jax.Array, jax.Array]:
-    """(table (N, d), total (d,)) of ḡ_i(θ̂) = E[∇_θ f_i(θ̂, z_i) | x_i, θ̂]: ``sweeps`` inner
+                          ) -> tuple[tuple[jax.Array, jax.Array], LocalState]:
+    """((table (N, d), total (d,)), the local sites' last state) of
+    ḡ_i(θ̂) = E[∇_θ f_i(θ̂, z_i) | x_i, θ̂]: ``sweeps`` inner
     updates of every datum's local sites at θ̂ from ``state`` (the pilot's), the per-datum
     gradients averaged over the second half. ``sweeps`` data passes of the inner update and
     of per-datum gradients; memory N × d (the table) and chunk × d."""
@@ -131,8 +133,8 @@ def local_control_variate(potential: Potential, cfg: LocalConfig, theta_hat: jax
             return (table, state), None
 
         table = jnp.zeros((N, theta.shape[0]), theta.dtype)
-        (table, _), _ = jax.lax.scan(one_chunk, (table, state),
-                                     jnp.arange(num_chunks, dtype=jnp.int32))
-        return table, jnp.sum(table, axis=0)
+        (table, state), _ = jax.lax.scan(one_chunk, (table, state),
+                                         jnp.arange(num_chunks, dtype=jnp.int32))
+        return (table, jnp.sum(table, axis=0)), state
 
     return run(theta_hat, state, rng_key, data)

@@ -293,7 +293,10 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
       variates at the pilot's θ̂ with the table of ḡ_i(θ̂)
       (:func:`~numpyro_subsample.estimators.local_start.local_control_variate`), as SGLD-CV's LDA
       experiment (Baker et al. 2019, Sect. 5.3); ``"uniform"``: none;
-    - the given step, or with the adapted diagonal preconditioner
+    - the given step (in the model's unconstrained coordinates), or with the adapted diagonal
+      preconditioner, in coordinates scaled by the pilot's root mean ĝ² (so that the
+      adaptation starts at the right scale even where the control variate's gradient at θ̂
+      is nearly zero)
       (``given["adapt_preconditioner"]``, the default without a step:
       :mod:`~numpyro_subsample.sgmcmc.adaptation`) its step ``adapted_step``. The
       adaptation's running mean of ĝ² holds the curvature and the gradient noise, the local
@@ -343,12 +346,17 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     cv = given["estimator"] == "cv"
     if data is not None and (adapted or cv):
         steps = pilot_steps(potential.num_data, potential.plate.subsample_size)
-        centre, state = local_pilot(estimator, wh.centre, rng_key, data, steps)
+        centre, state, moment = local_pilot(estimator, wh.centre, rng_key, data, steps)
         passes = steps * estimator.subsample_size / potential.num_data
+        if adapted and given["step_size"] is None and not structured:
+            # the adaptation's coordinates: unit mean ĝ² of the plain estimator at θ̂
+            tril = jnp.diag(jax.lax.rsqrt(moment + jnp.finfo(moment.dtype).tiny))
+            wh = wh._replace(scale_tril=tril)  # init_tril stays I: w is in those units
         if cv:
-            table = local_control_variate(potential, local, centre, state,
-                                          jax.random.fold_in(rng_key, 1), data, chunk_size)
-            estimator = local_estimator(potential, design, local, table)
+            table, state = local_control_variate(potential, local, centre, state,
+                                                 jax.random.fold_in(rng_key, 1), data,
+                                                 chunk_size)
+            estimator = local_estimator(potential, design, local, table, start=state)
             passes += 2.0 * CV_SWEEPS
         wh = wh._replace(centre=centre, data_passes=passes)
     step = given["step_size"] if given["step_size"] is not None else adapted_step
