@@ -62,8 +62,8 @@ def sgrld_run(method: str, train, tokens, K: int, n: int, steps: int, a: float, 
     kw = {} if features is None else {"features": features, "num_strata": num_strata}
     return run_kernel(
         method,
-        lambda: SGRLD(lda_model, step_size=a, estimator=estimator, local_update=local_update,
-                      **kw),
+        lambda: SGRLD(lda_model, step_size=a, schedule="polynomial", estimator=estimator,
+                      local_update=local_update, **kw),
         (train, tokens, K, n), {}, num_warmup=0, num_samples=steps, seed=seed,
     )
 

@@ -185,7 +185,7 @@ def test_gradient_estimator_unbiased():
         variances[estimator] = draws.var(0).sum()
         # the design's exact variance (the default step-size rule's input): Monte Carlo
         # relative error of a variance from 4000 draws is about sqrt(2/4000) = 2 %
-        exact = np.asarray(drift_noise(pot, pi, data, design.moments(design.params))[1])
+        exact = np.asarray(drift_noise(pot, pi, data, design.moments(design.params)).noise)
         np.testing.assert_allclose(draws.var(0), exact, rtol=0.12)
     assert variances["stratified"] < 0.5 * variances["uniform"], variances
 
@@ -272,3 +272,110 @@ def test_float64_under_x64():
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+# -- default arguments: step from the measured noise, estimator chosen by it ----------------
+def dirichlet_categorical(K, alpha0):
+    def model(y, n=100):
+        pi = numpyro.sample("pi", dist.Dirichlet(alpha0 * jnp.ones(K)))
+        with numpyro.plate("data", y.shape[0], subsample_size=n) as idx:
+            numpyro.sample("y", dist.Categorical(probs=pi), obs=y[idx])
+
+    return model
+
+
+def user_warnings(record):
+    return [w for w in record if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize(
+    "K, n_data, n, alpha0, runner",
+    [
+        (3, 3000, 50, 1.0, "package"),
+        (8, 20000, 500, 1.0, "numpyro"),  # issue 35: uniform's default was 9 sd off
+        pytest.param(20, 50000, 200, 0.5, "package", marks=pytest.mark.slow),
+        pytest.param(12, 8000, 1000, 3.0, "numpyro", marks=pytest.mark.slow),
+    ],
+)
+def test_default_matches_dirichlet_posterior(K, n_data, n, alpha0, runner):
+    """``SGRLD(model)`` at default arguments on Dirichlet-categorical data (probabilities
+    drawn per case, some categories rare) against the exact Dirichlet posterior: the
+    estimator chosen by the measured noise is the stratified one with a stratum per
+    category (no subsample noise), the run is right (check_moments) and warns about
+    nothing."""
+    from numpyro_subsample import MCMC as PackageMCMC
+
+    rng = np.random.default_rng(K)
+    y = rng.choice(K, size=n_data, p=rng.dirichlet(np.ones(K))).astype(np.int32)
+    mean, sd = dirichlet_posterior(alpha0 * np.ones(K), np.bincount(y, minlength=K))
+    kernel = SGRLD(dirichlet_categorical(K, alpha0))
+    run = PackageMCMC if runner == "package" else MCMC
+    mcmc = run(kernel, num_warmup=1000, num_samples=4000, num_chains=4,
+               chain_method="vectorized", progress_bar=False)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.PRNGKey(K), y, n=n)
+    assert not user_warnings(record), [str(w.message) for w in user_warnings(record)]
+    assert kernel.estimator_name == "stratified"
+    assert len(kernel.strata.sizes) == len(np.unique(y))
+    check_moments(np.asarray(mcmc.get_samples(group_by_chain=True)["pi"]), mean, sd)
+
+
+def test_uniform_noise_limited_warns():
+    """The issue's case with ``estimator="uniform"``: the subsample noise shrinks the default
+    step about 40×, and the kernel says so before sampling, naming the noise and remedies."""
+    from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning
+
+    rng = np.random.default_rng(8)
+    y = rng.choice(8, size=20000, p=rng.dirichlet(np.ones(8))).astype(np.int32)
+    kernel = SGRLD(dirichlet_categorical(8, 1.0), estimator="uniform")
+    with pytest.warns(NoiseLimitedStepWarning, match=r"V_k/θ_k = .*subsample_size.*stratified"):
+        kernel.preprocess((y,), {"n": 500})
+    auto = SGRLD(dirichlet_categorical(8, 1.0))
+    auto.preprocess((y,), {"n": 500})
+    assert auto.estimator_name == "stratified"
+    assert auto.preprocessed.noise < 1e-3 * kernel.preprocessed.noise  # float32 rounding only
+    assert auto.step_size > 10 * kernel.step_size
+
+
+def test_scoring_steps_approach_the_posterior_mean(categorical_data):
+    """``em_point`` from the prior mean moves towards the posterior mean (α + n)/(Σα + N) of
+    categorical counts: each scoring step shrinks the error by about (λ̂ − λ)/λ̂, λ̂ the
+    Fisher rate measured at the current point (1.4 N/S at the prior mean here), and the
+    full-data drift at the point reached is nearly zero."""
+    from numpyro_subsample.estimators.selection import uniform_design
+    from numpyro_subsample.sgmcmc.simplex import em_point
+
+    y, (mean, _) = categorical_data
+    pre = SGRLD(categorical_model, step_size=1e-4).preprocess((y,))
+    design = uniform_design(N, 100, True, jnp.float32)
+    start = np.ones(V) / V
+    errors = []
+    for iters in (1, 3):
+        pi, moments, steps = em_point(
+            pre.potential, {"pi": jnp.asarray(start)}, {"pi": jnp.ones(V)},
+            {"pi": np.full(V, 4.0)}, ModelData.from_args((y,)), design.moments(design.params),
+            iters=iters, tol=0.0)
+        assert steps == iters
+        errors.append(np.abs(np.asarray(pi["pi"]) - mean).max())
+    initial = np.abs(start - mean).max()
+    assert errors[0] < 0.5 * initial and errors[1] < 0.05 * initial, (initial, errors)
+    assert np.abs(np.asarray(moments.total)).max() < 0.05 * N * initial
+
+
+def test_strata_of_few_distinct_rows_without_kmeans_warning():
+    """Features with fewer distinct rows than ``num_strata``: one stratum per value and no
+    scikit-learn ConvergenceWarning; more distinct rows are clustered by their values."""
+    import warnings
+
+    from numpyro_subsample.estimators.stratified import make_strata
+
+    feats = np.repeat(np.arange(3.0), [500, 300, 200])[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        strata = make_strata(feats, 10, 50)
+        many = make_strata(np.repeat(np.arange(30.0), 10)[:, None], 10, 50)
+    assert sorted(strata.sizes) == [200, 300, 500] and np.all(strata.spreads == 0)
+    assert len(many.sizes) == 10 and many.sizes.sum() == 300

@@ -165,7 +165,9 @@ def test_pseudo_variance_below_uniform_on_clustered_data():
         theta = proxy.centre + proxy.scale_tril @ u
         pv_u = pseudo_variance(uniform, theta)
         assert pseudo_variance(strat, theta) < 0.5 * pv_u
-        assert pseudo_variance(cv_strat, theta) < pseudo_variance(cv, theta)
+        pv_cs, pv_cv = pseudo_variance(cv_strat, theta), pseudo_variance(cv, theta)
+        # at the centre (u = 0) both residuals vanish: only float32 rounding is left
+        assert pv_cs < pv_cv or max(pv_cs, pv_cv) < 1e-9 * pv_u, (pv_cs, pv_cv, pv_u)
 
 
 def test_bad_options(linreg):

@@ -43,6 +43,7 @@ from numpyro_subsample.estimators.selection import SamplingDesign
 
 __all__ = [
     "DEFAULT_LOCAL_STEPS",
+    "LocalCVParams",
     "LocalConfig",
     "LocalState",
     "init_local_state",
@@ -54,6 +55,8 @@ __all__ = [
 #: MALA steps per subsample update of the local sites (default of ``local_steps``).
 DEFAULT_LOCAL_STEPS = 5
 _TARGET_ACCEPT = 0.574  # Roberts and Rosenthal (1998)
+
+
 _ADAPT_GAIN = 0.5
 
 
@@ -222,19 +225,33 @@ def update_rows(
     return rows, new_state
 
 
+class LocalCVParams(NamedTuple):
+    """The arrays of the control-variate estimator with local sites: the design's arrays,
+    ``table`` (N, d) of ḡ_i(θ̂) = E[∇_θ f_i(θ̂, z_i) | x_i, θ̂], its sum ``total`` (d,), and
+    ``start``, the local sites' state every chain starts from (drawn at θ̂, so that the
+    residuals are small from the first step)."""
+
+    design: Any
+    table: jax.Array
+    total: jax.Array
+    start: LocalState
+
+
 @lru_cache(maxsize=64)
-def _programs(potential: Potential, draw: Callable, size: int, cfg: LocalConfig):
+def _programs(potential: Potential, draw: Callable, size: int, cfg: LocalConfig,
+              cv: bool = False):
     local = potential.local
 
     def init_state(params, data):
-        del params
+        if cv:
+            return params.start, jnp.zeros((), potential.init_theta.dtype)
         state = init_local_state(local, potential.num_data, potential.init_theta.dtype,
                                  cfg.init_step)
         return state, jnp.zeros((), potential.init_theta.dtype)
 
     def update(params, state, key, theta, data):
         k_idx, k_loc = jax.random.split(key)
-        idx, w = draw(params, k_idx)
+        idx, w = draw(params.design if cv else params, k_idx)
 
         def log_density(rows):
             return -potential.terms(theta, idx, data, rows)[1]
@@ -250,6 +267,8 @@ def _programs(potential: Potential, draw: Callable, size: int, cfg: LocalConfig)
             return f0 + jnp.dot(w, fi)
 
         g = jax.grad(weighted)(theta)
+        if cv:
+            g = g - w @ params.table[idx] + params.total
         return g, jnp.asarray(size), state, jnp.zeros((), theta.dtype)
 
     def estimate(params, key, theta, data):
@@ -260,16 +279,28 @@ def _programs(potential: Potential, draw: Callable, size: int, cfg: LocalConfig)
     return estimate, init_state, update
 
 
-def local_estimator(potential: Potential, design: SamplingDesign,
-                    cfg: LocalConfig) -> GradientEstimator:
+def local_estimator(potential: Potential, design: SamplingDesign, cfg: LocalConfig,
+                    control_variate: tuple[jax.Array, jax.Array] | None = None,
+                    start: LocalState | None = None) -> GradientEstimator:
     """The gradient estimator of a model with local sites over ``design`` (module docstring):
     a stateful :class:`~numpyro_subsample.estimators.base.GradientEstimator` whose state is
-    the :class:`LocalState` of each chain."""
+    the :class:`LocalState` of each chain. With ``control_variate`` = (table, total) of
+    :func:`~numpyro_subsample.estimators.local_start.local_control_variate`, the estimate
+    is Σ_i ḡ_i(θ̂) + Σ_j w_j [∇_θ f_{i_j}(θ, z_{i_j}) − ḡ_{i_j}(θ̂)] (Baker et al. 2019,
+    Eq. 4, with the marginal ∇f_i(θ̂) replaced by its Fisher-identity expectation ḡ_i(θ̂)):
+    unbiased, and its noise is the local draws'
+    own plus the residuals' (small near θ̂), not the spread of ḡ_i over the data. Its
+    chains' local sites start from ``start`` (default: every datum at its starting value)."""
     if not potential.local:
         raise ValueError("local_estimator needs a model with local latent sites.")
-    estimate, init_state, update = _programs(potential, design.draw, design.size, cfg)
+    cv = control_variate is not None
+    estimate, init_state, update = _programs(potential, design.draw, design.size, cfg, cv)
+    if cv and start is None:
+        start = init_local_state(potential.local, potential.num_data,
+                                 potential.init_theta.dtype, cfg.init_step)
+    params = LocalCVParams(design.params, *control_variate, start) if cv else design.params
     return GradientEstimator(
-        estimate, design.params, "local", design.size, design.num_data,
+        estimate, params, "local-cv" if cv else "local", design.size, design.num_data,
         info={"local_sites": potential.local_sites, "local_steps": cfg.steps,
               "local_update": "mala" if cfg.update is None else "user"},
         init_state=init_state, update=update, state_axes=0,

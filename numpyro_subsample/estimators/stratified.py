@@ -29,8 +29,9 @@ applied matrix-free, O(d·k) per datum; the default features are then N × d (``
 or N × num_probes·d (``"cv-stratified"``) numbers, and k-means costs O(N · d) per iteration.
 
 k-means is scikit-learn's ``KMeans`` (k-means++ seeding, one initialisation) stopped after
-``kmeans_iters`` Lloyd iterations (early termination, Fu and Zhang 2023, Sect. 4.1): it runs
-once per data set and compiles nothing.
+``kmeans_iters`` Lloyd iterations (early termination, Fu and Zhang 2023, Sect. 4.1), run on
+the distinct feature rows weighted by their multiplicities (rows with at most k distinct
+values are their own strata): it runs once per data set and compiles nothing.
 
 The batch sizes b_j are static (they fix the shapes of the draw); the compiled draw is cached
 by them, while the strata themselves (index order, sizes, weights) are the design's arrays.
@@ -62,6 +63,7 @@ __all__ = [
     "Strata",
     "StratifiedParams",
     "kmeans_labels",
+    "distinct_rows",
     "allocate_batch_sizes",
     "make_strata",
     "stratified_design",
@@ -112,19 +114,34 @@ class StratifiedParams(NamedTuple):
 def kmeans_labels(
     features: np.ndarray, num_strata: int, *, kmeans_iters: int = 5, seed: int = 0
 ) -> tuple[np.ndarray, float, float]:
-    """k-means++ seeding + ``kmeans_iters`` Lloyd iterations (scikit-learn, early termination).
+    """k-means++ seeding + ``kmeans_iters`` Lloyd iterations (scikit-learn, early termination)
+    of the distinct rows of ``features``, each weighted by its multiplicity: rows that fall
+    into at most ``num_strata`` distinct values (categorical data) give one stratum per value,
+    with no k-means and no within-stratum spread.
 
     Returns (labels (N,), wall seconds, inertia).
     """
+    t0 = time.perf_counter()
+    distinct, inverse, counts = np.unique(features, axis=0, return_inverse=True,
+                                          return_counts=True)
+    inverse = np.reshape(inverse, -1)
+    if distinct.shape[0] <= num_strata:
+        return inverse.astype(np.int64), time.perf_counter() - t0, 0.0
     from sklearn.cluster import KMeans
 
-    t0 = time.perf_counter()
     km = KMeans(
         n_clusters=num_strata, init="k-means++", n_init=1, max_iter=int(kmeans_iters),
         random_state=int(seed),
     )
-    labels = km.fit_predict(features)
+    km.fit(distinct, sample_weight=counts)
+    labels = km.labels_[inverse]
     return labels.astype(np.int64), time.perf_counter() - t0, float(km.inertia_)
+
+
+def distinct_rows(features: np.ndarray) -> int:
+    """The number of distinct rows of the (N, p) ``features``."""
+    features = np.asarray(features)
+    return int(np.unique(features.reshape(features.shape[0], -1), axis=0).shape[0])
 
 
 def allocate_batch_sizes(sizes: np.ndarray, spreads: np.ndarray, n: int) -> np.ndarray:
@@ -246,7 +263,7 @@ def _stratified_moments(batch_sizes: tuple[int, ...]) -> Callable:
         )
         return DesignMoments(a[labels], a / n_j, labels)
 
-    return moments
+    return jax.jit(moments)
 
 
 def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> SamplingDesign:

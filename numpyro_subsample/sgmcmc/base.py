@@ -76,6 +76,9 @@ class SGMCMCKernel(SubsampleKernel):
         ``"saga"``, ``"svrg"``, Dubey et al. 2016, whose control variate moves with each chain:
         :mod:`~numpyro_subsample.estimators.variance_reduced`; SAGA keeps an N×d table per
         vectorized chain, SVRG's option ``update_every`` is the steps between its data passes).
+        Default ``"cv"``; with local latent sites ``"cv"`` or ``"uniform"`` only (default
+        ``"cv"`` while its N × d table is small:
+        :func:`~numpyro_subsample.sgmcmc.preprocess.local_preprocessing`).
     step_size
         The time step h of the diffusion in whitened coordinates, for every dynamic:
         SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
@@ -101,7 +104,8 @@ class SGMCMCKernel(SubsampleKernel):
         for posteriors that no Gaussian proxy whitens. The default ``step_size`` is then
         :func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`, no noise is measured
         and the noise correction is off. None (default): on with a structured proxy, and with
-        ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy).
+        ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy),
+        and with local latent sites and no ``step_size``.
     adapt_proxy
         Re-estimate the proxy's centre and covariance from pilot chains in windows of growing
         length before sampling (Stan's windowed warm-up; :mod:`~numpyro_subsample.sgmcmc.warmup`,
@@ -180,7 +184,7 @@ class SGMCMCKernel(SubsampleKernel):
         self,
         model: Callable,
         *,
-        estimator: str = "cv",
+        estimator: str | None = None,
         step_size: float | None = None,
         proxy: str | Proxy | StructuredProxy = "laplace",
         preconditioning: bool = True,
@@ -215,6 +219,8 @@ class SGMCMCKernel(SubsampleKernel):
             local_update=local_update, local_steps=local_steps,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
+        self._estimator_request = estimator
+        estimator = "cv" if estimator is None else estimator
         structured = prep.check_request(
             type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
             preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
@@ -228,7 +234,6 @@ class SGMCMCKernel(SubsampleKernel):
             noise_correction = (estimator not in STATEFUL and not structured
                                 and adapt_preconditioner is not True)
         super().__init__(model, seed=seed)
-        self.estimator_name = estimator
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
         self._proxy_spec = proxy
@@ -262,6 +267,15 @@ class SGMCMCKernel(SubsampleKernel):
                               corrected=self._corrected(corrected))
 
     # -- properties users read ----------------------------------------------------------------
+    @property
+    def estimator_name(self) -> str:
+        """The estimator: as given, else ``"cv"`` (``"uniform"`` for a model with local latent
+        sites whose control variate's N × d table would be too large,
+        :func:`~numpyro_subsample.sgmcmc.preprocess.local_estimator_choice`)."""
+        if self._estimator_request is not None or self._pre is None:
+            return self._estimator_request or "cv"
+        return "cv" if self._pre.estimator.name in ("cv", "local-cv") else "uniform"
+
     @property
     def default_fields(self) -> tuple[str, ...]:
         return ("z", "diverging")
@@ -306,8 +320,9 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _adapts(self, potential: Potential) -> bool:
         """As given, else with a structured proxy, or without preconditioning and step_size."""
-        if potential.local:
-            return False
+        if potential.local:  # no proxy: adapted unless a step_size is given
+            return self.adapt_preconditioner or (
+                self.adapt_preconditioner is None and self._step_size is None)
         if self.adapt_preconditioner is None:
             return self._supports_adaptation() and (self._is_structured(potential.dim) or (
                 not self.preconditioning and self._step_size is None))
@@ -370,7 +385,7 @@ class SGMCMCKernel(SubsampleKernel):
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
-            return self._preprocess_local(potential)
+            return self._preprocess_local(potential, data)
         t0 = time.perf_counter()
         _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
         check_estimator_request(self.estimator_name, self.estimator_options,
@@ -403,14 +418,19 @@ class SGMCMCKernel(SubsampleKernel):
             chunk_size=self.chunk_size, started=t0,
         )
 
-    def _preprocess_local(self, potential: Potential) -> Preprocessed:
+    def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
         """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
-        given = dict(estimator=self.estimator_name, estimator_options=self.estimator_options,
+        estimator = self._estimator_request or prep.local_estimator_choice(potential)
+        given = dict(estimator=estimator, estimator_options=self.estimator_options,
                      step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
                      proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
-                     adapt_preconditioner=bool(self.adapt_preconditioner))
-        return prep.local_preprocessing(type(self).__name__, potential, given, self.replace,
-                                   self.local, self._is_structured(potential.dim))
+                     adapt_preconditioner=self._adapts(potential))
+        return prep.local_preprocessing(
+            type(self).__name__, potential, given, self.replace, self.local,
+            self._is_structured(potential.dim),
+            adapted_step=adaptation.adaptive_step_size(
+                lambda v, mu: self._default_step_size(v, False, mu)),
+            data=data, rng_key=preprocess_keys(self.seed)[2], chunk_size=self.chunk_size)
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

@@ -14,53 +14,83 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from functools import partial
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro import handlers
-from numpyro.distributions import Dirichlet, ExpandedDistribution, Independent
 
 from numpyro_subsample.core.adapter import SubsampleKernel, constrained
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import suggest_keywords
-from numpyro_subsample.core.plates import (
-    check_plate_sizes,
-    first_indices,
-    in_plate,
-    set_plate_indices,
-)
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
+from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning
 from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
-from numpyro_subsample.estimators.stratified import Strata, make_strata, stratified_design
+from numpyro_subsample.estimators.stratified import (
+    Strata,
+    distinct_rows,
+    make_strata,
+    stratified_design,
+)
 from numpyro_subsample.sgmcmc.simplex import (
     SGRLDConfig,
     SGRLDParams,
     SGRLDState,
     datum_drifts,
     drift_noise,
+    em_point,
+    flatten_sites,
+    relaxation_rates,
     sgrld_programs,
     to_simplex,
 )
-
-__all__ = ["SGRLD", "SGRLDPreprocessed", "check_simplex_model", "dirichlet_base"]
-
-_ALTERNATIVES = (
-    "SGRLD samples global Dirichlet sites only; for other continuous sites use SGLD, SGHMC or "
-    "SGNHT (which also take Dirichlet sites, through NumPyro's stick-breaking transform) or "
-    "EnergyConservingHMC."
+from numpyro_subsample.sgmcmc.simplex_model import (
+    check_positive,
+    check_simplex_model,
+    dirichlet_base,
+    draw_values,
+    reference_totals,
+    site_values,
 )
 
+__all__ = [
+    "EM_ITERATIONS",
+    "MAX_AUTO_STRATA",
+    "MAX_FEATURE_NUMBERS",
+    "NOISE_LIMIT_FACTOR",
+    "SGRLD",
+    "SGRLDPreprocessed",
+    "check_simplex_model",
+    "dirichlet_base",
+    "reference_totals",
+]
+
+#: At most this many scoring steps (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, one
+#: data pass each, stopped when π changes by under 2 %) from the prior mean to the point where
+#: the default step's gradient noise is measured.
+EM_ITERATIONS = 10
+
+#: ``estimator="auto"`` tries the stratified design only while the default features (the
+#: per-datum drifts, N × d numbers) stay below this many numbers.
+MAX_FEATURE_NUMBERS = 2**25
+
+#: ``estimator="auto"`` gives each distinct feature row its own stratum (no subsample noise)
+#: when there are at most this many of them (and at most half the subsample size).
+MAX_AUTO_STRATA = 100
+
+#: A default step that the gradient noise makes this many times smaller than the noise-free
+#: rule's warns (:class:`~numpyro_subsample.estimators.noise.NoiseLimitedStepWarning`): the
+#: chain then needs over 10/δ steps per independent draw of the stiffest simplex row.
+NOISE_LIMIT_FACTOR = 10.0
 
 class SGRLDPreprocessed(NamedTuple):
-    """Everything computed once per data set: the design of the subsample, the Dirichlet
-    concentrations α, the schedule (a, b, c), the strata (stratified estimator) and the
-    arrays the step reads (``params``)."""
+    """Everything computed once per data set: the design of the subsample and its estimator's
+    name (``"uniform"`` or ``"stratified"``), the Dirichlet concentrations α, the schedule
+    (a, b, c), the strata (stratified estimator), the measured noise (max_k V_k / θ*_k of
+    :class:`SGRLD`'s step rule; NaN when not measured) and the arrays the step reads
+    (``params``)."""
 
     potential: Potential
     design: SamplingDesign
@@ -71,98 +101,8 @@ class SGRLDPreprocessed(NamedTuple):
     data_passes: float
     seconds: float
     params: SGRLDParams
-
-
-def dirichlet_base(fn: Any) -> Dirichlet | None:
-    """The Dirichlet under ``expand``/``to_event`` wrappers (plates expand), or None."""
-    while isinstance(fn, (ExpandedDistribution, Independent)):
-        fn = fn.base_dist
-    return fn if type(fn) is Dirichlet else None
-
-
-def _distribution_name(fn: Any) -> str:
-    while isinstance(fn, (ExpandedDistribution, Independent)):
-        fn = fn.base_dist
-    return type(fn).__name__
-
-
-def check_simplex_model(model: Callable, data: ModelData) -> None:
-    """Raise ``ValueError`` naming the site unless every latent site is a Dirichlet outside
-    the subsample plate and every observed site lies inside it (abstract trace: no compile)."""
-    holder: dict = {}
-
-    def run(data):
-        args, kwargs = data.args_kwargs()
-        with check_plate_sizes(), first_indices():
-            holder["tr"] = handlers.trace(
-                handlers.seed(model, jnp.zeros(2, jnp.uint32))
-            ).get_trace(*args, **kwargs)
-        return jnp.zeros(())
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        jax.eval_shape(run, data)
-    tr = holder["tr"]
-    subsampled = {name for name, s in tr.items() if s["type"] == "plate"
-                  and s["args"][1] is not None and s["args"][0] > s["args"][1]}
-    for name, site in tr.items():
-        if site["type"] != "sample":
-            continue
-        inside = [f.name for f in site["cond_indep_stack"] if f.name in subsampled]
-        if site["is_observed"]:
-            if subsampled and not inside:
-                raise ValueError(
-                    f"Observed site '{name}' lies outside the subsample plate; SGRLD takes the "
-                    "likelihood from the sites inside the plate only. Move it into the plate."
-                )
-            continue
-        if inside and site["infer"].get("enumerate") == "parallel":
-            continue  # a discrete per-datum site, summed out of each datum's likelihood
-        if inside and not site["fn"].support.is_discrete:
-            continue  # a local site, drawn for each subsample (estimators.local)
-        if dirichlet_base(site["fn"]) is None:
-            raise ValueError(
-                f"Latent site '{name}' has distribution {_distribution_name(site['fn'])}. "
-                + _ALTERNATIVES
-            )
-        if inside:
-            raise ValueError(
-                f"Dirichlet site '{name}' lies inside the subsample plate '{inside[0]}'; SGRLD "
-                "samples global Dirichlet sites (outside the plate) only."
-            )
-
-
-@partial(jax.jit, static_argnums=0)
-def _site_values(potential: Potential, pi: dict, data: ModelData) -> tuple[dict, dict]:
-    """(α of every Dirichlet site broadcast to its shape, the draw's values: π and the
-    deterministic sites outside the plate) for simplex values ``pi``."""
-    args, kwargs = data.args_kwargs()
-    fn = set_plate_indices(potential.model, name=potential.plate.name, indices=jnp.arange(1))
-    fn = handlers.substitute(handlers.seed(fn, jnp.zeros(2, jnp.uint32)), data=pi)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tr = handlers.trace(fn).get_trace(*args, **kwargs)
-    alpha = {name: jnp.broadcast_to(dirichlet_base(tr[name]["fn"]).concentration,
-                                    jnp.shape(tr[name]["value"]))
-             for name in potential.latent_sites}
-    values = {name: s["value"] for name, s in tr.items()
-              if name in potential.latent_sites
-              or (s["type"] == "deterministic" and not in_plate(s, potential.plate.name))}
-    return alpha, values
-
-
-@partial(jax.jit, static_argnums=0)
-def _site_values_only(potential: Potential, pi: dict, data: ModelData) -> dict:
-    return _site_values(potential, pi, data)[1]
-
-
-def _check_positive(name: str, value: Any, *, none: bool = False, zero: bool = False) -> None:
-    if value is None and none:
-        return
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if not ok or not np.isfinite(value) or value < 0 or (value == 0 and not zero):
-        raise ValueError(f"SGRLD: {name} must be a {'non-negative' if zero else 'positive'} "
-                         f"number{' or None' if none else ''}, got {value!r}.")
+    estimator: str = "uniform"
+    noise: float = float("nan")
 
 
 class SGRLD(SubsampleKernel):
@@ -183,27 +123,45 @@ class SGRLD(SubsampleKernel):
     model
         A NumPyro model as above.
     step_size
-        a of ε_t = a (1 + t/b)^(−c), t the iteration (warmup included). ``None``: a from
-        one data pass at the prior mean (θ̄ = α, π̄ = α / Σα) so that the stationary variance
-        of a locally linear drift is inflated by about ``max_variance_inflation`` δ:
-        a = 4δ / max_k (1 + n_r / S_r + V_k / α_k), where the Euler step inflates by
-        ε λ / 4 for a relaxation rate λ (1 for the Gamma prior, n_r / S_r for the likelihood,
-        with S_r = Σ_k α_rk the prior mean of Σθ of simplex row r and n_r = Σ_i ⟨π̄, ∇_π log
-        p(x_i | π̄)⟩ its count), and the subsample adds ε V_k / (4 θ_k), V_k the design's
-        variance of θ_k ĝ_k (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`).
+        a of ε_t = a (1 + t/b)^(−c), t the iteration (warmup included). ``None``: a from the
+        measured gradient noise, so that the stationary variance of a locally linear drift is
+        inflated by about ``max_variance_inflation`` δ (the analogue of the SG kernels' rule,
+        :mod:`~numpyro_subsample.sgmcmc.stepsize`). Linearised at θ*, simplex row r relaxes
+        at the rate λ_r = 1 + max_k F_k / θ*_k at most (time units ε/2; 1 from the Gamma
+        prior, F_k = Σ_i h_ik² the empirical Fisher information of the likelihood in the
+        metric diag(θ), h_i = θ ⊙ ∇_θ log p(x_i | π): N/S for categorical counts,
+        :func:`~numpyro_subsample.sgmcmc.simplex.relaxation_rates`), so the Euler step
+        inflates the variance by ε λ_r / 4; the subsample adds ε²V_k/4 to the injected
+        ε θ_k, a further ε V_k / (4 θ_k), V_k the design's variance of Σ_j w_j h_{i_j, k}
+        (:func:`~numpyro_subsample.sgmcmc.simplex.drift_noise`). Hence
+        a = 4δ / max_k (λ_r + V_k / θ*_k), the analogue of h = 2δ / (v + μ(1 + δ)). The
+        point is π* after at most ``EM_ITERATIONS`` scoring steps from the prior mean
+        (:func:`~numpyro_subsample.sgmcmc.simplex.em_point`, whose fixed point is the zero
+        of the noise-free drift: the posterior mean for categorical counts), θ* = S_r π*
+        with S_r of :func:`reference_totals` (E[1/S] of the total S = Σθ, which every chain
+        starts at Σα_r: S only sets the clock of π's diffusion). A step that the noise
+        makes ``NOISE_LIMIT_FACTOR`` times smaller than the noise-free one warns
+        (``NoiseLimitedStepWarning``), naming the noise and the remedy.
     max_variance_inflation
         δ of the default ``step_size`` (default 0.05).
     schedule
-        ``"polynomial"`` (default; Patterson and Teh's decaying ε_t) or ``"constant"``
-        (ε_t = a).
+        ``"constant"`` (default; ε_t = a: the default a already bounds the inflation by δ) or
+        ``"polynomial"`` (Patterson and Teh's decaying ε_t, which lowers the inflation further
+        and slows the mixing by the same factor).
     decay_offset, decay_power
         b (default 1000) and c (default 0.55, in (0.5, 1] as Σε_t = ∞, Σε_t² < ∞ ask) of the
         polynomial schedule.
     estimator
-        ``"uniform"`` (default; weights N/n, with or without replacement) or
-        ``"stratified"`` (Fu and Zhang 2023, Eq. 10: k-means strata, b_j of n_j drawn
-        without replacement, weights n_j / b_j, Neyman allocation of their Eq. 14; through
-        :func:`~numpyro_subsample.estimators.stratified.make_strata`).
+        ``"auto"`` (default), ``"uniform"`` (weights N/n, with or without replacement) or
+        ``"stratified"`` (Fu and Zhang 2023, Eq. 10: k-means strata, b_j of n_j drawn without
+        replacement, weights n_j / b_j, Neyman allocation of their Eq. 14; through
+        :func:`~numpyro_subsample.estimators.stratified.make_strata`). ``"auto"`` measures
+        the noise max_k V_k / θ*_k of both designs at π* and takes the one with the larger
+        default step; its strata are the distinct feature rows when there are at most
+        ``MAX_AUTO_STRATA`` of them and at most n/2 (categorical data: no subsample noise),
+        else ``num_strata`` k-means strata. It is ``"uniform"`` with local latent sites
+        (``"stratified"`` with your ``features``) and when the default features would exceed
+        ``MAX_FEATURE_NUMBERS`` numbers.
     replace
         Uniform subsample with replacement (default) or without.
     num_strata, kmeans_iters, strata_seed
@@ -240,10 +198,10 @@ class SGRLD(SubsampleKernel):
         *,
         step_size: float | None = None,
         max_variance_inflation: float = 0.05,
-        schedule: str = "polynomial",
+        schedule: str = "constant",
         decay_offset: float = 1000.0,
         decay_power: float = 0.55,
-        estimator: str = "uniform",
+        estimator: str = "auto",
         replace: bool = True,
         num_strata: int = 10,
         features: Any = None,
@@ -257,13 +215,13 @@ class SGRLD(SubsampleKernel):
         if schedule not in ("polynomial", "constant"):
             raise ValueError(f"SGRLD: schedule must be 'polynomial' or 'constant', got "
                              f"{schedule!r}.")
-        if estimator not in ("uniform", "stratified"):
-            raise ValueError(f"SGRLD: estimator must be 'uniform' or 'stratified', got "
-                             f"{estimator!r}.")
-        _check_positive("step_size", step_size, none=True)
-        _check_positive("max_variance_inflation", max_variance_inflation)
-        _check_positive("decay_offset", decay_offset)
-        _check_positive("decay_power", decay_power, zero=True)
+        if estimator not in ("auto", "uniform", "stratified"):
+            raise ValueError(f"SGRLD: estimator must be 'auto', 'uniform' or 'stratified', "
+                             f"got {estimator!r}.")
+        check_positive("step_size", step_size, none=True)
+        check_positive("max_variance_inflation", max_variance_inflation)
+        check_positive("decay_offset", decay_offset)
+        check_positive("decay_power", decay_power, zero=True)
         if local_update is not None and not callable(local_update):
             raise ValueError(f"SGRLD: local_update must be a function or None, got "
                              f"{type(local_update).__name__}.")
@@ -276,7 +234,7 @@ class SGRLD(SubsampleKernel):
         self.max_variance_inflation = float(max_variance_inflation)
         self.schedule = schedule
         self.decay_offset, self.decay_power = float(decay_offset), float(decay_power)
-        self.estimator_name, self.replace = estimator, bool(replace)
+        self._estimator_request, self.replace = estimator, bool(replace)
         self.num_strata, self.kmeans_iters = int(num_strata), int(kmeans_iters)
         self.features, self.strata_seed = features, int(strata_seed)
         self.chunk_size = int(chunk_size)
@@ -286,6 +244,12 @@ class SGRLD(SubsampleKernel):
     def step_size(self) -> float:
         """a, the initial step of the schedule in use."""
         return self.preprocessed.step_size
+
+    @property
+    def estimator_name(self) -> str:
+        """The estimator: as requested, or once preprocessed the one in use (``"auto"``
+        resolved to ``"uniform"`` or ``"stratified"``)."""
+        return self._estimator_request if self._pre is None else self._pre.estimator
 
     @property
     def strata(self) -> Strata | None:
@@ -305,9 +269,10 @@ class SGRLD(SubsampleKernel):
 
     def _preprocess(self, potential: Potential, data: ModelData) -> SGRLDPreprocessed:
         t0 = time.perf_counter()
+        request = self._estimator_request
         if potential.local:
             needs = [] if self._step_size is not None else ["an explicit step_size"]
-            if self.estimator_name == "stratified" and self.features is None:
+            if request == "stratified" and self.features is None:
                 needs.append("features (e.g. the documents' word frequencies) for 'stratified'")
             if needs:
                 raise ValueError(
@@ -319,9 +284,9 @@ class SGRLD(SubsampleKernel):
         dtype = potential.init_theta.dtype
         medians = constrained(potential, potential.unravel(potential.init_theta), data)
         pi0 = {k: medians[k] for k in potential.latent_sites}
-        alpha = _site_values(potential, pi0, data)[0]
+        alpha = site_values(potential, pi0, data)[0]
         tilt = {k: v * jnp.linspace(1.0, 2.0, v.shape[-1], dtype=v.dtype) for k, v in pi0.items()}
-        alpha_tilted = _site_values(potential, to_simplex(tilt), data)[0]
+        alpha_tilted = site_values(potential, to_simplex(tilt), data)[0]
         for name in potential.latent_sites:
             a = np.asarray(alpha[name])
             if not np.array_equal(a, np.asarray(alpha_tilted[name])):
@@ -333,43 +298,107 @@ class SGRLD(SubsampleKernel):
                 raise ValueError(f"Dirichlet site '{name}' has concentrations that are not "
                                  "all positive and finite.")
         alpha = {k: jnp.asarray(v, dtype) for k, v in alpha.items()}
-        pi_bar = to_simplex(alpha)
         N, n = potential.num_data, potential.plate.subsample_size
-        passes, strata = 0.0, None
-        if self.estimator_name == "uniform":
-            design = uniform_design(N, n, self.replace, dtype)
-        else:
-            if self.features is None:
-                feats = np.asarray(datum_drifts(potential, pi_bar, data, self.chunk_size))
-                passes += 1.0
-            else:
-                feats = np.asarray(self.features)
-                feats = feats[:, None] if feats.ndim == 1 else feats
-                if feats.ndim != 2 or feats.shape[0] != N:
-                    raise ValueError(f"SGRLD: features must have shape (N, p) with N={N}, "
-                                     f"got {feats.shape}.")
-            if self.num_strata > n:
-                raise ValueError(f"SGRLD: num_strata={self.num_strata} exceeds the subsample "
-                                 f"size {n}; each stratum needs a draw per step.")
-            strata = make_strata(feats, self.num_strata, n,
-                                 kmeans_iters=self.kmeans_iters, seed=self.strata_seed)
+        d = sum(int(np.prod(v.shape)) for v in alpha.values())
+        measure = not potential.local and (self._step_size is None or request == "auto")
+        passes, pi_star, at_star = 0.0, to_simplex(alpha), None
+        uniform = uniform_design(N, n, self.replace, dtype)
+        ref = reference_totals(alpha)
+        if measure:
+            pi_star, at_star, steps = em_point(potential, pi_star, alpha, ref, data,
+                                               uniform.moments(uniform.params),
+                                               EM_ITERATIONS, self.chunk_size)
+            passes += steps + 2.0
+        names = ["uniform", "stratified"] if request == "auto" else [request]
+        if request == "auto" and self.features is None and (
+                potential.local or N * d > MAX_FEATURE_NUMBERS or n < 2):
+            names = ["uniform"]
+        elif request == "auto" and self.features is not None and potential.local:
+            names = ["stratified"]
+        candidates = []
+        for name in names:
+            if name == "uniform":
+                candidates.append((name, uniform, None, at_star))
+                continue
+            strata, used = self._strata(potential, pi_star, data, auto=request == "auto")
             design = stratified_design(strata, dtype)
-        a = self._step_size
-        if a is None:
-            moments = design.moments(design.params)
-            counts, noise = drift_noise(potential, pi_bar, data, moments, self.chunk_size)
-            passes += 1.0
-            flat = lambda t: np.concatenate([np.ravel(t[k]) for k in sorted(t)])  # noqa: E731
-            totals = flat({k: np.broadcast_to(np.sum(np.asarray(v), -1, keepdims=True), v.shape)
-                           for k, v in alpha.items()})
-            rate = 1.0 + np.abs(np.asarray(counts)) / totals + np.asarray(noise) / flat(alpha)
-            a = 4.0 * self.max_variance_inflation / float(np.max(rate))
+            dm = None
+            if measure:
+                dm = drift_noise(potential, pi_star, data, design.moments(design.params),
+                                 self.chunk_size)
+                used += 2.0
+            passes += used
+            candidates.append((name, design, strata, dm))
+        noise, a = float("nan"), self._step_size
+        if measure:
+            theta_star = flatten_sites(ref) * flatten_sites(pi_star)
+            rate = relaxation_rates(np.asarray(at_star.fisher, np.float64), theta_star, pi_star)
+            free = 4.0 * self.max_variance_inflation / float(np.max(rate))
+            scored = []
+            for cand in candidates:
+                ratio = np.asarray(cand[3].noise, np.float64) / np.maximum(theta_star, 1e-300)
+                scored.append((4.0 * self.max_variance_inflation / float(np.max(rate + ratio)),
+                               float(np.max(ratio))))
+            best = int(np.argmax([sc[0] for sc in scored]))
+            candidates = [candidates[best]]
+            step, noise = scored[best]
+            if a is None:
+                a = step
+                if step * NOISE_LIMIT_FACTOR < free:
+                    self._warn_noise_limited(candidates[0][0], n, N, noise,
+                                             float(np.max(rate)), step, free)
+        name, design, strata, _ = candidates[0]
         b, c = (self.decay_offset, self.decay_power) if self.schedule == "polynomial" else (1, 0)
         schedule = (float(a), float(b), float(c))
-        params = SGRLDParams(alpha, design.params, device_array(schedule, dtype),
-                             device_array(passes, dtype))
-        return SGRLDPreprocessed(potential, design, alpha, float(a), schedule, strata, passes,
-                                 time.perf_counter() - t0, params)
+        params = SGRLDParams(alpha=alpha, design=design.params,
+                             schedule=device_array(schedule, dtype),
+                             data_passes=device_array(passes, dtype))
+        return SGRLDPreprocessed(
+            potential=potential, design=design, alpha=alpha, step_size=float(a),
+            schedule=schedule, strata=strata, data_passes=passes,
+            seconds=time.perf_counter() - t0, params=params, estimator=name, noise=noise)
+
+    def _strata(self, potential: Potential, pi: dict, data: ModelData, *,
+                auto: bool) -> tuple[Strata, float]:
+        """The strata of the stratified design (the class docstring) and the data passes
+        their features cost."""
+        N, n = potential.num_data, potential.plate.subsample_size
+        k, passes = self.num_strata, 0.0
+        if self.features is None:
+            feats = np.asarray(datum_drifts(potential, pi, data, self.chunk_size))
+            passes = 1.0
+        else:
+            feats = np.asarray(self.features)
+            feats = feats[:, None] if feats.ndim == 1 else feats
+            if feats.ndim != 2 or feats.shape[0] != N:
+                raise ValueError(f"SGRLD: features must have shape (N, p) with N={N}, "
+                                 f"got {feats.shape}.")
+        if auto:  # equal rows up to float rounding (chunked passes) count as one value
+            scale = np.maximum(np.max(np.abs(feats), axis=0), np.finfo(np.float64).tiny)
+            feats = np.round(feats / scale, 5) * scale
+            distinct = distinct_rows(feats)
+            k = distinct if distinct <= min(MAX_AUTO_STRATA, n // 2) else min(k, n // 2)
+        elif k > n:
+            raise ValueError(f"SGRLD: num_strata={k} exceeds the subsample size {n}; each "
+                             "stratum needs a draw per step.")
+        strata = make_strata(feats, k, n, kmeans_iters=self.kmeans_iters, seed=self.strata_seed)
+        return strata, passes
+
+    @staticmethod
+    def _warn_noise_limited(name: str, n: int, N: int, noise: float, rate: float,
+                            step: float, free: float) -> None:
+        warnings.warn(
+            f"SGRLD: the gradient noise of estimator={name!r} (subsample size {n} of {N}), "
+            f"max_k V_k/θ_k = {noise:.3g} against the relaxation rate 1 + F/θ = {rate:.3g} "
+            f"of the likelihood, makes the default step a = {step:.3g}, "
+            f"{free / step:.0f}× smaller than without noise ({free:.3g}): the chain needs "
+            f"about {4.0 / (step * rate):.3g} steps per independent draw of the stiffest "
+            "simplex row. Use a larger subsample_size (V ∝ 1/n), or estimator='stratified' "
+            "with features= that group data of similar gradients (e.g. the observed values), "
+            "or run that many more steps.",
+            NoiseLimitedStepWarning,
+            stacklevel=4,
+        )
 
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup
@@ -382,4 +411,4 @@ class SGRLD(SubsampleKernel):
         return SGRLDState(*([0] * len(SGRLDState._fields)))._replace(params=None)
 
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
-        return self.draw_fn(_site_values_only, model_args, model_kwargs)
+        return self.draw_fn(draw_values, model_args, model_kwargs)

@@ -53,7 +53,12 @@ __all__ = [
     "expanded_mean_grad",
     "mirrored_langevin",
     "datum_drifts",
+    "DriftMoments",
     "drift_noise",
+    "em_point",
+    "flatten_sites",
+    "relaxation_rates",
+    "unflatten_sites",
     "sgrld_programs",
 ]
 
@@ -149,18 +154,14 @@ def mirrored_langevin(
 
 
 def _datum_terms(potential: Potential, pi: dict, data: ModelData) -> Callable:
-    """``one(i) -> (h_i, c_i)``: datum i's θ ⊙ ∇_θ log p(x_i | π) and its count
-    ⟨π, ∇_π log p(x_i | π)⟩ per simplex row (broadcast along the row), both flattened over
-    the sites in sorted order."""
+    """``one(i) -> h_i``: datum i's θ ⊙ ∇_θ log p(x_i | π), flattened over the sites in
+    sorted order."""
     dtype = jax.tree.leaves(pi)[0].dtype
 
     def one(i):
         g = likelihood_grad(potential, pi, i[None], jnp.ones((1,), dtype), data)
         h = expanded_mean_grad(pi, g)
-        count = {k: jnp.broadcast_to(jnp.sum(pi[k] * g[k], -1, keepdims=True), pi[k].shape)
-                 for k in pi}
-        flat = lambda t: jnp.concatenate([t[k].reshape(-1) for k in sorted(t)])  # noqa: E731
-        return flat(h), flat(count)
+        return jnp.concatenate([h[k].reshape(-1) for k in sorted(h)])
 
     return one
 
@@ -171,31 +172,120 @@ def datum_drifts(potential: Potential, pi: dict, data: ModelData,
     """Per-datum h_i = θ ⊙ ∇_θ log p(x_i | π) at ``pi``, flattened over the sites in sorted
     order: (N, d), one data pass (the default features of the stratified estimator)."""
     one = _datum_terms(potential, pi, data)
-    return map_data(jax.vmap(lambda i: one(i)[0]), potential.num_data, chunk_size)
+    return map_data(jax.vmap(one), potential.num_data, chunk_size)
 
 
-@partial(jax.jit, static_argnums=(0, 4))
+class DriftMoments(NamedTuple):
+    """Full-data moments of the per-datum drifts h_i = θ ⊙ ∇_θ log p(x_i | π) at a point,
+    flattened over the sites in sorted order: ``total`` Σ_i h_i, ``fisher`` Σ_i h_i² (the
+    diagonal of the empirical Fisher information in the metric diag(θ), times θ), and
+    ``noise`` diag Cov[Σ_j w_j h_{i_j}] under a design's second moments."""
+
+    total: jax.Array
+    fisher: jax.Array
+    noise: jax.Array
+
+
+@partial(jax.jit, static_argnums=(0, 4, 5))
 def drift_noise(potential: Potential, pi: dict, data: ModelData, moments: DesignMoments,
-                chunk_size: int = DEFAULT_CHUNK) -> tuple[jax.Array, jax.Array]:
-    """(Σ_i c_i, diag Cov[Σ_j w_j h_{i_j}]) at ``pi`` (see :func:`_datum_terms`), the
-    covariance from the design's second moments (one data pass, no N × d array)."""
+                chunk_size: int = DEFAULT_CHUNK, noise: bool = True) -> DriftMoments:
+    """The :class:`DriftMoments` at ``pi``, the covariance from the design's second
+    ``moments`` (no N × d array): Σ_g [Σ_{i∈g} a_i (h_i − m_g)² − w_g (S_g − n_g m_g)²], equal
+    to Σ_i a_i h_i² − Σ_g w_g S_g² for designs whose datum weight a is constant within a
+    group g of n_g data with w_g = a/n_g (uniform and stratified), but without its
+    cancellation in float32 when the data of a group have (nearly) equal h_i: the shift m_g
+    is the group mean from a first pass. Two data passes; ``noise=False``: one, and
+    ``noise`` is zeros."""
     one = _datum_terms(potential, pi, data)
     N, d = potential.num_data, sum(int(np.prod(v.shape)) for v in pi.values())
     dtype = jax.tree.leaves(pi)[0].dtype
     groups = 1 if moments.labels is None else int(moments.group_weight.shape[0])
     a = jnp.broadcast_to(jnp.asarray(moments.datum_weight, dtype), (N,))
 
-    def chunk(idx, mask):
-        h, c = jax.vmap(one)(idx)
-        m = mask.astype(dtype)[:, None]
-        lab = jnp.zeros(idx.shape, jnp.int32) if moments.labels is None else moments.labels[idx]
-        return (jnp.sum(c * m, 0), jnp.sum(a[idx][:, None] * m * h * h, 0),
-                jax.ops.segment_sum(h * m, lab, groups))
+    def labels(idx):
+        return jnp.zeros(idx.shape, jnp.int32) if moments.labels is None else moments.labels[idx]
 
-    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((groups, d), dtype))
-    counts, s1, sums = scan_chunks(chunk, N, chunk_size, zero)
+    def first(idx, mask):
+        m = mask.astype(dtype)
+        h = jax.vmap(one)(idx) * m[:, None]
+        return (jnp.sum(h, 0), jnp.sum(h * h, 0), jax.ops.segment_sum(h, labels(idx), groups),
+                jax.ops.segment_sum(m, labels(idx), groups))
+
+    zero = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((groups, d), dtype),
+            jnp.zeros((groups,), dtype))
+    total, fisher, sums, counts = scan_chunks(first, N, chunk_size, zero)
+    if not noise:
+        return DriftMoments(total=total, fisher=fisher, noise=jnp.zeros_like(total))
+    shift = sums / jnp.maximum(counts, 1.0)[:, None]
+
+    def second(idx, mask):
+        lab = labels(idx)
+        r = (jax.vmap(one)(idx) - shift[lab]) * mask.astype(dtype)[:, None]
+        return jnp.sum(a[idx][:, None] * r * r, 0)
+
+    s1 = scan_chunks(second, N, chunk_size, jnp.zeros((d,), dtype))
     weight = jnp.broadcast_to(jnp.asarray(moments.group_weight, dtype), (groups,))
-    return counts, s1 - weight @ (sums * sums)
+    rest = sums - counts[:, None] * shift
+    return DriftMoments(total=total, fisher=fisher, noise=s1 - weight @ (rest * rest))
+
+
+def flatten_sites(tree: dict) -> np.ndarray:
+    """The values of ``tree`` flattened over the sites in sorted order (float64)."""
+    return np.concatenate([np.ravel(np.asarray(tree[k], np.float64)) for k in sorted(tree)])
+
+
+def unflatten_sites(flat: np.ndarray, like: dict) -> dict:
+    """Inverse of :func:`flatten_sites` for the shapes of ``like``."""
+    out, start = {}, 0
+    for k in sorted(like):
+        size = int(np.prod(np.shape(like[k])))
+        out[k] = flat[start:start + size].reshape(np.shape(like[k]))
+        start += size
+    return out
+
+
+def relaxation_rates(fisher: np.ndarray, theta: np.ndarray, like: dict) -> np.ndarray:
+    """λ_r = 1 + max_k F_k / θ_k over each simplex row r, broadcast along it: the largest
+    relaxation rate of the linearised drift (time units ε/2) in row r, from the diagonal
+    F of the empirical Fisher information (:class:`DriftMoments`; 1 from the Gamma prior).
+    For categorical counts F_k / θ_k = N (1 − π_k) / S at the posterior mean."""
+    ratio = unflatten_sites(fisher / np.maximum(theta, 1e-300), like)
+    return 1.0 + flatten_sites({k: np.broadcast_to(np.max(v, -1, keepdims=True), v.shape)
+                                for k, v in ratio.items()})
+
+
+def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: ModelData,
+             moments: DesignMoments, iters: int = 10, chunk_size: int = DEFAULT_CHUNK,
+             tol: float = 0.02) -> tuple[dict, DriftMoments, int]:
+    """Scoring steps of the noise-free expanded-mean drift from ``pi`` (one data pass each),
+    at most ``iters``, until no π_k changes by more than the fraction ``tol``; the point
+    reached, the :class:`DriftMoments` there (under ``moments``, two passes) and the number
+    of steps.
+
+    With θ = S π (S = ``totals``, per row) a step is θ ← θ + (α − θ + Σ_i h_i) / λ_r,
+    λ_r of :func:`relaxation_rates` at the current point (a Fisher-scoring step in the metric
+    diag(θ)), then π = θ / Σθ. Its fixed point is the zero of the noise-free drift (for
+    categorical counts the posterior mean (α + n) / (Σα + N), reached in one step when λ_r
+    is measured there); a step shrinks the error by about (λ̂ − λ)/λ̂ when the measured λ̂
+    overestimates the rate λ. θ is floored at 10⁻³ α."""
+    a, s = flatten_sites(alpha), flatten_sites(totals)
+    dtype = jax.tree.leaves(pi)[0].dtype
+    done = 0
+    while True:
+        final = done == int(iters)
+        dm = drift_noise(potential, pi, data, moments, chunk_size, final)
+        if final:
+            return pi, dm, done
+        old = flatten_sites(pi)
+        theta = s * old
+        lam = relaxation_rates(np.asarray(dm.fisher, np.float64), theta, pi)
+        theta = theta + (a - theta + np.asarray(dm.total, np.float64)) / lam
+        theta = np.maximum(theta, 1e-3 * a)
+        pi = to_simplex({k: jnp.asarray(v, dtype)
+                         for k, v in unflatten_sites(theta, pi).items()})
+        done += 1
+        if np.max(np.abs(flatten_sites(pi) - old) / np.maximum(old, 1e-30)) < tol:
+            iters = done  # converged: the next pass measures the moments
 
 
 class SGRLDConfig(NamedTuple):
@@ -212,8 +302,11 @@ class SGRLDConfig(NamedTuple):
 def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)``.
 
-    ``init_one`` draws θ from its Gamma(α, 1) prior; given ``init_params`` (simplex values
-    per site) it keeps the drawn totals Σθ and sets θ = π · Σθ.
+    ``init_one`` draws π from its Dirichlet(α) prior (or takes ``init_params``, simplex
+    values per site) and sets θ = S π with the total S = Σ_k α_k of each simplex row, the mean
+    of its Gamma(Σα, 1) law. S is independent of π under the target and only sets the clock
+    of π's diffusion (the time change t/S), which the default step rule assumes; a drawn S
+    would give chains with S ≪ Σα a larger effective step (:class:`SGRLD`).
 
     With local latent sites (:mod:`numpyro_subsample.estimators.local`) each step first moves
     the subsample's local values given π and takes G = ∇_π Σ_j w_j [log p(z_j | π) +
@@ -258,11 +351,13 @@ def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
         theta = {}
         for k, name in zip(jax.random.split(k_theta, len(names)), names, strict=True):
             a = params.alpha[name]
-            t = jnp.maximum(jax.random.gamma(k, a, dtype=a.dtype), jnp.finfo(a.dtype).tiny)
-            if init_params is not None:
-                given = jnp.asarray(init_params[name], a.dtype)
-                t = jnp.maximum(given * jnp.sum(t, -1, keepdims=True), jnp.finfo(a.dtype).tiny)
-            theta[name] = t
+            total = jnp.sum(a, -1, keepdims=True)
+            if init_params is None:
+                t = jnp.maximum(jax.random.gamma(k, a, dtype=a.dtype), jnp.finfo(a.dtype).tiny)
+                pi0 = t / jnp.sum(t, -1, keepdims=True)
+            else:
+                pi0 = jnp.asarray(init_params[name], a.dtype)
+            theta[name] = jnp.maximum(pi0 * total, jnp.finfo(a.dtype).tiny)
         dtype = params.schedule.dtype
         local = (init_local_state(pot.local, pot.num_data, dtype, cfg.local.init_step)
                  if pot.local else None)
