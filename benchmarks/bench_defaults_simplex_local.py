@@ -16,8 +16,10 @@ share in brackets), data passes of the preprocessing, and the warnings of the ru
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,9 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import NUTS
 
 from numpyro_subsample import MCMC, SGHMC, SGLD, SGRLD
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runs import add_device_option  # noqa: E402
 
 CHAINS, WARMUP, SAMPLES = 4, 1000, 5000
 
@@ -128,7 +133,9 @@ def local_rows(quick: bool):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rows")
-    quick = p.parse_args().quick
+    add_device_option(p)
+    args = p.parse_args()
+    quick = args.quick
     print("| kernel, model | estimator | step | max abs mean error (sd) | sd ratio | min ESS "
           "| wall s incl. compile (preprocessing) | preprocessing data passes | warnings |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -130,8 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--num-chains", type=int, default=4)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    add_device_option(p)
     p.add_argument("--out", default=None)
+    add_device_option(p)
     args = p.parse_args(argv)
     names = [s for s in args.problems.split(",") if s]
     methods = [s for s in args.methods.split(",") if s]

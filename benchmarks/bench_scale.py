@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runs import add_device_option  # noqa: E402
+
 PRIOR_SD, NOISE_SD, CHUNK, IS_DRAWS = 10.0, 1.0, 1 << 16, 64
 
 
@@ -210,9 +213,9 @@ def run_nuts(cfg: dict) -> dict:
 
 # -- driver --------------------------------------------------------------------------------------
 def _spawn(cfg: dict, device: str | None) -> dict:
+    """Run ``cfg`` in a fresh process (its peak memory); ``add_device_option`` has put the
+    chosen platform in ``JAX_PLATFORMS``, which the worker inherits."""
     env = {**os.environ, "CI": "1"}
-    if device:
-        env["JAX_PLATFORMS"] = device
     proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)],
                           capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
@@ -255,10 +258,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--storage", nargs="+", default=["memory", "mmap"])
     ap.add_argument("--nuts-rows", type=int, default=20_000)
     ap.add_argument("--no-nuts", action="store_true")
-    ap.add_argument("--device", default=None, help="JAX platform (cpu, gpu, tpu)")
     ap.add_argument("--workdir", default=None,
                     help="folder that keeps the .npy files and references (default: temporary)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    add_device_option(ap)
     args = ap.parse_args(argv)
     if args.worker:
         cfg = json.loads(args.worker)

@@ -86,7 +86,7 @@ MAX_PILOT_PASSES = 10.0
 MIN_WINDOW = 50
 #: Below this many datum evaluations (rows) in all, the pilot keeps its full windows: on small
 #: data sets a data pass costs less than the pilot's fixed overheads.
-MIN_PILOT_ROWS = 1_000_000
+MIN_PILOT_ROWS = 2_000_000
 #: Steps of one compiled block; every window is a whole number of blocks, so that all windows
 #: share one program.
 BLOCK = 50
