@@ -276,7 +276,8 @@ def test_variational_proxy_uses_expected_hessian_covariance():
 
     model, data = _hierarchical()
     nc = numpyro.handlers.reparam(model, config={"a": LocScaleReparam(0)})
-    kernel = SGLD(nc, proxy="variational", proxy_kwargs={"max_steps": 3000}, progress_bar=False)
+    kernel = SGLD(nc, proxy="variational", proxy_kwargs={"max_steps": 3000}, progress_bar=False,
+                  adapt_proxy=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kernel.preprocess(data, {})
