@@ -42,12 +42,17 @@ def _group_sizes(rng, num_groups: int, num_data: int, smallest: int) -> np.ndarr
     return sizes
 
 
-def grouped_normal_data(num_data: int = 15_000, num_groups: int = 100, seed: int = 34):
-    rng = np.random.default_rng(seed)
-    sizes = _group_sizes(rng, num_groups, num_data, 1)
+def _grouped_rows(rng, num_groups: int, num_data: int, smallest: int):
+    """Group sizes, the rows' shuffled group indices and two N(0, 1) covariates."""
+    sizes = _group_sizes(rng, num_groups, num_data, smallest)
     g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
     rng.shuffle(g)
-    X = rng.normal(size=(num_data, 2)).astype(np.float32)
+    return sizes, g, rng.normal(size=(num_data, 2)).astype(np.float32)
+
+
+def grouped_normal_data(num_data: int = 15_000, num_groups: int = 100, seed: int = 34):
+    rng = np.random.default_rng(seed)
+    sizes, g, X = _grouped_rows(rng, num_groups, num_data, 1)
     a = 1.5 + 0.3 * rng.normal(size=num_groups)
     y = (a[g] + X @ np.array([0.7, -0.4]) + 0.8 * rng.normal(size=num_data)).astype(np.float32)
     info = {"group_sizes_min_median_max": [int(sizes.min()), int(np.median(sizes)),
@@ -85,10 +90,7 @@ normal_noncentred = numpyro.handlers.reparam(_normal_halfnormal,
 
 def varying_logistic_data(num_data: int = 20_000, num_groups: int = 80, seed: int = 35):
     rng = np.random.default_rng(seed)
-    sizes = _group_sizes(rng, num_groups, num_data, 2)
-    g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
-    rng.shuffle(g)
-    X = rng.normal(size=(num_data, 2)).astype(np.float32)
+    sizes, g, X = _grouped_rows(rng, num_groups, num_data, 2)
     a = -0.5 + 0.6 * rng.normal(size=num_groups)
     b = 0.8 + 0.4 * rng.normal(size=num_groups)
     logits = a[g] + b[g] * X[:, 0] - 0.5 * X[:, 1]

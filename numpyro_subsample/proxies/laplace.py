@@ -21,7 +21,11 @@ import numpy as np
 import optax
 
 from numpyro_subsample.core.data import device_array
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, datum_values_and_grads
+from numpyro_subsample.core.datapass import (
+    DEFAULT_CHUNK,
+    datum_values_and_grads,
+    value_grad_hessian,
+)
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.proxies.base import Proxy
@@ -35,6 +39,7 @@ from numpyro_subsample.proxies.checks import (
     excursion_points,
     newton_offsets,
     newton_pass,
+    prior_grad,
     transformed_coordinates,
     warn_proxy,
 )
@@ -379,7 +384,8 @@ def proxy_from_moments(
     chunk_size
         Data per vmapped evaluation in the pass for ∇f_i(θ̂).
     store_datum_grads
-        Keep the (N, d) table of ∇f_i(θ̂).
+        Keep the (N, d) table of ∇f_i(θ̂); without it only their sum is formed, and
+        ``info["potential"]`` holds f(θ̂).
     kind
         Label stored in ``proxy.kind``.
     num_data_passes
@@ -397,15 +403,22 @@ def proxy_from_moments(
     t0 = time.perf_counter()
     centre = jnp.asarray(centre)
     cov = 0.5 * (jnp.asarray(cov) + jnp.asarray(cov).T)
-    values, grads = datum_values_and_grads(potential, centre, data, chunk_size)
+    grads, info = None, {}
+    if store_datum_grads:
+        grads = datum_values_and_grads(potential, centre, data, chunk_size)[1]
+        sum_grads = jnp.sum(grads, axis=0)
+    else:  # Σ_i ∇f_i(θ̂) = ∇f(θ̂) − ∇f0(θ̂) from one chunked pass: no (N, d) table
+        value, grad = value_grad_hessian(potential, centre, data, chunk_size, hessian=False)[:2]
+        sum_grads = grad - prior_grad(potential, centre, data)
+        info = {"potential": float(value)}
     return Proxy(
         centre=centre,
         cov=cov,
         scale_tril=jnp.linalg.cholesky(cov),
-        datum_grads=grads if store_datum_grads else None,
-        sum_grads=jnp.sum(grads, axis=0),
+        datum_grads=grads,
+        sum_grads=sum_grads,
         num_data_passes=num_data_passes + 1.0,
         seconds=time.perf_counter() - t0,
         kind=kind,
-        info={},
+        info=info,
     )

@@ -44,12 +44,11 @@ import jax
 import numpy as np
 
 from numpyro_subsample.core.data import ModelData, device_array
-from numpyro_subsample.core.datapass import full_data_sums
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
-from numpyro_subsample.proxies.laplace import LaplaceFitError
+from numpyro_subsample.proxies.laplace import LaplaceFitError, proxy_from_moments
 from numpyro_subsample.sgmcmc.adaptation import adaptation_window, adaptive_step_size
 from numpyro_subsample.sgmcmc.chain import (
     SamplerParams,
@@ -97,8 +96,8 @@ THIN = 5
 
 
 class ProxyAdaptationWarning(UserWarning):
-    """The pilot chains could not adapt the proxy (they failed, or did not settle): the message
-    names the figure and a remedy."""
+    """Every pilot chain failed in a window, so the proxy was not adapted: the message names
+    the window and a remedy."""
 
 
 class PilotWindow(NamedTuple):
@@ -127,16 +126,10 @@ def pilot_schedule(num_data: int, subsample_size: int,
     return tuple(max(MIN_WINDOW, BLOCK * int(round(w * scale / BLOCK))) for w in windows)
 
 
-@partial(jax.jit, static_argnames=("potential", "chunk_size"))
-def _sum_grads(potential: Potential, theta: jax.Array, data: ModelData, chunk_size: int):
-    sums = full_data_sums(potential, theta, data, chunk_size, hessian=False)
-    return sums.value, sums.grad - sums.prior_grad
-
-
 def proxy_at(potential: Potential, data: ModelData, centre: np.ndarray, cov: np.ndarray, *,
              chunk_size: int, kind: str, passes: float, seconds: float, info: dict) -> Proxy:
-    """A :class:`~numpyro_subsample.proxies.base.Proxy` with the given centre and covariance
-    and the data sums at the centre (one chunked data pass, no per-datum table).
+    """:func:`~numpyro_subsample.proxies.laplace.proxy_from_moments` without the per-datum
+    table (one chunked data pass), in the potential's dtype, with ``info`` and ``seconds``.
 
     Raises
     ------
@@ -144,17 +137,15 @@ def proxy_at(potential: Potential, data: ModelData, centre: np.ndarray, cov: np.
         The potential or its gradient is not finite at ``centre``.
     """
     dtype = potential.init_theta.dtype
-    centre_d = device_array(np.asarray(centre, dtype))
-    value, sum_grads = _sum_grads(potential, centre_d, data, chunk_size)
-    if not (np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(sum_grads)))):
+    cov = np.asarray(cov, np.float64)
+    proxy = proxy_from_moments(
+        potential, data, device_array(np.asarray(centre, dtype)),
+        device_array((0.5 * (cov + cov.T)).astype(dtype)), chunk_size=chunk_size,
+        store_datum_grads=False, kind=kind, num_data_passes=float(passes))
+    if not (np.isfinite(proxy.info["potential"])
+            and np.all(np.isfinite(np.asarray(proxy.sum_grads)))):
         raise ValueError("The potential is not finite at the adapted proxy's centre.")
-    cov = 0.5 * (np.asarray(cov, np.float64) + np.asarray(cov, np.float64).T)
-    chol = np.linalg.cholesky(cov)
-    return Proxy(
-        centre=centre_d, cov=device_array(cov.astype(dtype)),
-        scale_tril=device_array(chol.astype(dtype)), datum_grads=None, sum_grads=sum_grads,
-        num_data_passes=float(passes) + 1.0, seconds=float(seconds), kind=kind, info=info,
-    )
+    return proxy._replace(seconds=float(seconds), info=info)
 
 
 def safe_start(potential: Potential, data: ModelData, *, chunk_size: int,
