@@ -17,7 +17,7 @@ from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.estimators.noise import whitened_noise
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.proxies.laplace import LaplaceFitError, fit_laplace
-from numpyro_subsample.sgmcmc import warmup
+from numpyro_subsample.sgmcmc import pilot_moments, warmup
 from numpyro_subsample.sgmcmc.dynamics import sgld_dynamics
 
 
@@ -164,3 +164,71 @@ def test_adapt_proxy_true_is_refused_where_it_cannot_apply():
     with pytest.raises(ValueError, match="adapt_proxy=True"):
         SGLD(centred, adapt_proxy=True, preconditioning=False, step_size=1e-3,
              progress_bar=False).preprocess((g, y))
+
+
+def _ar1_draws(rng, cov_chol, steps, chains, rho):
+    """Stationary AR(1) draws (steps, chains, d) with covariance L Lᵀ and lag-1
+    autocorrelation rho: an autocorrelated pilot window of known covariance."""
+    d = cov_chol.shape[0]
+    x = np.empty((steps, chains, d))
+    x[0] = rng.normal(size=(chains, d))
+    for t in range(1, steps):
+        x[t] = rho * x[t - 1] + np.sqrt(1 - rho**2) * rng.normal(size=(chains, d))
+    return x @ cov_chol.T
+
+
+def test_window_covariance_is_dense_only_when_the_draws_resolve_it():
+    from numpyro.diagnostics import effective_sample_size
+
+    rng = np.random.default_rng(0)
+    d = 12
+    a = rng.normal(size=(d, d))
+    cov = a @ a.T / d + np.eye(d)
+    chol = np.linalg.cholesky(cov)
+
+    def estimate(steps, rho):
+        ws = _ar1_draws(rng, chol, steps, 4, rho)
+        ess = np.asarray(effective_sample_size(np.transpose(ws, (1, 0, 2))))
+        return pilot_moments.window_covariance(ws, ess), float(np.median(ess))
+
+    dense, n_eff = estimate(2000, 0.5)  # ESS about 2700 >> 2d: the dense covariance
+    assert n_eff >= pilot_moments.DENSE_ESS_PER_DIM * d
+    ev = np.linalg.eigvalsh(np.linalg.solve(chol, np.linalg.solve(chol, dense).T))
+    assert 0.75 < ev[0] and ev[-1] < 1.3
+    diag, n_eff = estimate(100, 0.9)  # ESS about 20 < 2d: variances only, no correlations
+    assert n_eff < pilot_moments.DENSE_ESS_PER_DIM * d
+    assert np.allclose(diag, np.diag(np.diag(diag)))
+    # each log variance moves towards the draws' by the weight ESS / (ESS + 2), not beyond
+    assert np.all(np.abs(np.log(np.diag(diag))) <= np.abs(np.log(np.diag(cov))) + 1.0)
+
+
+def test_hessian_whitening_takes_correlations_from_the_hessian_and_scales_from_draws():
+    """A Gaussian posterior (linear regression, correlated covariates): about 15 effective
+    draws cannot estimate a 16 × 16 covariance, but the Hessian at their mean gives the posterior
+    covariance exactly; the draws' variances in its coordinates are then about 1."""
+    rng = np.random.default_rng(1)
+    n, d = 2000, 16
+    X = rng.normal(size=(n, d)) @ (np.eye(d) + 0.8 * rng.normal(size=(d, d)) / np.sqrt(d))
+    y = X @ rng.normal(size=d) + rng.normal(size=n)
+
+    def model(X, y=None, subsample_size=100):
+        beta = numpyro.sample("beta", dist.Normal(0.0, 10.0).expand([d]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ beta, 1.0), obs=y[idx])
+
+    kernel = SGLD(model, progress_bar=False)
+    data = ModelData.from_args((jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)), {})
+    pot = kernel.potential_for(data)
+    start = fit_laplace(pot, data, jax.random.PRNGKey(0), store_datum_grads=False)
+    post_cov = np.asarray(start.cov, np.float64)
+    post_chol = np.linalg.cholesky(post_cov)
+    centre = np.asarray(start.centre, np.float64)
+    # a poor proxy (unit covariance) and 4 autocorrelated chains of posterior draws
+    poor = warmup.proxy_at(pot, data, centre, np.eye(d), chunk_size=512, kind="adapted",
+                           passes=0.0, seconds=0.0, info={})
+    draws = centre + _ar1_draws(rng, post_chol, 80, 4, 0.9)
+    proxy, h_data = pilot_moments.hessian_whitened(poor, pot, data, draws, chunk_size=512)
+    assert h_data is not None
+    cov = np.asarray(proxy.cov, np.float64)
+    ev = np.linalg.eigvalsh(np.linalg.solve(post_chol, np.linalg.solve(post_chol, cov).T))
+    assert 0.6 < ev[0] and ev[-1] < 1.6

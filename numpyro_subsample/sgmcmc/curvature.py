@@ -34,19 +34,31 @@ def _hessian(potential: Potential, theta: jax.Array, data: ModelData, chunk_size
     return sums.hessian, jax.hessian(lambda t: potential.prior(t, data))(theta)
 
 
+def full_hessian(potential: Potential, theta: jax.Array, data: ModelData,
+                 chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """∇²f(θ) of the full potential and ∇²f_0(θ) of its prior term (float64), in one data
+    pass."""
+    total, prior = _hessian(potential, theta, data, chunk_size)
+    return np.asarray(total, np.float64), np.asarray(prior, np.float64)
+
+
 def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
                        chunk_size: int) -> tuple[float, float]:
     """μ of the step-size rule for an adapted proxy, and the data passes it cost (one).
 
     μ is the largest eigenvalue of Lᵀ(∇²f_data(θ̂) + ∇²f_0(θ_k))L over the pilot's last draws θ_k
     (``proxy.info["draws"]``): the data's Hessian at the centre (one data pass) and the
-    prior's, which carries the hierarchical variation, at each draw; at least 1."""
+    prior's, which carries the hierarchical variation, at each draw; at least 1. The data's
+    Hessian is ``proxy.info["hessian_data"]`` where the pilot computed it at this centre (then
+    the measurement costs no data pass)."""
     draws = (proxy.info or {}).get("draws")
     if draws is None or len(draws) == 0:
         return 1.0, 0.0
     dtype = proxy.centre.dtype
-    total, h0_centre = _hessian(potential, proxy.centre, data, chunk_size)
-    h_data = np.asarray(total, np.float64) - np.asarray(h0_centre, np.float64)
+    h_data, passes = (proxy.info or {}).get("hessian_data"), 0.0
+    if h_data is None:
+        total, h0_centre = full_hessian(potential, proxy.centre, data, chunk_size)
+        h_data, passes = total - h0_centre, 1.0
     h0 = np.asarray(_prior_hessians(potential, device_array(np.asarray(draws, dtype)), data),
                     np.float64)
     L = np.asarray(proxy.scale_tril, np.float64)
@@ -54,4 +66,4 @@ def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
     for hk in h0:
         m = L.T @ (h_data + hk) @ L
         mu = max(mu, float(np.linalg.eigvalsh(0.5 * (m + m.T))[-1]))
-    return mu, 1.0
+    return mu, passes

@@ -13,19 +13,23 @@ pilot chains (vectorized) in windows w = 1, …, W:
    scale of :mod:`~numpyro_subsample.sgmcmc.adaptation` adapted within the window (its step
    rule needs no noise measurement, so a poor proxy only slows the pilot down);
 2. from the second half of the window's draws, pooled over chains, in the whitened coordinates
-   w = L_w⁻¹(θ − θ̂_w): the mean m and the covariance C, shrunk towards the identity by the
-   Ledoit-Wolf rule (Ledoit and Wolf 2004) on every ``THIN``-th draw, i.e. towards the previous
-   fit in θ coordinates;
+   w = L_w⁻¹(θ − θ̂_w): the mean m and a covariance C regularised towards the identity (the
+   previous fit) by the draws' effective sample size
+   (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_covariance`);
 3. θ̂_{w+1} = θ̂_w + L_w m and Σ̂_{w+1} = L_w C L_wᵀ; one full-data pass at θ̂_{w+1} gives
    Σ_i ∇f_i(θ̂_{w+1}), the new control variates. Baker et al. (2019, Sect. 3.2) show that the
    control-variate noise grows with ‖θ − θ̂‖², so a centre at the posterior mean, rather than
-   at a mode far from the bulk, minimises the noise over the posterior.
+   at a mode far from the bulk, minimises the noise over the posterior;
+4. where the window's draws are too few for a dense covariance, its correlations come from
+   the potential's Hessian at θ̂_{w+1} and its scales from the draws
+   (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`, one more data pass).
 
 The next window starts each chain where the last one stopped. The adapted proxy then replaces
 the fitted one for everything: the sampling chains start at its draws, its centre and
 covariance set the estimator and the whitening, and the noise is measured at its draws for the
 step size (:func:`~numpyro_subsample.sgmcmc.noise_refine.measured_preprocessed`). Cost: one
-data pass per window plus the pilot's subsamples, which :func:`pilot_schedule` bounds.
+or two data passes per window that changes the proxy, plus the pilot's subsamples, which
+:func:`pilot_schedule` bounds.
 
 The start needs no positive-definite Hessian: where the Laplace fit fails, the pilot starts
 from :func:`safe_start` (the potential's feasible start with a unit covariance in unconstrained
@@ -57,13 +61,13 @@ from numpyro_subsample.sgmcmc.chain import (
     chain_programs,
 )
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
+from numpyro_subsample.sgmcmc.pilot_moments import hessian_whitened, window_moments
 
 __all__ = [
     "DEFAULT_WINDOWS",
     "MAX_PILOT_PASSES",
     "PILOT_CHAINS",
     "ProxyAdaptationWarning",
-    "THIN",
     "adapt_proxy",
     "pilot_schedule",
     "proxy_at",
@@ -74,7 +78,7 @@ __all__ = [
 
 #: Steps of the pilot windows, of growing length as Stan's slow adaptation windows. The pilot
 #: stops after the second window if neither that window nor the one before it moved the
-#: proxy (:func:`_window_moments`).
+#: proxy (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`).
 DEFAULT_WINDOWS = (100, 150, 250, 500)
 #: Pilot chains run side by side (vectorized).
 PILOT_CHAINS = 4
@@ -91,8 +95,6 @@ MIN_PILOT_ROWS = 2_000_000
 BLOCK = 50
 #: Pilot draws of the last window at which the whitened curvature is measured.
 CURVATURE_POINTS = 16
-#: Every THIN-th draw of a window's second half enters the Ledoit-Wolf shrinkage.
-THIN = 5
 
 
 class ProxyAdaptationWarning(UserWarning):
@@ -104,7 +106,8 @@ class PilotWindow(NamedTuple):
     """What one window measured: its ``steps``, the draws' mean minus the centre (``shift``,
     in the previous proxy's sds, largest coordinate), the largest log ratio of the draws' sd to
     the previous proxy sd (``log_sd_change``), the chains that failed, and whether the centre
-    ``moved`` and the covariance was ``rescaled`` (:func:`_window_moments`)."""
+    ``moved`` and the covariance was ``rescaled``
+    (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`)."""
 
     steps: int
     shift: float
@@ -186,30 +189,6 @@ def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
     return safe_start(potential, data, chunk_size=chunk_size, reason="; ".join(tried))
 
 
-def _window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarray, bool, bool]:
-    """Mean and Ledoit-Wolf covariance of a window's draws ``ws`` (steps, chains, d) in the
-    current whitened coordinates, and whether each differs from the proxy's (0, I) by more
-    than its Monte Carlo error: some |mean_j| above z·se_j, or some |log var_j| above
-    z·(2/ESS_j)^(1/2), with z = (2 log 2d)^(1/2) + 1 (a Bonferroni-like bound over the d
-    coordinates) and ESS_j the draws' effective sample size (NumPyro's estimator over the
-    chains). Both count as different for a start that is not ``trusted``
-    (:func:`_trusted`): chains drifting from a poor start have few effective draws, so their
-    standard errors would hide the drift."""
-    from numpyro.diagnostics import effective_sample_size
-
-    steps, chains, d = ws.shape
-    flat = ws.reshape(-1, d)
-    mean = flat.mean(0)
-    var = flat.var(0) + 1e-300
-    ess = np.asarray(effective_sample_size(np.transpose(ws, (1, 0, 2))), np.float64)
-    ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
-    z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
-    moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
-    rescaled = not trusted or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
-    cov = _shrunk_covariance(ws[::THIN].reshape(-1, d)) if rescaled else np.eye(d)
-    return mean, cov, moved, rescaled
-
-
 def _trusted(start: Proxy) -> bool:
     """Whether the pilot may keep ``start`` where a window agrees with it: a fit that does
     not report a failure to converge (a guide given with its parameters reports nothing),
@@ -217,15 +196,6 @@ def _trusted(start: Proxy) -> bool:
     info = start.info or {}
     return (start.kind in ("laplace", "variational") and bool(info.get("converged", True))
             and not info.get("warnings") and not info.get("fallback_from"))
-
-
-def _shrunk_covariance(draws: np.ndarray) -> np.ndarray:
-    """Ledoit-Wolf shrinkage of the covariance of ``draws`` (m, d) towards a multiple of the
-    identity (scikit-learn's :func:`~sklearn.covariance.ledoit_wolf`)."""
-    from sklearn.covariance import ledoit_wolf
-
-    cov, _ = ledoit_wolf(draws.astype(np.float64))
-    return cov
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
@@ -297,7 +267,7 @@ def adapt_proxy(
     bits = np.asarray(raw_key(rng_key), np.uint32)
     keys = np.random.SeedSequence([int(b) for b in bits]).generate_state(
         2 * num_chains * (len(windows) + 1), np.uint32).reshape(len(windows) + 1, num_chains, 2)
-    theta_start = None
+    theta_start, hessian_data = None, None
     axes = _state_axes()
     for k, length in enumerate(windows):
         est = configure_estimator("cv", potential, data, proxy, replace=replace,
@@ -339,8 +309,9 @@ def adapt_proxy(
                 ProxyAdaptationWarning, stacklevel=4,
             )
             return start if k == 0 else proxy
-        mean_w, cov_w, moved, rescaled = _window_moments(ws, _trusted(start))
+        mean_w, cov_w, moved, rescaled = window_moments(ws, _trusted(start))
         L = np.asarray(proxy.scale_tril, np.float64)
+        window_draws = np.asarray(proxy.centre, np.float64) + ws @ L.T  # (steps, chains, d)
         thin = ws[:: max(1, ws.shape[0] // CURVATURE_POINTS)].reshape(-1, ws.shape[-1])
         last_draws = np.asarray(proxy.centre, np.float64) + thin[:CURVATURE_POINTS] @ L.T
         centre = np.asarray(proxy.centre, np.float64) + (L @ mean_w if moved else 0.0)
@@ -355,25 +326,29 @@ def adapt_proxy(
         healthy = theta_last[~failed]
         theta_start = np.concatenate([healthy, np.repeat(centre[None], failed.sum(), 0)])
         elapsed = time.perf_counter() - t0 + start.seconds
+        if not (moved or rescaled):
+            if k >= 1:  # two windows agree with the proxy within their Monte Carlo error
+                break
+            continue
         if moved:
             proxy = proxy_at(potential, data, centre, cov, chunk_size=chunk_size,
                              kind="adapted", passes=passes, seconds=elapsed, info={})
             passes = proxy.num_data_passes
-        elif rescaled:
+        else:
             chol = np.linalg.cholesky(0.5 * (cov + cov.T))
             proxy = proxy._replace(cov=device_array(cov.astype(dtype)),
                                    scale_tril=device_array(chol.astype(dtype)), kind="adapted")
-        elif k >= 1:  # two windows agree with the proxy within their Monte Carlo error
-            break
+        proxy, hessian_data = hessian_whitened(proxy, potential, data, window_draws,
+                                                chunk_size=chunk_size)
+        passes += 0.0 if hessian_data is None else 1.0
     adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": h,
-                  "draws": last_draws}
+                  "draws": last_draws, "hessian_data": hessian_data}
     if proxy is start:  # no window disagreed with it
         return start._replace(info={**(start.info or {}), **adaptation},
                               num_data_passes=passes)
     info = {"start": start.kind, "start_info": start.info, **adaptation}
     return proxy._replace(info=info, num_data_passes=passes,
                           seconds=time.perf_counter() - t0 + start.seconds)
-
 
 
 def pilot_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential, data: ModelData,

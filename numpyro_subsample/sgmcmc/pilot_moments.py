@@ -1,0 +1,112 @@
+"""What a pilot window's draws say about the proxy: moments regularised by their effective
+sample size, and the Hessian-based whitening where they are too few for a dense covariance
+(the adapted proxy of :mod:`~numpyro_subsample.sgmcmc.warmup`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numpyro_subsample.core.data import ModelData, device_array
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.sgmcmc.curvature import full_hessian
+
+__all__ = ["DENSE_ESS_PER_DIM", "hessian_whitened", "shrunk_covariance", "window_covariance",
+           "window_moments"]
+
+#: A window re-estimates the dense covariance of the whitened coordinates only with a median
+#: effective sample size of at least this many per dimension (:func:`window_covariance`).
+DENSE_ESS_PER_DIM = 2.0
+
+
+def window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarray, bool, bool]:
+    """Mean and covariance (:func:`window_covariance`) of a window's draws ``ws`` (steps,
+    chains, d) in the current whitened coordinates, and whether each differs from the proxy's
+    (0, I) by more than its Monte Carlo error: some |mean_j| above z·se_j, or some |log var_j|
+    above z·(2/ESS_j)^(1/2), with z = (2 log 2d)^(1/2) + 1 (a Bonferroni-like bound over the d
+    coordinates) and ESS_j the draws' effective sample size (NumPyro's estimator over the
+    chains). Both count as different for a start that is not ``trusted`` (a fallback or a fit
+    that did not converge): chains drifting from a poor start have few effective draws, so
+    their standard errors would hide the drift."""
+    from numpyro.diagnostics import effective_sample_size
+
+    steps, chains, d = ws.shape
+    flat = ws.reshape(-1, d)
+    mean = flat.mean(0)
+    var = flat.var(0) + 1e-300
+    ess = np.asarray(effective_sample_size(np.transpose(ws, (1, 0, 2))), np.float64)
+    ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
+    z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
+    moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
+    rescaled = not trusted or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
+    cov = window_covariance(ws, ess) if rescaled else np.eye(d)
+    return mean, cov, moved, rescaled
+
+
+def window_covariance(ws: np.ndarray, ess: np.ndarray) -> np.ndarray:
+    """The covariance of a window's draws ``ws`` (steps, chains, d) in the current whitened
+    coordinates, regularised towards the previous fit (the identity) by their effective
+    sample sizes ``ess`` (d,).
+
+    With a median ESS of at least :data:`DENSE_ESS_PER_DIM` · d, the Ledoit-Wolf covariance
+    (Ledoit and Wolf 2004) of the draws thinned to about one per integrated autocorrelation
+    time, so that the shrinkage sees the draws' information rather than their number. Below
+    it, too few effective draws for d(d + 1)/2 entries, a diagonal rescaling: each whitened
+    coordinate's log variance, shrunk towards 0 with weight ESS_j / (ESS_j + 2) (its sampling
+    variance is about 2 / ESS_j)."""
+    steps, chains, d = ws.shape
+    n_eff = float(np.median(ess))
+    if n_eff >= DENSE_ESS_PER_DIM * d:
+        thin = max(1, int(np.ceil(steps * chains / n_eff / chains)))
+        return shrunk_covariance(ws[::thin].reshape(-1, d))
+    log_var = np.log(ws.reshape(-1, d).var(0) + 1e-300)
+    return np.diag(np.exp(ess / (ess + 2.0) * log_var))
+
+
+def shrunk_covariance(draws: np.ndarray) -> np.ndarray:
+    """Ledoit-Wolf shrinkage of the covariance of ``draws`` (m, d) towards a multiple of the
+    identity (scikit-learn's :func:`~sklearn.covariance.ledoit_wolf`)."""
+    from sklearn.covariance import ledoit_wolf
+
+    cov, _ = ledoit_wolf(draws.astype(np.float64))
+    return cov
+
+
+def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
+                      draws: np.ndarray, *, chunk_size: int) -> tuple[Proxy, np.ndarray | None]:
+    """The adapted proxy with the correlations of the potential's Hessian at its centre and
+    the scales of the pilot's last window, where its draws are too few for a dense covariance.
+
+    With H = ∇²f(θ̂) positive definite and H⁻¹ = L_H L_Hᵀ, the draws ``draws`` (steps, chains,
+    d) are whitened, w = L_H⁻¹(θ − θ̂), and Σ̂ = L_H D L_Hᵀ, with D the diagonal of their
+    variances shrunk as in :func:`window_covariance`: the Laplace approximation at the
+    pilot's mean rather than at the joint mode, rescaled to the spread of the draws. The pilot's
+    own covariance is kept where the window resolved it (a median ESS of at least
+    :data:`DENSE_ESS_PER_DIM` · d) or where H is not positive definite. Also returns the data
+    part of H, which :func:`~numpyro_subsample.sgmcmc.curvature.measured_curvature` reuses, or
+    None where no Hessian was computed (the data pass it costs)."""
+    from numpyro.diagnostics import effective_sample_size
+
+    steps, chains, d = draws.shape
+    centre = np.asarray(proxy.centre, np.float64)
+    w_old = np.linalg.solve(np.asarray(proxy.scale_tril, np.float64),
+                            (draws - centre).reshape(-1, d).T).T.reshape(draws.shape)
+    ess_old = np.asarray(effective_sample_size(np.transpose(w_old, (1, 0, 2))), np.float64)
+    if np.median(np.nan_to_num(ess_old, nan=1.0)) >= DENSE_ESS_PER_DIM * d:
+        return proxy, None
+    total, prior = full_hessian(potential, proxy.centre, data, chunk_size)
+    try:
+        chol_h = np.linalg.cholesky(0.5 * (total + total.T))
+    except np.linalg.LinAlgError:
+        return proxy, total - prior
+    l_h = np.linalg.inv(chol_h).T  # H = C Cᵀ: L_H = C⁻ᵀ, L_H⁻¹ = Cᵀ
+    w = ((draws - centre).reshape(-1, d) @ chol_h).reshape(draws.shape)
+    ess = np.asarray(effective_sample_size(np.transpose(w, (1, 0, 2))), np.float64)
+    ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
+    log_var = np.log(w.reshape(-1, d).var(0) + 1e-300)
+    scale = np.exp(0.5 * ess / (ess + 2.0) * log_var)
+    cov = (l_h * scale**2) @ l_h.T
+    chol = np.linalg.cholesky(0.5 * (cov + cov.T))
+    dtype = proxy.centre.dtype
+    return proxy._replace(cov=device_array(cov.astype(dtype)),
+                          scale_tril=device_array(chol.astype(dtype))), total - prior
