@@ -42,7 +42,10 @@ def test_kernel_option_overrides_the_mcmc(data, capsys, monkeypatch):
     assert "proxy:" not in capsys.readouterr().err
 
 
-def test_newton_bar_ends_at_100_percent_when_newton_converges_early(data, capsys):
+def test_newton_bar_ends_at_100_percent_when_newton_converges_early(data, capsys, monkeypatch):
+    # a line wide enough for the note: off a terminal, tqdm < 4.68 sizes the bar by $COLUMNS
+    # (80 in an xdist worker) and trims the line, note included
+    monkeypatch.setenv("COLUMNS", "200")
     X, y = data
     md = ModelData.from_args((X, y), {})
     pot = build_potential(linreg_model, md, jax.random.PRNGKey(0))
