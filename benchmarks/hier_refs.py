@@ -20,7 +20,10 @@ SETTINGS = _refs.RefSettings(num_warmup=1000, num_samples=10_000, target_accept_
 def reference(problem, compute: bool = True, settings: _refs.RefSettings = SETTINGS):
     args = tuple(jnp.asarray(a) for a in problem.args)
     n = int(problem.args[0].shape[0])
-    return _refs.get_reference("hier_suite", problem.name, problem.model, args,
+    model, name = problem.model, problem.name
+    if problem.reference_model is not None:  # the same posterior, written for NUTS
+        model, name = problem.reference_model, f"{problem.name}-noncentred"
+    return _refs.get_reference("hier_suite", name, model, args,
                                {**problem.kwargs, "subsample_size": n}, settings,
                                compute=compute, extra_meta={"data_info": problem.info})
 
