@@ -14,7 +14,7 @@ import copy
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -167,6 +167,13 @@ class SGMCMCKernel(SubsampleKernel):
 
     sample_field = "z"
     _dynamics_name = "sgld"
+    #: This class's preprocessing fits structured proxies (no d × d array), adapts the
+    #: diagonal preconditioner and the proxy, and draws local latent sites; a subclass with
+    #: its own preprocessing or programs (DistributedSGLD) sets what it lacks to False.
+    supports_local: ClassVar[bool] = True
+    supports_structured: ClassVar[bool] = True
+    supports_adaptation: ClassVar[bool] = True
+    supports_proxy_adaptation: ClassVar[bool] = True
 
     @classmethod
     def _keyword_params(cls) -> tuple[str, ...]:
@@ -224,9 +231,9 @@ class SGMCMCKernel(SubsampleKernel):
         structured = prep.check_request(
             type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
             preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
-            supports_structured=self._supports_structured(),
+            supports_structured=self.supports_structured,
             adapt_preconditioner=adapt_preconditioner,
-            supports_adaptation=self._supports_adaptation(),
+            supports_adaptation=self.supports_adaptation,
             kernel_params=self._keyword_params(),
         )
         self._noise_correction_given = noise_correction
@@ -311,9 +318,6 @@ class SGMCMCKernel(SubsampleKernel):
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
 
-    def _supports_local(self) -> bool:
-        return type(self)._preprocess is SGMCMCKernel._preprocess
-
     # -- preprocessing --------------------------------------------------------------------------
     def _needs_proxy(self) -> bool:
         return self.preconditioning or self.estimator_name in NEEDS_PROXY
@@ -324,24 +328,13 @@ class SGMCMCKernel(SubsampleKernel):
             return self.adapt_preconditioner or (
                 self.adapt_preconditioner is None and self._step_size is None)
         if self.adapt_preconditioner is None:
-            return self._supports_adaptation() and (self._is_structured(potential.dim) or (
+            return self.supports_adaptation and (self._is_structured(potential.dim) or (
                 not self.preconditioning and self._step_size is None))
         return bool(self.adapt_preconditioner)
 
-    @classmethod
-    def _supports_adaptation(cls) -> bool:
-        """The adapted preconditioner needs this class's preprocessing and chain programs."""
-        return cls._supports_structured() and cls._programs is SGMCMCKernel._programs
-
-    @classmethod
-    def _supports_structured(cls) -> bool:
-        """Structured proxies need this class's preprocessing (a subclass with its own, such
-        as DistributedSGLD, keeps the dense one)."""
-        return cls._preprocess is SGMCMCKernel._preprocess
-
     def _proxy_choice(self, dim: int) -> str:
         """The proxy for ``dim`` parameters (:func:`.preprocess.proxy_choice`)."""
-        return prep.proxy_choice(self._proxy_spec, dim, self._supports_structured())
+        return prep.proxy_choice(self._proxy_spec, dim, self.supports_structured)
 
     def _is_structured(self, dim: int) -> bool:
         return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
@@ -349,7 +342,7 @@ class SGMCMCKernel(SubsampleKernel):
     def _adapts_proxy(self, potential: Potential) -> bool:
         """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
         given, else for a dense proxy that this kernel fits and whitens with."""
-        eligible = (type(self)._preprocess is SGMCMCKernel._preprocess and self.preconditioning
+        eligible = (self.supports_proxy_adaptation and self.preconditioning
                     and not potential.local and isinstance(self._proxy_spec, str)
                     and not self._is_structured(potential.dim) and not self._adapts(potential))
         if self.adapt_proxy and not eligible:
@@ -453,7 +446,7 @@ class SGMCMCKernel(SubsampleKernel):
         return init_one, step, pre.params
 
     def _state_axes(self) -> SGMCMCState:
-        axes = SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+        axes = SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
         if self._pre is not None and self._pre.estimator.update is not None:
             axes = axes._replace(est_state=self._pre.estimator.state_axes)
         return axes

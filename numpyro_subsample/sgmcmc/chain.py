@@ -261,7 +261,7 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     ``init_one`` and advanced by every ``step`` (``update``); the data passes it spends beyond
     the subsample are added to ``data_passes``.
     """
-    pot, estimate, dynamics = cfg.potential, cfg.estimate, cfg.dynamics
+    pot, dynamics = cfg.potential, cfg.dynamics
     inv_n = 1.0 / pot.num_data
     zv_flat = None
     if cfg.zv_degree:
@@ -273,59 +273,25 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
-        grad_w = whiten_rmatvec(p.scale_tril, state.grad)
-        adapt = state.adapt
-        if cfg.adapt_window:  # move u = w / s (sgmcmc.adaptation)
-            adapt = update_adaptation(adapt, grad_w, state.i, cfg.num_warmup, cfg.adapt_window)
-            s = adapt.scale
-            u, mom, xi = dynamics.step(k_dyn, state.w / s, state.momentum, state.thermostat,
-                                       s * grad_w, p.step_size, p.noise_scale)
-            w = s * u
-        else:
-            w, mom, xi = dynamics.step(k_dyn, state.w, state.momentum, state.thermostat, grad_w,
-                                       p.step_size, p.noise_scale)
         first = state.i == 0  # the initial state holds no gradient: evaluate it, do not move
-        stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
-        w, mom, xi = stay(w, state.w), stay(mom, state.momentum), stay(xi, state.thermostat)
+        w, mom, xi, adapt = _dynamics_step(cfg, state, k_dyn, first)
         theta = p.centre + whiten_matvec(p.scale_tril, w)
-        est_state, extra_passes = state.est_state, 0.0
-        if cfg.update is None:
-            g, n = estimate(p.estimator, k_est, theta, data)
-        else:
-            g, n, est_state, extra_passes = cfg.update(
-                p.estimator, state.est_state, k_est, theta, data
-            )
-        # distance from the proxy centre in proxy standard deviations (w itself when whitened)
-        z_sd = w if cfg.precondition_draw else whiten_solve(p.init_tril, w)
-        bad = ~jnp.isfinite(theta) | ~jnp.isfinite(g) | (jnp.abs(z_sd) >= MAX_PROXY_SD)
-        healthy = state.fail_step < 0
-        ok = healthy & ~jnp.any(bad)
-        newly_failed = healthy & ~ok
+        g, n, est_state, extra_passes = _gradient_estimate(cfg, state, k_est, theta, data)
+        ok, fail_step, fail_coord = _failure_bookkeeping(cfg, state, w, theta, g)
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
-        w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
-        grad = keep(-g, state.grad)
-        z = jax.tree.map(keep, pot.unravel(theta), state.z)
         if adapt is not None:
-            started = init_adaptation(whiten_rmatvec(p.scale_tril, -g))
-            adapt = jax.tree.map(keep, jax.tree.map(stay, adapt, started), state.adapt)
-        fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
-        fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
+            adapt = _restarted_adaptation(state, adapt, g, first, keep)
         new = SGMCMCState(
-            state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~ok,
-            fail_step, fail_coord, state.data_passes + n * inv_n + extra_passes, key, p,
-            state.zv_stats, est_state, adapt,
+            i=state.i + 1, z=jax.tree.map(keep, pot.unravel(theta), state.z),
+            w=keep(w, state.w), momentum=keep(mom, state.momentum),
+            thermostat=keep(xi, state.thermostat), grad=keep(-g, state.grad),
+            subsample_size=jnp.asarray(n, jnp.int32), diverging=~ok, fail_step=fail_step,
+            fail_coord=fail_coord,
+            data_passes=state.data_passes + n * inv_n + extra_passes,
+            rng_key=key, params=p, zv_stats=state.zv_stats, est_state=est_state, adapt=adapt,
         )
-        if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
-            theta_z = ravel_pytree(new.z)[0]
-            if cfg.zv_linearised:  # u = J_g(θ̂) L Lᵀ ŝ (estimators.zv)
-                v = whiten_matvec(p.scale_tril, whiten_rmatvec(p.scale_tril, new.grad))
-                u = linearised_covariates(
-                    lambda th: zv_flat(pot.unravel(th), data).astype(th.dtype), p.centre, v)
-            else:
-                u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
-            gv = zv_flat(new.z, data).astype(theta_z.dtype)
-            stats = welford_update(state.zv_stats, u, gv, new.i > cfg.num_warmup)
-            new = new._replace(zv_stats=stats)
+        if zv_flat is not None:
+            new = new._replace(zv_stats=_zv_accumulate(cfg, zv_flat, state.zv_stats, new, data))
         return new
 
     def init_one(rng_key, init_params, data, params: SamplerParams,
@@ -358,13 +324,92 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
                      else empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype))
         zero = jnp.zeros((), jnp.int32)
         return SGMCMCState(
-            zero, pot.unravel(theta), w, mom, xi, jnp.zeros_like(w), zero, jnp.zeros((), bool),
-            jnp.full((), -1, jnp.int32), jnp.full((), -1, jnp.int32),
-            (params.data_passes + extra_passes).astype(centre.dtype),
-            key, params, stats, est_state, adapt,
+            i=zero, z=pot.unravel(theta), w=w, momentum=mom, thermostat=xi,
+            grad=jnp.zeros_like(w), subsample_size=zero, diverging=jnp.zeros((), bool),
+            fail_step=jnp.full((), -1, jnp.int32), fail_coord=jnp.full((), -1, jnp.int32),
+            data_passes=(params.data_passes + extra_passes).astype(centre.dtype),
+            rng_key=key, params=params, zv_stats=stats, est_state=est_state, adapt=adapt,
         )
 
     return init_one, step
+
+
+def _dynamics_step(cfg: SGMCMCConfig, state: SGMCMCState, k_dyn: jax.Array, first: jax.Array,
+                   ) -> tuple[jax.Array, jax.Array, jax.Array, ScaleAdaptation | None]:
+    """The proposed (w, momentum, thermostat) of one step of the dynamics from the state's
+    gradient, and the preconditioner adapted by it: with ``cfg.adapt_window`` the dynamics
+    move u = w / s (:mod:`~numpyro_subsample.sgmcmc.adaptation`). The initial state
+    (``first``) keeps its position."""
+    p = state.params
+    grad_w = whiten_rmatvec(p.scale_tril, state.grad)
+    adapt = state.adapt
+    if cfg.adapt_window:
+        adapt = update_adaptation(adapt, grad_w, state.i, cfg.num_warmup, cfg.adapt_window)
+        s = adapt.scale
+        u, mom, xi = cfg.dynamics.step(k_dyn, state.w / s, state.momentum, state.thermostat,
+                                       s * grad_w, p.step_size, p.noise_scale)
+        w = s * u
+    else:
+        w, mom, xi = cfg.dynamics.step(k_dyn, state.w, state.momentum, state.thermostat,
+                                       grad_w, p.step_size, p.noise_scale)
+    stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
+    return stay(w, state.w), stay(mom, state.momentum), stay(xi, state.thermostat), adapt
+
+
+def _gradient_estimate(cfg: SGMCMCConfig, state: SGMCMCState, k_est: jax.Array,
+                       theta: jax.Array, data: ModelData) -> tuple:
+    """``(g, n, est_state, extra_passes)``: the estimator's g ≈ −∇log π(θ) from n data, its
+    next state and the data passes it spent beyond the subsample (for a stateless estimator
+    ``state.est_state`` and 0)."""
+    p = state.params
+    if cfg.update is None:
+        g, n = cfg.estimate(p.estimator, k_est, theta, data)
+        return g, n, state.est_state, 0.0
+    return cfg.update(p.estimator, state.est_state, k_est, theta, data)
+
+
+def _failure_bookkeeping(cfg: SGMCMCConfig, state: SGMCMCState, w: jax.Array,
+                         theta: jax.Array, g: jax.Array) -> tuple[jax.Array, ...]:
+    """``(ok, fail_step, fail_coord)``: whether the proposed step is taken (the chain is
+    healthy and θ, the gradient and w are finite, w within :data:`MAX_PROXY_SD` proxy
+    standard deviations of the centre), and the iteration and flat coordinate of a failure,
+    recorded when it first happens."""
+    p = state.params
+    # distance from the proxy centre in proxy standard deviations (w itself when whitened)
+    z_sd = w if cfg.precondition_draw else whiten_solve(p.init_tril, w)
+    bad = ~jnp.isfinite(theta) | ~jnp.isfinite(g) | (jnp.abs(z_sd) >= MAX_PROXY_SD)
+    healthy = state.fail_step < 0
+    ok = healthy & ~jnp.any(bad)
+    newly_failed = healthy & ~ok
+    fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
+    fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
+    return ok, fail_step, fail_coord
+
+
+def _restarted_adaptation(state: SGMCMCState, adapt: ScaleAdaptation, g: jax.Array,
+                          first: jax.Array, keep: Callable) -> ScaleAdaptation:
+    """The adapted preconditioner after the step: started from the first gradient at the
+    initial state (``first``), the state's own where the step is not taken (``keep``)."""
+    started = init_adaptation(whiten_rmatvec(state.params.scale_tril, -g))
+    stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
+    return jax.tree.map(keep, jax.tree.map(stay, adapt, started), state.adapt)
+
+
+def _zv_accumulate(cfg: SGMCMCConfig, zv_flat: Callable, stats: ZVStats | ZVPairedStats,
+                   new: SGMCMCState, data: ModelData) -> ZVStats | ZVPairedStats:
+    """The zero-variance statistics (Baker et al. 2019, Sect. 4) with the new state's draw
+    added after warm-up: covariates from its gradient, or with ``cfg.zv_linearised`` the
+    linearised u = J_g(θ̂) L Lᵀ ŝ (:mod:`~numpyro_subsample.estimators.zv`)."""
+    p, pot = new.params, cfg.potential
+    theta_z = ravel_pytree(new.z)[0]
+    if cfg.zv_linearised:
+        v = whiten_matvec(p.scale_tril, whiten_rmatvec(p.scale_tril, new.grad))
+        u = linearised_covariates(
+            lambda th: zv_flat(pot.unravel(th), data).astype(th.dtype), p.centre, v)
+    else:
+        u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
+    gv = zv_flat(new.z, data).astype(theta_z.dtype)
+    return welford_update(stats, u, gv, new.i > cfg.num_warmup)
 
 
 def initial_draws(rng_key: jax.Array, params: SamplerParams) -> tuple:

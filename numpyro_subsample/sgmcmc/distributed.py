@@ -168,6 +168,11 @@ class DistributedSGLD(SGLD):
     Ahn, Shahbaba and Welling (2014), supplement Prop. 1.1 (Eq. 1), Cor. 1.2 and 1.3.
     """
 
+    supports_local = False
+    supports_structured = False
+    supports_adaptation = False
+    supports_proxy_adaptation = False
+
     def __init__(
         self,
         model: Callable,

@@ -190,6 +190,7 @@ class SGRLD(SubsampleKernel):
 
     sample_field = "pi"
     default_fields = ("pi", "diverging")
+    supports_local = True
 
     @suggest_keywords
     def __init__(
@@ -258,9 +259,6 @@ class SGRLD(SubsampleKernel):
 
     def get_diagnostics_str(self, state: SGRLDState) -> str:
         return f"step size {float(np.asarray(state.step_size).max()):.2e}"
-
-    def _supports_local(self) -> bool:
-        return True
 
     def potential_for(self, data: ModelData) -> Potential:
         if data.signature() not in self._potentials:
