@@ -403,4 +403,5 @@ def _local_site(name: str, site: dict, unconstrained: Any, plate: DataPlate) -> 
     value = np.asarray(biject_to(support)(unconstrained))
     axis = len(site["fn"].batch_shape) + plate.dim
     rows = np.moveaxis(value, axis, 0)
-    return LocalSite(name, axis, tuple(rows.shape[1:]), support, rows[0])
+    return LocalSite(name=name, axis=axis, row_shape=tuple(rows.shape[1:]), support=support,
+                     init=rows[0])

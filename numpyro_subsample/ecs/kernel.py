@@ -279,7 +279,7 @@ max_tree_depth, trajectory_length, num_steps
         if taylor is None:
             taylor = 1 if is_structured(proxy) else 2
         order = {"taylor": taylor, "hybrid": self.hybrid_order}.get(kind, 0)
-        return lik.LikelihoodSpec(kind, order)
+        return lik.LikelihoodSpec(kind=kind, order=order)
 
     def _fit_proxy(self, potential: Potential, data: ModelData, key,
                    ) -> Proxy | StructuredProxy:
@@ -345,22 +345,25 @@ max_tree_depth, trajectory_length, num_steps
         info["sigma2_at_proxy_draws"] = s2
         _check_variance(s2, m, potential.num_data, spec)
         return ECSPreprocessed(
-            potential, proxy, spec, m, time.perf_counter() - t0,
-            float(proxy.num_data_passes + passes + sel_passes), info, ECSParams(lp, sel),
+            potential=potential, proxy=proxy, spec=spec, subsample_size=m,
+            seconds=time.perf_counter() - t0,
+            data_passes=float(proxy.num_data_passes + passes + sel_passes), info=info,
+            params=ECSParams(likelihood=lp, selection=sel),
         )
 
     # -- the functional core --------------------------------------------------------------------
     def _programs(self, pre: ECSPreprocessed, *, num_warmup: int, traced: bool):
         cfg = ECSConfig(
-            pre.potential, pre.spec, pre.subsample_size, self.num_blocks, self.algo,
-            tuple(sorted(self.hmc_options.items())), int(num_warmup),
-            "threefry2x32" if traced else STEP_RNG,
+            potential=pre.potential, spec=pre.spec, subsample_size=pre.subsample_size,
+            num_blocks=self.num_blocks, algo=self.algo,
+            hmc_options=tuple(sorted(self.hmc_options.items())), num_warmup=int(num_warmup),
+            rng_impl="threefry2x32" if traced else STEP_RNG,
         )
         init_one, step = chain_programs(cfg)
         return init_one, step, pre.params
 
     def _state_axes(self) -> ECSState:
-        return ECSState(*([0] * len(ECSState._fields)))._replace(params=None)
+        return ECSState(**dict.fromkeys(ECSState._fields, 0))._replace(params=None)
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)

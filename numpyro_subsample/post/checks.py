@@ -428,5 +428,6 @@ def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -
     k, j = int(np.nanargmax(shift)), int(np.nanargmax(log_sd))
     worst = [names[i] for i in np.argsort(-shift)[:2]]
     worst += [names[j]] if names[j] not in worst else []
-    return BiasCheck(h, float(shift[k]), float(se[k]), float(log_sd[j]), float(log_sd_se[j]),
-                     tuple(worst))
+    return BiasCheck(step_size=h, mean_shift=float(shift[k]), mean_shift_se=float(se[k]),
+                     log_sd_shift=float(log_sd[j]), log_sd_shift_se=float(log_sd_se[j]),
+                     worst_sites=tuple(worst))

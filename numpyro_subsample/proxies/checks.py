@@ -235,7 +235,8 @@ def newton_pass(
         coords, steps
     )
     rises = jnp.where(with_excursions, sums.extra + prior - sums.prior_value, zero)
-    return NewtonPass(sums.value, sums.grad, sums.hessian, sums.prior_grad, rises.reshape(2, -1))
+    return NewtonPass(value=sums.value, grad=sums.grad, hessian=sums.hessian,
+                      prior_grad=sums.prior_grad, rises=rises.reshape(2, -1))
 
 
 def excursion_messages(labels, sd, grad, hess_diag, rises) -> list[str]:

@@ -311,8 +311,9 @@ def _fit_full_rank(potential, data, key, rule, num_particles, chunk_size) -> Fit
     mean, tril = device_array(mean, dtype), device_array(tril, dtype)
     passes = start.pop("num_data_passes") + info.pop("num_data_passes")
     info.update(start)
-    return Fitted(mean, device_array(cov, dtype), True, gaussian_sampler(mean, tril), guide,
-                  params, info, passes)
+    return Fitted(mean=mean, cov=device_array(cov, dtype), gaussian=True,
+                  sample=gaussian_sampler(mean, tril), guide=guide, params=params, info=info,
+                  passes=passes)
 
 
 # -- a NumPyro guide (low rank beyond max_full_rank_dim, or the user's) -------------------------
@@ -343,7 +344,8 @@ def _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule, num_eva
             f"The guide's covariance is not positive definite (smallest eigenvalue {eig_min:.3g})"
             "; use a full-rank guide or more num_moment_samples."
         )
-    return Fitted(mean, cov, gaussian, sample, guide, params, info, passes)
+    return Fitted(mean=mean, cov=cov, gaussian=gaussian, sample=sample, guide=guide, params=params,
+                  info=info, passes=passes)
 
 
 def _expected_hessian_cov(potential, data, fit, key, num_draws, chunk_size):

@@ -90,7 +90,7 @@ def check_adaptation_warmup(label: str, num_warmup: int) -> None:
 
 def init_adaptation(grad_w: jax.Array) -> ScaleAdaptation:
     """The state before the first step, from the gradient estimate ``grad_w`` at the start."""
-    return ScaleAdaptation(1.0 + grad_w * grad_w)
+    return ScaleAdaptation(moment=1.0 + grad_w * grad_w)
 
 
 def update_adaptation(state: ScaleAdaptation, grad_w: jax.Array, i: jax.Array,
@@ -99,7 +99,7 @@ def update_adaptation(state: ScaleAdaptation, grad_w: jax.Array, i: jax.Array,
     ρ = max(1/(i + 2), 1/``window``) and s = (V + V_min)^(-1/2); afterwards unchanged."""
     rho = jnp.maximum(1.0 / (i + 2.0), 1.0 / window).astype(grad_w.dtype)
     moment = state.moment + rho * (grad_w * grad_w - state.moment)
-    return ScaleAdaptation(jnp.where(i < num_warmup, moment, state.moment))
+    return ScaleAdaptation(moment=jnp.where(i < num_warmup, moment, state.moment))
 
 
 def adaptive_step_size(rule: Callable[[float, float], float], points: int = 101) -> float:

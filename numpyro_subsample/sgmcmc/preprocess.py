@@ -263,7 +263,8 @@ def whitening(proxy: Proxy | StructuredProxy | None, potential: Potential, *,
         tril = eye(centre.dtype)
     init_tril = proxy_scale(proxy) if proxy is not None else eye(centre.dtype)
     passes = proxy.num_data_passes if proxy is not None else 0.0
-    return Whitening(proxy, centre, tril, init_tril, float(passes))
+    return Whitening(proxy=proxy, centre=centre, scale_tril=tril, init_tril=init_tril,
+                     data_passes=float(passes))
 
 
 def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: bool) -> float:
@@ -376,11 +377,13 @@ def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: Grad
     dtype = wh.centre.dtype
     passes = wh.data_passes + estimator.data_passes
     params = SamplerParams(
-        wh.centre, wh.scale_tril, device_array(step_size, dtype), estimator.params,
-        wh.init_tril, device_array(passes, dtype),
+        centre=wh.centre, scale_tril=wh.scale_tril, step_size=device_array(step_size, dtype),
+        estimator=estimator.params, init_tril=wh.init_tril, data_passes=device_array(passes, dtype),
     )
-    return Preprocessed(potential, wh.proxy, estimator, float(step_size), float("nan"),
-                        wh.centre, wh.scale_tril, time.perf_counter() - started, passes, params)
+    return Preprocessed(potential=potential, proxy=wh.proxy, estimator=estimator,
+                        step_size=float(step_size), noise=float("nan"), centre=wh.centre,
+                        scale_tril=wh.scale_tril, seconds=time.perf_counter() - started,
+                        data_passes=passes, params=params)
 
 
 def check_given_start(pre: Preprocessed, params: SamplerParams, w: jax.Array,

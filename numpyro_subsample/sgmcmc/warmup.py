@@ -241,7 +241,7 @@ def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: Mod
 
 
 def _state_axes() -> SGMCMCState:
-    return SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+    return SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
 
 
 @lru_cache(maxsize=32)
