@@ -5,6 +5,7 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import DataPlate, Potential, build_potential
 from numpyro_subsample.ecs.kernel import ECSState, EnergyConservingHMC
 from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
+from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.registry import ESTIMATORS, configure_estimator
 from numpyro_subsample.estimators.selection import (
     SamplingDesign,
@@ -43,6 +44,7 @@ from numpyro_subsample.sgmcmc.kernel import (
     SGMCMCKernel,
     SGMCMCState,
 )
+from numpyro_subsample.sgmcmc.options import AdaptationOptions, NoiseOptions, ZVOptions
 from numpyro_subsample.sgmcmc.sgrld import SGRLD
 
 __all__ = [
@@ -52,6 +54,10 @@ __all__ = [
     "SGNHT",
     "SGRLD",
     "SGMCMCKernel",
+    "AdaptationOptions",
+    "NoiseOptions",
+    "ZVOptions",
+    "LocalConfig",
     "SGMCMCState",
     "Preprocessed",
     "DistributedSGLD",

@@ -309,8 +309,9 @@ def warn_if_noise_limited(
             f"assumes: the proxy is far from the posterior there (a posterior that is not "
             f"nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
             f"control variates nor a larger subsample make the rule's step useful. Pass "
-            f"adapt_preconditioner=True (a diagonal scale adapted during warm-up, with its "
-            f"own step rule), or check the proxy fit's warnings and fit a closer proxy "
+            f"adaptation=AdaptationOptions(preconditioner=True) (a diagonal scale adapted "
+            f"during warm-up, with its own step rule), or check the proxy fit's warnings and "
+            f"fit a closer proxy "
             f"(proxy='variational', or a larger proxy_kwargs={{'rank': k}})."
         )
     elif estimator.update is not None or name in ("saga", "svrg"):

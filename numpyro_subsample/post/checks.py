@@ -223,9 +223,9 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     except Exception:  # noqa: BLE001  (kernels without a fitted proxy)
         kind = None
     if kind in ("laplace", "variational") and getattr(kernel, "adapt_proxy", None) is False:
-        tips.append("leave adapt_proxy at its default (pilot chains re-estimate the proxy, "
-                    "which a joint mode or a first SVI fit places poorly in hierarchical "
-                    "models)")
+        tips.append("leave AdaptationOptions.proxy at its default (pilot chains re-estimate "
+                    "the proxy, which a joint mode or a first SVI fit places poorly in "
+                    "hierarchical models)")
     elif kind == "adapted":
         tips.append("write hierarchical group effects in the other parameterisation (centred "
                     "or non-centred, numpyro.infer.reparam.LocScaleReparam) where the groups' "

@@ -137,7 +137,7 @@ def draws_from_idata(idata, fn, degree, unconstrained, covariates) -> Draws:
     if "sample_stats" not in idata.groups() or "grad" not in idata.sample_stats:
         raise ValueError(
             "The InferenceData has no sample_stats.grad: run MCMC with "
-            "extra_fields=('grad',) before to_arviz (or use the kernel's zv_stream=True and "
+            "extra_fields=('grad',) before to_arviz (or use the kernel's zv=ZVOptions() and "
             "read idata.zv_posterior)."
         )
     grad = np.asarray(idata.sample_stats["grad"].values, np.float64)

@@ -80,11 +80,11 @@ def check_adaptation_warmup(label: str, num_warmup: int) -> None:
     :data:`MIN_ADAPT_WARMUP`."""
     if int(num_warmup) < MIN_ADAPT_WARMUP:
         raise ValueError(
-            f"{label} adapts a diagonal preconditioner during warm-up (adapt_preconditioner="
-            f"True, or None with a structured proxy or local latent sites), but "
+            f"{label} adapts a diagonal preconditioner during warm-up (AdaptationOptions("
+            f"preconditioner=True, or None with a structured proxy or local latent sites), but "
             f"num_warmup={num_warmup} < "
             f"{MIN_ADAPT_WARMUP}; pass MCMC(..., num_warmup=1000) or more, or "
-            "adapt_preconditioner=False."
+            "AdaptationOptions(preconditioner=False)."
         )
 
 

@@ -95,14 +95,14 @@ class SGMCMCState(NamedTuple):
     coordinate that failed (−1 while the chain is healthy); ``data_passes``: cumulative data
     evaluations / N, including preprocessing; ``params``: the preprocessing's arrays (shared
     by vectorized chains);
-    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``; paired ones with
+    ``zv_stats``: streamed zero-variance statistics (``zv=ZVOptions()``; paired ones with
     the linearised covariates);
     ``est_state``: the estimator's own state (None for a stateless estimator; SAGA's table,
     SVRG's anchor: :mod:`numpyro_subsample.estimators.variance_reduced`), updated by every
     gradient estimate of the steps, also after a failure (the chain is frozen then and its
     state no longer used); ``adapt``: the diagonal preconditioner adapted during warm-up
     (:class:`~numpyro_subsample.sgmcmc.adaptation.ScaleAdaptation`, with
-    ``adapt_preconditioner=True``): the dynamics then move u = w / ``adapt.scale``, and
+    ``AdaptationOptions(preconditioner=True)``): the dynamics then move u = w / ``adapt.scale``, and
     ``momentum`` is in u's units.
 
     Parameters

@@ -335,7 +335,8 @@ def adapt_proxy(
             warnings.warn(
                 f"All {num_chains} pilot chains failed in window {k + 1} of the proxy's "
                 f"adaptation (a step was non-finite or exploded); the proxy stays "
-                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or adapt_proxy=False.",
+                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or "
+                f"adaptation=AdaptationOptions(proxy=False).",
                 ProxyAdaptationWarning, stacklevel=4,
             )
             return start if k == 0 else proxy
