@@ -306,7 +306,36 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     init_theta, unravel = ravel_pytree({name: init_values[name] for name in latent})
     init_theta = jittered_start(init_theta, rng_key)
     local = tuple(_local_site(name, tr[name], init_values[name], plate) for name in local_names)
-    seed_key = trace_seed()
+    terms = _terms_fn(model, plate, unravel, dims, local, trace_seed())
+    _check_plate_indexing(terms, init_theta, data, plate, local)
+    data_leaves = tuple(
+        i for i, a in enumerate(data.arrays) if a.ndim >= 1 and a.shape[0] == plate.size
+    )
+    return Potential(
+        plate=plate,
+        terms=terms,
+        unravel=unravel,
+        init_theta=init_theta,
+        latent_sites=latent,
+        plate_deterministic_sites=plate_det,
+        constrain=_constrain_fn(model, plate, dims, local, plate_det, local_names),
+        model=model,
+        data_leaves=data_leaves,
+        enumerated_dims=tuple(dims.items()),
+        local=local,
+    )
+
+
+def _rows_at_init(local: tuple[LocalSite, ...], m: int) -> dict:
+    """Each local site's starting value for ``m`` data."""
+    return {s.name: jnp.broadcast_to(jnp.asarray(s.init), (m, *s.row_shape)) for s in local}
+
+
+def _terms_fn(model: Callable, plate: DataPlate, unravel: Callable, dims: dict,
+              local: tuple[LocalSite, ...], seed_key) -> Callable:
+    """The potential's ``terms(theta, idx, data, local_rows=None) -> (f0, f_i)``: the model
+    traced at θ on the subsample ``idx`` (enumerated sites summed out, local sites at
+    ``local_rows``)."""
 
     def terms(theta: jax.Array, idx: jax.Array, data: ModelData,
               local_rows: dict | None = None) -> tuple[jax.Array, jax.Array]:
@@ -326,34 +355,42 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
             f0, log_z, observed = enumerated_joint(mtr, plate, m, dims, theta.dtype, True)
             joint = log_z + sum(observed.values())
             return f0, -logsumexp(joint, axis=tuple(range(len(dims))))
-        f0 = jnp.zeros((), theta.dtype)
-        fi = jnp.zeros((m,), theta.dtype)
-        for name, site in mtr.items():
-            if site["type"] != "sample":
-                continue
-            lp = site_log_prob(site)
-            scale = site["scale"]
-            if in_plate(site, plate.name):
-                check_plate_log_prob(name, site, lp, plate)
-                per = per_datum(lp, plate, m, name)
-                if scale is not None:
-                    per = per * (scale * m / plate.size)
-                fi = fi - per
-            else:
-                total = jnp.sum(lp)
-                f0 = f0 - (total if scale is None else scale * total)
-        return f0, fi
+        return _trace_terms(mtr, plate, m, theta.dtype)
 
-    # The validation trace uses a subsample length different from the model's n, so that
-    # observed values not indexed by the plate are caught here rather than silently.
-    # Its jaxpr also shows which data arrays the plate's indices select rows of.
+    return terms
+
+
+def _trace_terms(mtr: dict, plate: DataPlate, m: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """(f0, f_i) of a trace on m data: minus the log-probabilities of the sample sites outside
+    the plate, and per datum of those inside it (user scales applied, rescaled to m data)."""
+    f0 = jnp.zeros((), dtype)
+    fi = jnp.zeros((m,), dtype)
+    for name, site in mtr.items():
+        if site["type"] != "sample":
+            continue
+        lp = site_log_prob(site)
+        scale = site["scale"]
+        if in_plate(site, plate.name):
+            check_plate_log_prob(name, site, lp, plate)
+            per = per_datum(lp, plate, m, name)
+            if scale is not None:
+                per = per * (scale * m / plate.size)
+            fi = fi - per
+        else:
+            total = jnp.sum(lp)
+            f0 = f0 - (total if scale is None else scale * total)
+    return f0, fi
+
+
+def _check_plate_indexing(terms: Callable, init_theta: jax.Array, data: ModelData,
+                          plate: DataPlate, local: tuple[LocalSite, ...]) -> None:
+    """Evaluate ``terms`` on a subsample length other than the model's n, so that observed
+    values not indexed by the plate are caught here rather than silently; its jaxpr also
+    shows which data arrays the plate's indices select rows of, whose lengths must be N."""
     m_check = 3 if plate.subsample_size != 3 else 2
-    def rows_at_init(m):
-        return {s.name: jnp.broadcast_to(jnp.asarray(s.init), (m, *s.row_shape)) for s in local}
-
     try:
         indexed = indexed_axes(
-            lambda idx, data: terms(init_theta, idx, data, rows_at_init(m_check)),
+            lambda idx, data: terms(init_theta, idx, data, _rows_at_init(local, m_check)),
             np.arange(m_check, dtype=np.int32), data,
         )
     except SiteError:
@@ -366,34 +403,26 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
         ) from err
     _check_indexed_lengths(indexed, data, plate)
 
+
+def _constrain_fn(model: Callable, plate: DataPlate, dims: dict, local: tuple[LocalSite, ...],
+                  plate_det: tuple[str, ...], local_names: tuple[str, ...]) -> Callable:
+    """The potential's ``constrain(z, data)``: the constrained latent values and the
+    deterministic sites outside the plate, from one datum of the plate."""
+
     def constrain(z: dict, data: ModelData) -> dict:
         args, kwargs = data.args_kwargs()
         one = set_plate_indices(model, name=plate.name, indices=jnp.arange(1))
         if dims:  # the enumerated values are not sampled (and not returned)
             one = enumerate_sites(one, dims=dims)
         if local:  # nor the local ones (held at their starting values here)
-            one = handlers.substitute(one, data=local_values(local, rows_at_init(1), "constrain"))
+            one = handlers.substitute(one, data=local_values(local, _rows_at_init(local, 1),
+                                                             "constrain"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = constrain_fn(one, args, kwargs, z, return_deterministic=True)
         return {k: v for k, v in out.items() if k not in plate_det and k not in local_names}
 
-    data_leaves = tuple(
-        i for i, a in enumerate(data.arrays) if a.ndim >= 1 and a.shape[0] == plate.size
-    )
-    return Potential(
-        plate=plate,
-        terms=terms,
-        unravel=unravel,
-        init_theta=init_theta,
-        latent_sites=latent,
-        plate_deterministic_sites=plate_det,
-        constrain=constrain,
-        model=model,
-        data_leaves=data_leaves,
-        enumerated_dims=tuple(dims.items()),
-        local=local,
-    )
+    return constrain
 
 
 def _local_site(name: str, site: dict, unconstrained: Any, plate: DataPlate) -> LocalSite:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import arviz as az
@@ -293,56 +294,20 @@ def check_run(
     """
     x, names = _flatten(_latent_draws(mcmc))
     chains, draws, _ = x.shape
-    messages = _failures(mcmc)
-    extra = mcmc.get_extra_fields()
-    divergences = int(np.sum(np.asarray(extra["diverging"]))) if "diverging" in extra else 0
-    if divergences and not messages:
-        messages.append(f"{divergences} of {chains * draws} draws diverged; {_SMALLER_STEP}")
-    frozen = np.ptp(x, axis=1) == 0  # (chains, coordinates)
-    for c, k in zip(*np.nonzero(frozen), strict=True):
-        if len(messages) < 12:
-            messages.append(f"{names[k]} never moved in chain {c}")
-    ess_bulk = ess_tail = rhat = np.full(len(names), np.nan)
-    if draws >= 4:
-        ess_bulk = _per_coordinate(az.ess, x, method="bulk")
-        ess_tail = _per_coordinate(az.ess, x, method="tail")
-        ess_bulk = np.where(frozen.any(0), 0.0, ess_bulk)
-        ess_tail = np.where(frozen.any(0), 0.0, ess_tail)
-        if chains >= 2:
-            rhat = _per_coordinate(az.rhat, x)
-    sd = x.reshape(chains * draws, -1).std(0)
-    mcse_sd = np.full(len(names), np.nan)
-    if draws >= 4:
-        mcse = _per_coordinate(az.mcse, x, method="mean")
-        mcse_sd = np.where(sd > 0, mcse / np.where(sd > 0, sd, 1.0), np.nan)
-    max_mcse = float(np.nanmax(mcse_sd)) if np.isfinite(mcse_sd).any() else float("nan")
-    min_bulk = float(np.nanmin(ess_bulk)) if np.isfinite(ess_bulk).any() else float("nan")
-    min_tail = float(np.nanmin(ess_tail)) if np.isfinite(ess_tail).any() else float("nan")
-    max_r = float(np.nanmax(rhat)) if np.isfinite(rhat).any() else float("nan")
-    excess = np.full(len(names), np.nan)
-    if np.isfinite(rhat).any():  # the chance level from each chain's own ESS (a disagreement
-        # between the chains lowers the pooled ESS, and would raise its own threshold)
-        within = sum(_per_coordinate(az.ess, x[c:c + 1], method="bulk") for c in range(chains))
-        excess = rhat - rhat_thresholds(within, chains, draws, max_rhat)
+    messages, divergences, frozen = _chain_failures(mcmc, x, names)
+    fig = _coordinate_figures(x, frozen, max_rhat)
+    max_mcse = _extreme(np.nanmax, fig.mcse_sd)
+    min_bulk, min_tail = _extreme(np.nanmin, fig.ess_bulk), _extreme(np.nanmin, fig.ess_tail)
+    max_r = _extreme(np.nanmax, fig.rhat)
     worst = []
-    h = _step_size(mcmc)
-    step = "" if h is None else f" (step size {h:.3g})"
     threshold = float(min_ess_per_chain) * chains
     if min(min_bulk, min_tail) < threshold:
-        order = np.argsort(np.minimum(ess_bulk, ess_tail))[:3]
+        order = np.argsort(np.minimum(fig.ess_bulk, fig.ess_tail))[:3]
         worst += [names[k] for k in order]
-        per_chain = "" if chains == 1 else f" ({min_ess_per_chain:g} per chain × {chains})"
-        mcse_note = "" if not np.isfinite(max_mcse) else (
-            f", so a posterior mean may be off by {max_mcse:.2f} sd (Monte Carlo standard "
-            "error)")
-        messages.append(
-            f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
-            f"< {threshold:g}{per_chain} at {', '.join(names[k] for k in order)}{step}"
-            f"{mcse_note}: the chain has not mixed; "
-            f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
-        )
-    if np.nanmax(excess, initial=-np.inf) > 0:
-        order = np.argsort(-np.nan_to_num(excess, nan=-np.inf))[:3]
+        messages.append(_ess_message(mcmc, [names[k] for k in order], min_bulk, min_tail,
+                                     threshold, min_ess_per_chain, chains, draws, max_mcse))
+    if np.nanmax(fig.excess, initial=-np.inf) > 0:
+        order = np.argsort(-np.nan_to_num(fig.excess, nan=-np.inf))[:3]
         worst += [names[k] for k in order if names[k] not in worst]
         messages.append(
             f"max split R-hat {max_r:.3f} > {max_rhat:g} between {chains} chains at "
@@ -352,17 +317,9 @@ def check_run(
     bias = None
     if check_bias:
         bias = step_halving_check(mcmc)
-        mean_moved = bias.mean_shift > max(bias_tolerance, 3 * bias.mean_shift_se)
-        sd_moved = bias.log_sd_shift > max(bias_tolerance, 3 * bias.log_sd_shift_se)
-        if mean_moved or sd_moved:
-            messages.append(
-                f"halving the step to {bias.step_size:.3g} moved the posterior mean by "
-                f"{bias.mean_shift:.2f} ± {bias.mean_shift_se:.2f} sd and the log sd by "
-                f"{bias.log_sd_shift:.2f} ± {bias.log_sd_shift_se:.2f} (at "
-                f"{', '.join(bias.worst_sites)}): the step is too large for "
-                f"{bias_tolerance:g}-sd accuracy; pass step_size={bias.step_size:.3g} or a "
-                "smaller max_variance_inflation"
-            )
+        message = _bias_message(bias, bias_tolerance)
+        if message:
+            messages.append(message)
     result = RunCheck(
         min_ess_bulk=min_bulk, min_ess_tail=min_tail, max_rhat=max_r, worst_sites=tuple(worst),
         divergences=divergences, num_draws=chains * draws, num_chains=chains,
@@ -372,6 +329,101 @@ def check_run(
         warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),
                       RunDiagnosticsWarning, stacklevel=stacklevel)
     return result
+
+
+def _extreme(reduce: Callable, values: np.ndarray) -> float:
+    """``reduce`` (np.nanmin or np.nanmax) of the finite ``values``, or NaN if none is."""
+    return float(reduce(values)) if np.isfinite(values).any() else float("nan")
+
+
+def _chain_failures(mcmc, x: np.ndarray, names: list[str]) -> tuple[list[str], int, np.ndarray]:
+    """``(messages, divergences, frozen)``: the stopped chains of a package kernel, else the
+    divergent draws; and the coordinates that never moved in a chain ((chains, coordinates),
+    each named in a message, at most 12 messages in all)."""
+    chains, draws, _ = x.shape
+    messages = _failures(mcmc)
+    extra = mcmc.get_extra_fields()
+    divergences = int(np.sum(np.asarray(extra["diverging"]))) if "diverging" in extra else 0
+    if divergences and not messages:
+        messages.append(f"{divergences} of {chains * draws} draws diverged; {_SMALLER_STEP}")
+    frozen = np.ptp(x, axis=1) == 0  # (chains, coordinates)
+    for c, k in zip(*np.nonzero(frozen), strict=True):
+        if len(messages) < 12:
+            messages.append(f"{names[k]} never moved in chain {c}")
+    return messages, divergences, frozen
+
+
+class _Figures(NamedTuple):
+    """Per coordinate: bulk and tail ESS (0 where a chain is frozen), split R-hat, the Monte
+    Carlo standard error of the mean in posterior sds, and R-hat's excess over its chance
+    level (NaN where not computed)."""
+
+    ess_bulk: np.ndarray
+    ess_tail: np.ndarray
+    rhat: np.ndarray
+    mcse_sd: np.ndarray
+    excess: np.ndarray
+
+
+def _coordinate_figures(x: np.ndarray, frozen: np.ndarray, max_rhat: float) -> _Figures:
+    """The :class:`_Figures` of draws ``x`` (chains, draws, coordinates): ESS and MCSE from 4
+    draws, R-hat from 2 chains (Vehtari et al. 2021, through ArviZ)."""
+    chains, draws, num = x.shape
+    ess_bulk = ess_tail = rhat = np.full(num, np.nan)
+    if draws >= 4:
+        ess_bulk = _per_coordinate(az.ess, x, method="bulk")
+        ess_tail = _per_coordinate(az.ess, x, method="tail")
+        ess_bulk = np.where(frozen.any(0), 0.0, ess_bulk)
+        ess_tail = np.where(frozen.any(0), 0.0, ess_tail)
+        if chains >= 2:
+            rhat = _per_coordinate(az.rhat, x)
+    sd = x.reshape(chains * draws, -1).std(0)
+    mcse_sd = np.full(num, np.nan)
+    if draws >= 4:
+        mcse = _per_coordinate(az.mcse, x, method="mean")
+        mcse_sd = np.where(sd > 0, mcse / np.where(sd > 0, sd, 1.0), np.nan)
+    excess = np.full(num, np.nan)
+    if np.isfinite(rhat).any():  # the chance level from each chain's own ESS (a disagreement
+        # between the chains lowers the pooled ESS, and would raise its own threshold)
+        within = sum(_per_coordinate(az.ess, x[c:c + 1], method="bulk") for c in range(chains))
+        excess = rhat - rhat_thresholds(within, chains, draws, max_rhat)
+    return _Figures(ess_bulk=ess_bulk, ess_tail=ess_tail, rhat=rhat, mcse_sd=mcse_sd,
+                    excess=excess)
+
+
+def _ess_message(mcmc, worst: list[str], min_bulk: float, min_tail: float, threshold: float,
+                 min_ess_per_chain: float, chains: int, draws: int, max_mcse: float) -> str:
+    """The message of an ESS below ``threshold``, with the worst coordinates, the step size,
+    the mean's Monte Carlo error and the remedy (:func:`_mixing_remedy`)."""
+    h = _step_size(mcmc)
+    step = "" if h is None else f" (step size {h:.3g})"
+    per_chain = "" if chains == 1 else f" ({min_ess_per_chain:g} per chain × {chains})"
+    mcse_note = "" if not np.isfinite(max_mcse) else (
+        f", so a posterior mean may be off by {max_mcse:.2f} sd (Monte Carlo standard "
+        "error)")
+    return (
+        f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
+        f"< {threshold:g}{per_chain} at {', '.join(worst)}{step}"
+        f"{mcse_note}: the chain has not mixed; "
+        f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
+    )
+
+
+def _bias_message(bias: BiasCheck, bias_tolerance: float) -> str | None:
+    """The message of a step-halving check whose mean or log sd moved by more than
+    ``bias_tolerance`` and three Monte Carlo standard errors, else None."""
+    mean_moved = bias.mean_shift > max(bias_tolerance, 3 * bias.mean_shift_se)
+    sd_moved = bias.log_sd_shift > max(bias_tolerance, 3 * bias.log_sd_shift_se)
+    if not (mean_moved or sd_moved):
+        return None
+    return (
+        f"halving the step to {bias.step_size:.3g} moved the posterior mean by "
+        f"{bias.mean_shift:.2f} ± {bias.mean_shift_se:.2f} sd and the log sd by "
+        f"{bias.log_sd_shift:.2f} ± {bias.log_sd_shift_se:.2f} (at "
+        f"{', '.join(bias.worst_sites)}): the step is too large for "
+        f"{bias_tolerance:g}-sd accuracy; pass step_size={bias.step_size:.3g} or a "
+        "smaller max_variance_inflation"
+    )
 
 
 def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -> BiasCheck:

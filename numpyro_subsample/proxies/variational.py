@@ -265,16 +265,9 @@ def fit_variational(
     if full_rank:
         fit = _fit_full_rank(potential, data, k_fit, rule, int(num_particles), chunk_size)
     else:
-        init_loc, passes = None, 0.0
-        if guide is None:  # low rank: its mean starts at the minibatch mode
-            guide = _cached_default_guide(potential, int(max_full_rank_dim))
-            theta, steps = minibatch_mode(potential, data, jax.random.fold_in(k_fit, 3),
-                                          progress)
-            init_loc = np.asarray(theta)[guide_order(potential)]
-            passes = steps * potential.plate.subsample_size / potential.num_data
-        fit = _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
-                         int(num_eval_particles), int(num_moment_samples), init_loc)
-        fit = fit._replace(passes=fit.passes + passes)
+        fit = _fit_numpyro_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                                 int(num_eval_particles), int(num_moment_samples),
+                                 int(max_full_rank_dim), progress)
     cov, passes, cov_info = fit.cov, fit.passes, {}
     if covariance == "expected_hessian":
         cov, more = _expected_hessian_cov(potential, data, fit, jax.random.fold_in(k_mom, 1),
@@ -293,6 +286,22 @@ def fit_variational(
                 **cov_info, **figures)
     passes = proxy.num_data_passes + (check_passes(potential.num_data) if fit.gaussian else 0)
     return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
+
+
+def _fit_numpyro_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                       num_eval_particles, num_moment_samples, max_full_rank_dim,
+                       progress) -> Fitted:
+    """NumPyro's SVI of ``guide`` (:func:`_fit_guide`); without one, of the default low-rank
+    guide whose mean starts at the minibatch mode (its Adam steps counted in the passes)."""
+    init_loc, passes = None, 0.0
+    if guide is None:  # low rank: its mean starts at the minibatch mode
+        guide = _cached_default_guide(potential, max_full_rank_dim)
+        theta, steps = minibatch_mode(potential, data, jax.random.fold_in(k_fit, 3), progress)
+        init_loc = np.asarray(theta)[guide_order(potential)]
+        passes = steps * potential.plate.subsample_size / potential.num_data
+    fit = _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                     num_eval_particles, num_moment_samples, init_loc)
+    return fit._replace(passes=fit.passes + passes)
 
 
 # -- the default family: full rank, control-variate ELBO ----------------------------------------
