@@ -4,6 +4,7 @@ from numpyro_subsample import datasets
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import DataPlate, Potential, build_potential
 from numpyro_subsample.ecs.kernel import ECSState, EnergyConservingHMC
+from numpyro_subsample.ecs.options import HMCOptions, LikelihoodOptions, PreferentialOptions
 from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
 from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.registry import ESTIMATORS, configure_estimator
@@ -65,6 +66,9 @@ __all__ = [
     "shard_layout",
     "shard_design",
     "EnergyConservingHMC",
+    "HMCOptions",
+    "LikelihoodOptions",
+    "PreferentialOptions",
     "ECSState",
     # model and data
     "ModelData",

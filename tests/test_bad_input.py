@@ -24,9 +24,12 @@ from numpyro_subsample import (
     SGRLD,
     AdaptationOptions,
     EnergyConservingHMC,
+    HMCOptions,
+    LikelihoodOptions,
     LocalConfig,
     ModelData,
     NoiseOptions,
+    PreferentialOptions,
     ZVOptions,
     build_potential,
 )
@@ -158,17 +161,8 @@ _BAD_OPTIONS = [
     (EnergyConservingHMC, "num_blocks", 2.0, TypeError),
     (EnergyConservingHMC, "subsample_size", 1, ValueError),
     (EnergyConservingHMC, "subsample_size", 2.5, TypeError),
-    (EnergyConservingHMC, "step_size", "small", TypeError),
-    (EnergyConservingHMC, "target_accept_prob", 1.5, ValueError),
-    (EnergyConservingHMC, "max_tree_depth", 0, ValueError),
-    (EnergyConservingHMC, "num_steps", 0, ValueError),
-    (EnergyConservingHMC, "trajectory_length", -1.0, ValueError),
-    (EnergyConservingHMC, "algo", "MALA", ValueError),
     (EnergyConservingHMC, "selection", "pps", ValueError),
-    (EnergyConservingHMC, "uniform_mix", 0.0, ValueError),
-    (EnergyConservingHMC, "num_mc_draws", 1, ValueError),
-    (EnergyConservingHMC, "taylor_order", 3, ValueError),
-    (EnergyConservingHMC, "dense_mass", "yes", TypeError),
+    (EnergyConservingHMC, "hmc", {"algo": "HMC"}, TypeError),
     (EnergyConservingHMC, "seed", None, TypeError),
     (DistributedSGLD, "num_shards", 0, ValueError),
     (DistributedSGLD, "trajectory_length", 0, ValueError),
@@ -199,6 +193,17 @@ _BAD_RECORDS = [
     (ZVOptions, "fn", 3, TypeError),
     (AdaptationOptions, "preconditioner", "yes", TypeError),
     (AdaptationOptions, "proxy", 1, TypeError),
+    (HMCOptions, "step_size", "small", TypeError),
+    (HMCOptions, "target_accept_prob", 1.5, ValueError),
+    (HMCOptions, "max_tree_depth", 0, ValueError),
+    (HMCOptions, "num_steps", 0, ValueError),
+    (HMCOptions, "trajectory_length", -1.0, ValueError),
+    (HMCOptions, "algo", "MALA", ValueError),
+    (HMCOptions, "dense_mass", "yes", TypeError),
+    (PreferentialOptions, "uniform_mix", 0.0, ValueError),
+    (PreferentialOptions, "num_draws", 0, ValueError),
+    (LikelihoodOptions, "num_mc_draws", 1, ValueError),
+    (LikelihoodOptions, "taylor_order", 3, ValueError),
 ]
 
 
@@ -300,13 +305,16 @@ def test_option_spec_matches_the_code():
     kernels = {"SGMCMCKernel": (SGMCMCKernel, {"model", "estimator", "estimator_options",
                                                "adaptation", "noise", "zv", "local"}),
                "SGHMC": (SGHMC, {"model", "kwargs"}),
-               "EnergyConservingHMC": (EnergyConservingHMC, {"model"}),
+               "EnergyConservingHMC": (EnergyConservingHMC, {"model", "hmc", "likelihood",
+                                                             "preferential", "deprecated"}),
                "DistributedSGLD": (DistributedSGLD, {"model", "mesh", "kwargs"})}
     for owner, (cls, undeclared) in kernels.items():
         params = set(inspect.signature(cls.__init__).parameters) - {"self"}
         assert set(OPTIONS[owner]) == params - undeclared, owner
     records = {"ZVOptions": ZVOptions, "AdaptationOptions": AdaptationOptions,
-               "NoiseOptions": NoiseOptions}
+               "NoiseOptions": NoiseOptions, "HMCOptions": HMCOptions,
+               "LikelihoodOptions": LikelihoodOptions,
+               "PreferentialOptions": PreferentialOptions}
     for owner, cls in records.items():
         assert set(OPTIONS[owner]) == {f.name for f in dataclasses.fields(cls)}, owner
     assert set(OPTIONS["LocalConfig"]) == set(LocalConfig._fields) - {"init_step"}
@@ -374,7 +382,8 @@ def test_numpy_scalars_are_accepted_as_options():
                   replace=np.bool_(False))
     assert kernel.chunk_size == 512 and kernel.seed == 1 and kernel.replace is False
     ecs = EnergyConservingHMC(logistic_model, num_blocks=np.int64(5),
-                              target_accept_prob=np.float64(0.9), subsample_size=np.int64(50))
+                              hmc=HMCOptions(target_accept_prob=np.float64(0.9)),
+                              subsample_size=np.int64(50))
     assert ecs.num_blocks == 5 and ecs.hmc_options["target_accept_prob"] == 0.9
 
 
@@ -387,7 +396,8 @@ def test_numpy_arrays_give_the_same_draws(kind):
     def make():
         if kind == "sgld":
             return SGLD(logistic_model)
-        return EnergyConservingHMC(logistic_model, num_blocks=5, algo="HMC", num_steps=5)
+        return EnergyConservingHMC(logistic_model, num_blocks=5,
+                                   hmc=HMCOptions(algo="HMC", num_steps=5))
 
     kw = {"subsample_size": 50}
     draws_np = _samples(make(), X_np, y_np, **kw)

@@ -9,7 +9,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from models import linreg_data, linreg_model
+from models import linreg_data, linreg_model, logistic_data, logistic_model
 
 from numpyro_subsample import (
     MCMC,
@@ -19,8 +19,11 @@ from numpyro_subsample import (
     AdaptationOptions,
     DistributedSGLD,
     EnergyConservingHMC,
+    HMCOptions,
+    LikelihoodOptions,
     LocalConfig,
     NoiseOptions,
+    PreferentialOptions,
     ZVOptions,
 )
 from numpyro_subsample.sgmcmc.options import LEGACY_KEYWORDS
@@ -120,3 +123,28 @@ def test_capabilities_are_class_attributes():
                 or DistributedSGLD.supports_adaptation
                 or DistributedSGLD.supports_proxy_adaptation)
     assert SGRLD.supports_local and not EnergyConservingHMC.supports_local
+
+
+def test_ecs_old_keywords_warn_and_give_the_same_draws():
+    X, y = logistic_data(N=500, d=3, seed=2)
+    runs = []
+    for spelling in ("old", "new"):
+        if spelling == "old":
+            with pytest.warns(DeprecationWarning, match=re.escape(
+                    "pass hmc=HMCOptions(algo='HMC', num_steps=5).")):
+                kernel = EnergyConservingHMC(logistic_model, num_blocks=5, algo="HMC",
+                                             num_steps=5, uniform_mix=0.1, taylor_order=1)
+        else:
+            kernel = EnergyConservingHMC(logistic_model, num_blocks=5,
+                                         hmc=HMCOptions(algo="HMC", num_steps=5),
+                                         preferential=PreferentialOptions(uniform_mix=0.1),
+                                         likelihood=LikelihoodOptions(taylor_order=1))
+        mcmc = MCMC(kernel, num_warmup=5, num_samples=10, progress_bar=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=50)
+        runs.append((kernel.hmc_options, np.asarray(mcmc.get_samples()["beta"])))
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    with pytest.raises(TypeError, match="pass hmc= alone"):
+        EnergyConservingHMC(logistic_model, hmc=HMCOptions(), algo="HMC")

@@ -20,6 +20,9 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,7 +30,7 @@ from typing import Any
 from numpyro_subsample.core.validation import Option, OptionTypeError, check_values, requirement
 
 __all__ = ["OPTIONS", "Option", "OptionTypeError", "check_options", "did_you_mean",
-           "requirement", "suggest_keywords"]
+           "requirement", "suggest_keywords", "user_stacklevel", "warn_deprecated"]
 
 
 def did_you_mean(unknown: Sequence[str], candidates: Sequence[str]) -> str:
@@ -65,6 +68,27 @@ def suggest_keywords(init: Callable | None = None, *, deprecated: Sequence[str] 
         init(self, *args, **kwargs)
 
     return checked
+
+
+def user_stacklevel() -> int:
+    """The stack level, for ``warnings.warn`` called by its caller, of the first frame outside
+    this package: the user's call of a kernel, whichever subclasses it passed through."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_deprecated(label: str, given: Sequence[str], new: str) -> None:
+    """A ``DeprecationWarning`` at the user's call: the keywords ``given`` of ``label`` are
+    replaced by ``new`` (the spelling to pass)."""
+    many = len(given) > 1
+    warnings.warn(
+        f"{label}: the keyword{'s' if many else ''} {', '.join(given)} "
+        f"{'are' if many else 'is'} deprecated; pass {new}.",
+        DeprecationWarning, stacklevel=user_stacklevel(),
+    )
 
 
 def check_options(owner: str, /, *, label: str | None = None, **values: Any) -> None:
@@ -188,11 +212,6 @@ _ECS: dict[str, Option] = {
         "str", "the per-datum approximation q_i ≈ ℓ_i of the difference estimator",
         choices=("taylor", "hybrid", "variational"), none=True,
         remedy="Pass 'taylor', 'hybrid', 'variational' or None (the default for the proxy)."),
-    "taylor_order": Option("int", "the order of the Taylor likelihood proxy", choices=(1, 2),
-                           none=True, remedy="Pass 1, 2 or None (2 with a dense proxy, 1 with "
-                           "a structured one)."),
-    "hybrid_order": Option("int", "the order of the hybrid likelihood proxy", choices=(1, 2),
-                           remedy="Pass 1 or 2."),
     "num_blocks": _positive_int("G, the number of blocks of the subsample (one is redrawn per "
                                 "iteration; the subsample size must be a multiple of it)",
                                 "Pass a positive divisor of the subsample size, e.g. 10."),
@@ -203,14 +222,13 @@ _ECS: dict[str, Option] = {
     "selection": Option("str", "the selection law of the subsample",
                         choices=("uniform", "preferential"),
                         remedy="Pass 'preferential' (the default) or 'uniform'."),
-    "uniform_mix": Option("real", "the weight of the uniform law in the preferential "
-                          "selection (every p_i > 0)", low=0, high=1, open_low=True,
-                          remedy="Pass e.g. 0.05 (the default)."),
-    "num_selection_draws": _positive_int("the number of proxy draws of the preferential "
-                                         "selection", "Pass e.g. 16 (the default)."),
-    "num_mc_draws": _positive_int("S, the draws of q for the variational and hybrid proxies",
-                                  "Pass an integer ≥ 2, or None (the default).", none=True,
-                                  low=2),
+    "proxy_kwargs": _PROXY_KWARGS,
+    "chunk_size": _CHUNK,
+    "seed": _SEED,
+    "progress_bar": _PROGRESS,
+}
+
+_HMC: dict[str, Option] = {
     "algo": Option("str", "the HMC algorithm", choices=("NUTS", "HMC"),
                    remedy="Pass 'NUTS' (the default) or 'HMC'."),
     "step_size": Option("real", "NumPyro's initial HMC step size", low=0, open_low=True,
@@ -229,10 +247,25 @@ _ECS: dict[str, Option] = {
                                 remedy="Pass a positive number, or None."),
     "num_steps": _positive_int("the number of leapfrog steps per HMC iteration (algo='HMC')",
                                "Pass a positive integer, or None.", none=True),
-    "proxy_kwargs": _PROXY_KWARGS,
-    "chunk_size": _CHUNK,
-    "seed": _SEED,
-    "progress_bar": _PROGRESS,
+}
+
+_LIKELIHOOD: dict[str, Option] = {
+    "taylor_order": Option("int", "the order of the Taylor likelihood proxy", choices=(1, 2),
+                           none=True, remedy="Pass 1, 2 or None (2 with a dense proxy, 1 with "
+                           "a structured one)."),
+    "hybrid_order": Option("int", "the order of the hybrid likelihood proxy", choices=(1, 2),
+                           remedy="Pass 1 or 2."),
+    "num_mc_draws": _positive_int("S, the draws of q for the variational and hybrid proxies",
+                                  "Pass an integer ≥ 2, or None (the default).", none=True,
+                                  low=2),
+}
+
+_PREFERENTIAL_SELECTION: dict[str, Option] = {
+    "uniform_mix": Option("real", "the weight of the uniform law in the preferential "
+                          "selection (every p_i > 0)", low=0, high=1, open_low=True,
+                          remedy="Pass e.g. 0.05 (the default)."),
+    "num_draws": _positive_int("the number of proxy draws of the preferential selection",
+                               "Pass e.g. 16 (the default)."),
 }
 
 _DISTRIBUTED: dict[str, Option] = {
@@ -325,6 +358,9 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "LocalConfig": _LOCAL,
     "SGHMC": _SGHMC,
     "EnergyConservingHMC": _ECS,
+    "HMCOptions": _HMC,
+    "LikelihoodOptions": _LIKELIHOOD,
+    "PreferentialOptions": _PREFERENTIAL_SELECTION,
     "DistributedSGLD": _DISTRIBUTED,
     "configure_estimator": _CONFIGURE,
     "estimator='uniform'": {},

@@ -9,14 +9,11 @@ with a ``DeprecationWarning`` naming the new spelling.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from numpyro_subsample.core.options import OptionTypeError, check_options
+from numpyro_subsample.core.options import OptionTypeError, check_options, warn_deprecated
 from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
 
 __all__ = ["AdaptationOptions", "NoiseOptions", "ZVOptions", "check_record", "legacy_records"]
@@ -142,21 +139,12 @@ def check_record(label: str, name: str, value: Any) -> None:
     cls = _RECORDS[name]
     if value is not None and not isinstance(value, cls):
         raise OptionTypeError(
-            f"{label}: {name} must be a {cls.__name__} or None, got {value!r} (type "
+            f"{label}: {name} must be {cls.__name__}(...) or None, got {value!r} (type "
             f"{type(value).__name__}). Pass e.g. {name}={cls.__name__}(...)."
         )
     if cls is LocalConfig and value is not None:
         check_options("LocalConfig", label=f"{label}: LocalConfig", steps=value.steps,
                       update=value.update)
-
-
-def _user_stacklevel() -> int:
-    """The stack level of the first caller outside this package (for warnings)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _new_spelling(name: str, given: dict[str, Any]) -> str:
@@ -189,12 +177,7 @@ def legacy_records(label: str, kwargs: dict[str, Any], **records: Any) -> dict[s
             raise TypeError(
                 f"{label}: pass {name}= alone, not with {', '.join(given)} (its fields)."
             )
-        new = _new_spelling(name, given)
-        warnings.warn(
-            f"{label}: the keyword{'s' if len(given) > 1 else ''} {', '.join(given)} "
-            f"{'are' if len(given) > 1 else 'is'} deprecated; pass {new}.",
-            DeprecationWarning, stacklevel=_user_stacklevel(),
-        )
+        warn_deprecated(label, list(given), _new_spelling(name, given))
         values = {LEGACY_KEYWORDS[k][1]: v for k, v in given.items() if LEGACY_KEYWORDS[k][1]}
         if name == "zv":
             out[name] = ZVOptions(**values) if given.get("zv_stream", False) else None
