@@ -355,10 +355,8 @@ def make_rare_features(
     for j, label in enumerate(minority):
         realised.append(int(np.sum(y[B[:, j] == 1.0] == label)))
     return Dataset(
-        name=f"rare_features_logistic_N{N}_d{X.shape[1]}", task="logistic", X_train=X.astype(
-            np.float32,
-        ), y_train=y,
-        X_test=None, y_test=None,
+        name=f"rare_features_logistic_N{N}_d{X.shape[1]}", task="logistic",
+        X_train=X.astype(np.float32), y_train=y, X_test=None, y_test=None,
         info={"seed": seed, "true_beta": beta, "binary_fractions": fractions,
          "minority_labels": tuple(minority), "minority_counts": tuple(realised),
          "num_leverage": int(num_leverage), "leverage_scale": float(leverage_scale)},

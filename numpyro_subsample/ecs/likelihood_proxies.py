@@ -254,9 +254,8 @@ def fit_likelihood_proxy(
             )
         zs = moment_matched_normal(rng_key, S, d).astype(ref.dtype)
         sum_b, sum_c = _stein_sums(potential, chunk_size, ref, tril, zs, data)
-        lp, passes = LikelihoodProxy(
-            ref=ref, tril=tril, sum_b=sum_b, sum_c=sum_c, draws=zs,
-        ), float(S)
+        lp = LikelihoodProxy(ref=ref, tril=tril, sum_b=sum_b, sum_c=sum_c, draws=zs)
+        passes = float(S)
         info["draws"] = ref + zs @ tril.T
     else:
         hybrid = spec.kind == "hybrid"

@@ -112,9 +112,8 @@ def _fit_svi(
     lr = float(learning_rate)
     losses_all, trace = [], []
     initial = -float(_crn_loss(model, guide, params, eval_keys, data))
-    rule, action, steps, avg, key = Plateau(
-        best=initial, stale=0, decays=0,
-    ), "continue", 0, params, k_run
+    rule = Plateau(best=initial, stale=0, decays=0)
+    action, steps, avg, key = "continue", 0, params, k_run
     bar = progress_bar(max_steps, "proxy: SVI (variational)", progress)
     while steps < max_steps and action != "stop":
         key, sub = jax.random.split(key)

@@ -262,11 +262,9 @@ def _param_specs(cfg: _Shards, params: SamplerParams) -> SamplerParams:
     axis, sp = _axis(cfg), params.estimator
     cv = None if sp.cv is None else ControlVariate(centre=P(), sum_grads=P(), datum_grads=P(axis))
     data = _data_specs(sp.data, cfg.potential.data_leaves, axis)
-    return SamplerParams(
-        centre=P(), scale_tril=P(), step_size=P(),
-        estimator=ShardParams(data=data, weights=P(), trajectory_lengths=P(), cv=cv), init_tril=P(),
-        data_passes=P(),
-    )
+    shard = ShardParams(data=data, weights=P(), trajectory_lengths=P(), cv=cv)
+    return SamplerParams(centre=P(), scale_tril=P(), step_size=P(), estimator=shard,
+                         init_tril=P(), data_passes=P())
 
 
 def _chain_specs(cfg: _Shards) -> SGMCMCState:
