@@ -423,18 +423,16 @@ class SGMCMCKernel(SubsampleKernel):
         est = pre.estimator
         adapt = self._adapts(pre.potential)
         return SGMCMCConfig(
-            potential=pre.potential, estimate=est.estimate, dynamics=self._dynamics(
-                pre.noise_corrected,
-            ),
+            potential=pre.potential, estimate=est.estimate,
+            dynamics=self._dynamics(pre.noise_corrected),
             rng_impl="threefry2x32" if traced else STEP_RNG, init_strategy=init_strategy,
             precondition_draw=self.preconditioning and not local,
             zv_degree=self.zv_degree if self.zv_stream else 0, zv_fn=self.zv_fn,
-            num_warmup=int(
-                num_warmup,
-            ) if self.zv_stream or adapt else 0, init_state=est.init_state, update=est.update,
+            num_warmup=int(num_warmup) if self.zv_stream or adapt else 0,
+            init_state=est.init_state, update=est.update,
             adapt_window=adaptation.adaptation_window(num_warmup) if adapt else 0,
-            zv_linearised=self.zv_stream and covariate_choice(self.zv_covariates, self.zv_degree,
-                                                pre.potential.dim) == "linearised",
+            zv_linearised=self.zv_stream and covariate_choice(
+                self.zv_covariates, self.zv_degree, pre.potential.dim) == "linearised",
         )
 
     def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
