@@ -42,6 +42,7 @@ from numpyro_subsample.ecs.options import (
     LikelihoodOptions,
     PreferentialOptions,
     legacy_ecs_records,
+    numpyro_hmc_options,
 )
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.choice import fit_kernel_structured, structured_choice
@@ -77,22 +78,6 @@ def _check_variance(s2: np.ndarray, m: int, num_data: int, spec) -> None:
         f"the draws may be biased. Raise subsample_size{better}{order2}; or use an SG kernel.",
         ProxyFitWarning, stacklevel=4,
     )
-
-
-def _numpyro_hmc_options(hmc: HMCOptions) -> dict:
-    """The keyword arguments of NumPyro's HMC ``init_kernel`` (the trajectory for
-    ``algo="HMC"`` only, of length 2π unless given)."""
-    options = dict(
-        step_size=float(hmc.step_size), adapt_step_size=bool(hmc.adapt_step_size),
-        adapt_mass_matrix=bool(hmc.adapt_mass_matrix), dense_mass=bool(hmc.dense_mass),
-        target_accept_prob=float(hmc.target_accept_prob), max_tree_depth=hmc.max_tree_depth,
-    )
-    if hmc.algo == "HMC":
-        length = hmc.trajectory_length
-        if length is None and hmc.num_steps is None:
-            length = 2 * np.pi
-        options.update(trajectory_length=length, num_steps=hmc.num_steps)
-    return options
 
 
 class ECSPreprocessed(NamedTuple):
@@ -243,7 +228,7 @@ class EnergyConservingHMC(SubsampleKernel):
         self.selection = selection
         self.hmc, self.likelihood = records["hmc"], records["likelihood"]
         self.preferential = records["preferential"]
-        self.hmc_options = _numpyro_hmc_options(self.hmc)
+        self.hmc_options = numpyro_hmc_options(self.hmc)
         self.proxy_kwargs = dict(proxy_kwargs or {})
         self.chunk_size = int(chunk_size)
         self.progress_bar = progress_bar

@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from numpyro_subsample.core.options import OptionTypeError, check_options, warn_deprecated
 
-__all__ = ["HMCOptions", "LikelihoodOptions", "PreferentialOptions", "legacy_ecs_records"]
+__all__ = ["HMCOptions", "LikelihoodOptions", "PreferentialOptions", "legacy_ecs_records",
+           "numpyro_hmc_options"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +110,22 @@ class PreferentialOptions:
 
     def __post_init__(self) -> None:
         check_options("PreferentialOptions", **_fields(self))
+
+
+def numpyro_hmc_options(hmc: HMCOptions) -> dict:
+    """The keyword arguments of NumPyro's HMC ``init_kernel`` (the trajectory for
+    ``algo="HMC"`` only, of length 2π unless given)."""
+    options = dict(
+        step_size=float(hmc.step_size), adapt_step_size=bool(hmc.adapt_step_size),
+        adapt_mass_matrix=bool(hmc.adapt_mass_matrix), dense_mass=bool(hmc.dense_mass),
+        target_accept_prob=float(hmc.target_accept_prob), max_tree_depth=hmc.max_tree_depth,
+    )
+    if hmc.algo == "HMC":
+        length = hmc.trajectory_length
+        if length is None and hmc.num_steps is None:
+            length = 2 * np.pi
+        options.update(trajectory_length=length, num_steps=hmc.num_steps)
+    return options
 
 
 def _fields(record: Any) -> dict[str, Any]:

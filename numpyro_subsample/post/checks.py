@@ -14,14 +14,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import arviz as az
 import numpy as np
-from scipy.stats import chi2
 
-from numpyro_subsample.core.sites import coordinate_names, site_label
+from numpyro_subsample.core.sites import coordinate_names
+from numpyro_subsample.post.run_figures import (
+    coordinate_figures,
+    finite_extreme,
+    flatten_draws,
+    latent_draws,
+    per_coordinate,
+    rhat_thresholds,
+)
 
 __all__ = [
     "rhat_thresholds",
@@ -140,52 +146,6 @@ _SMALLER_STEP = (
 )
 
 
-def _latent_draws(mcmc) -> dict[str, np.ndarray]:
-    """Draws (chains, draws, ...) of the latent sites (deterministic sites left out)."""
-    samples = mcmc.get_samples(group_by_chain=True)
-    z = getattr(mcmc.last_state, mcmc.sampler.sample_field, None)
-    if isinstance(z, dict):
-        samples = {k: v for k, v in samples.items() if k in z}
-    return {k: np.asarray(v, np.float64) for k, v in samples.items()}
-
-
-def _flatten(draws: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
-    """(chains, draws, coordinates) and the coordinates' labels."""
-    cols, names = [], []
-    for name in sorted(draws):
-        v = draws[name]
-        shape = v.shape[2:]
-        cols.append(v.reshape(v.shape[0], v.shape[1], -1))
-        names += [site_label(name, shape, i) for i in range(int(np.prod(shape, dtype=int)))]
-    return np.concatenate(cols, axis=2), names
-
-
-def _per_coordinate(fn, x: np.ndarray, **kwargs) -> np.ndarray:
-    ds = az.convert_to_dataset({"x": x})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return np.asarray(fn(ds, **kwargs)["x"].values, np.float64).reshape(-1)
-
-
-def rhat_thresholds(ess_bulk: np.ndarray, chains: int, draws: int, max_rhat: float = 1.01,
-                    level: float = 0.01) -> np.ndarray:
-    """Per-coordinate split R-hat thresholds: ``max_rhat``, raised to the (1 − level/d)
-    quantile of split R-hat over chains that sample one distribution (Bonferroni over the d
-    coordinates), so that a long well-mixed run of many coordinates does not warn by chance.
-    ``ess_bulk``: the sum over chains of each chain's own bulk ESS (:func:`check_run`).
-
-    For M = 2·``chains`` split chains of ``draws``/2 draws and a bulk ESS S per coordinate,
-    R̂² = 1 + (B/W − 1)/n with B/W ≈ (n/n_e)·F, F ~ χ²_{M−1}/(M−1) and n_e = S/M (Vehtari
-    et al. 2021, Sect. 3-4): the quantile is sqrt(1 + F_q/n_e − 1/n).
-    """
-    ess = np.asarray(ess_bulk, np.float64)
-    m = 2 * int(chains)
-    n = max(int(draws) // 2, 1)
-    f = chi2.isf(level / max(ess.size, 1), m - 1) / (m - 1)
-    n_e = np.maximum(np.nan_to_num(ess, nan=1.0) / m, 1.0)
-    return np.maximum(max_rhat, np.sqrt(np.maximum(1.0 + f / n_e - 1.0 / n, 1.0)))
-
-
 def _failures(mcmc) -> list[str]:
     """One line per chain that a package kernel stopped (``fail_step`` ≥ 0)."""
     state = mcmc.last_state
@@ -292,13 +252,14 @@ def check_run(
     ----------
     Vehtari, Gelman, Simpson, Carpenter and Bürkner (2021) (split R-hat, bulk and tail ESS).
     """
-    x, names = _flatten(_latent_draws(mcmc))
+    x, names = flatten_draws(latent_draws(mcmc))
     chains, draws, _ = x.shape
     messages, divergences, frozen = _chain_failures(mcmc, x, names)
-    fig = _coordinate_figures(x, frozen, max_rhat)
-    max_mcse = _extreme(np.nanmax, fig.mcse_sd)
-    min_bulk, min_tail = _extreme(np.nanmin, fig.ess_bulk), _extreme(np.nanmin, fig.ess_tail)
-    max_r = _extreme(np.nanmax, fig.rhat)
+    fig = coordinate_figures(x, frozen, max_rhat)
+    max_mcse = finite_extreme(np.nanmax, fig.mcse_sd)
+    min_bulk = finite_extreme(np.nanmin, fig.ess_bulk)
+    min_tail = finite_extreme(np.nanmin, fig.ess_tail)
+    max_r = finite_extreme(np.nanmax, fig.rhat)
     worst = []
     threshold = float(min_ess_per_chain) * chains
     if min(min_bulk, min_tail) < threshold:
@@ -331,11 +292,6 @@ def check_run(
     return result
 
 
-def _extreme(reduce: Callable, values: np.ndarray) -> float:
-    """``reduce`` (np.nanmin or np.nanmax) of the finite ``values``, or NaN if none is."""
-    return float(reduce(values)) if np.isfinite(values).any() else float("nan")
-
-
 def _chain_failures(mcmc, x: np.ndarray, names: list[str]) -> tuple[list[str], int, np.ndarray]:
     """``(messages, divergences, frozen)``: the stopped chains of a package kernel, else the
     divergent draws; and the coordinates that never moved in a chain ((chains, coordinates),
@@ -351,44 +307,6 @@ def _chain_failures(mcmc, x: np.ndarray, names: list[str]) -> tuple[list[str], i
         if len(messages) < 12:
             messages.append(f"{names[k]} never moved in chain {c}")
     return messages, divergences, frozen
-
-
-class _Figures(NamedTuple):
-    """Per coordinate: bulk and tail ESS (0 where a chain is frozen), split R-hat, the Monte
-    Carlo standard error of the mean in posterior sds, and R-hat's excess over its chance
-    level (NaN where not computed)."""
-
-    ess_bulk: np.ndarray
-    ess_tail: np.ndarray
-    rhat: np.ndarray
-    mcse_sd: np.ndarray
-    excess: np.ndarray
-
-
-def _coordinate_figures(x: np.ndarray, frozen: np.ndarray, max_rhat: float) -> _Figures:
-    """The :class:`_Figures` of draws ``x`` (chains, draws, coordinates): ESS and MCSE from 4
-    draws, R-hat from 2 chains (Vehtari et al. 2021, through ArviZ)."""
-    chains, draws, num = x.shape
-    ess_bulk = ess_tail = rhat = np.full(num, np.nan)
-    if draws >= 4:
-        ess_bulk = _per_coordinate(az.ess, x, method="bulk")
-        ess_tail = _per_coordinate(az.ess, x, method="tail")
-        ess_bulk = np.where(frozen.any(0), 0.0, ess_bulk)
-        ess_tail = np.where(frozen.any(0), 0.0, ess_tail)
-        if chains >= 2:
-            rhat = _per_coordinate(az.rhat, x)
-    sd = x.reshape(chains * draws, -1).std(0)
-    mcse_sd = np.full(num, np.nan)
-    if draws >= 4:
-        mcse = _per_coordinate(az.mcse, x, method="mean")
-        mcse_sd = np.where(sd > 0, mcse / np.where(sd > 0, sd, 1.0), np.nan)
-    excess = np.full(num, np.nan)
-    if np.isfinite(rhat).any():  # the chance level from each chain's own ESS (a disagreement
-        # between the chains lowers the pooled ESS, and would raise its own threshold)
-        within = sum(_per_coordinate(az.ess, x[c:c + 1], method="bulk") for c in range(chains))
-        excess = rhat - rhat_thresholds(within, chains, draws, max_rhat)
-    return _Figures(ess_bulk=ess_bulk, ess_tail=ess_tail, rhat=rhat, mcse_sd=mcse_sd,
-                    excess=excess)
 
 
 def _ess_message(mcmc, worst: list[str], min_bulk: float, min_tail: float, threshold: float,
@@ -466,16 +384,16 @@ def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -
         chain_method=mcmc.chain_method, thinning=mcmc.thinning, progress_bar=False,
     )
     half.run(jax.random.PRNGKey(seed), *mcmc._args, **mcmc._kwargs)  # noqa: SLF001
-    x1, names = _flatten(_latent_draws(mcmc))
-    x2, _ = _flatten(_latent_draws(half))
+    x1, names = flatten_draws(latent_draws(mcmc))
+    x2, _ = flatten_draws(latent_draws(half))
     flat1, flat2 = x1.reshape(-1, x1.shape[2]), x2.reshape(-1, x2.shape[2])
     sd = flat1.std(0)
     sd = np.where(sd > 0, sd, np.inf)
     shift = np.abs(flat1.mean(0) - flat2.mean(0)) / sd
-    se = np.sqrt(_per_coordinate(az.mcse, x1) ** 2 + _per_coordinate(az.mcse, x2) ** 2) / sd
+    se = np.sqrt(per_coordinate(az.mcse, x1) ** 2 + per_coordinate(az.mcse, x2) ** 2) / sd
     log_sd = np.abs(np.log(flat2.std(0) / sd))
-    ess1 = np.maximum(_per_coordinate(az.ess, x1, method="bulk"), 1.0)
-    ess2 = np.maximum(_per_coordinate(az.ess, x2, method="bulk"), 1.0)
+    ess1 = np.maximum(per_coordinate(az.ess, x1, method="bulk"), 1.0)
+    ess2 = np.maximum(per_coordinate(az.ess, x2, method="bulk"), 1.0)
     log_sd_se = np.sqrt(0.5 / ess1 + 0.5 / ess2)  # sd of log s for a Gaussian, ESS draws
     k, j = int(np.nanargmax(shift)), int(np.nanargmax(log_sd))
     worst = [names[i] for i in np.argsort(-shift)[:2]]
