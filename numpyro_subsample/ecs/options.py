@@ -101,8 +101,8 @@ class PreferentialOptions:
 
     References
     ----------
-    Hansen and Hurwitz (1943); Putcha, Nemeth and Fearnhead (2023), Sect. 3 (preferential
-    subsampling).
+    Hansen and Hurwitz (1943) (sampling with unequal probabilities); Putcha, Nemeth and
+    Fearnhead (2023) (preferential subsampling).
     """
 
     uniform_mix: float = 0.05

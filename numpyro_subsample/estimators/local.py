@@ -88,15 +88,16 @@ class LocalConfig(NamedTuple):
         ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows``
         (``rng_key``: a legacy uint32[2] ``PRNGKey``, which every NumPyro distribution
         samples with; ``rows``: the constrained local values of the subsample,
-        {site: (m, *row)}; ``values``: the constrained global sites and deterministic sites
-        outside the plate), or None for MALA.
+        ``{site: (m, *row)}``; ``values``: the constrained global sites and deterministic
+        sites outside the plate), or None for MALA.
     init_step
         The first MALA step (adapted per datum afterwards).
 
     References
     ----------
-    Roberts and Tweedie (1996) (MALA); Fu and Zhang (2023), Sect. 4.3 (local variables drawn
-    per subsample in SG-MCMC).
+    Roberts and Tweedie (1996) (MALA); Roberts and Rosenthal (2007) (diminishing
+    adaptation of the step); Patterson and Teh (2013), Sect. 4-5 (local variables drawn for
+    each minibatch in SG-MCMC).
     """
 
     steps: int = DEFAULT_LOCAL_STEPS
