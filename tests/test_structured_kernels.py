@@ -163,7 +163,8 @@ def test_lipschitz_closed_form_works_and_autodiff_is_refused(small_fit):
 def test_noise_limited_advice_for_saga_and_svrg():
     """SAGA and SVRG already use control variates: the advice is not 'use estimator=cv'."""
     for name in ("saga", "svrg", "uniform"):
-        est = GradientEstimator(None, None, name, 10, 1000)
+        est = GradientEstimator(estimate=None, params=None, name=name, subsample_size=10,
+                                num_data=1000)
         with pytest.warns(NoiseLimitedStepWarning) as rec:
             warn_if_noise_limited(est, 500.0, 1e-6)  # v·n/N = 5: a proxy that matches
         msg = str(rec[0].message)
@@ -179,7 +180,8 @@ def test_noise_limited_advice_when_the_proxy_is_far_from_the_posterior():
     the proxy does not describe the posterior, and the advice says so (with the figures)
     instead of control variates; just below the threshold, or with a curvature that explains the
     noise, the usual advice."""
-    est = GradientEstimator(None, None, "uniform", 100, 1077)
+    est = GradientEstimator(estimate=None, params=None, name="uniform", subsample_size=100,
+                            num_data=1077)
     with pytest.warns(NoiseLimitedStepWarning) as rec:
         warn_if_noise_limited(est, 1.62e4, 6e-6, curvature=3.06)  # the digits BNN's figures
     msg = str(rec[0].message)
@@ -311,7 +313,8 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     designs = jax.lax.map(lambda t: est.moments.design(est.params, t, data), thetas)
 
     def noise_program(operand, key):
-        return lanczos_eigh(NoiseOperator(est.moments, 125), operand, key, d, 1, 20)
+        op = NoiseOperator(moments=est.moments, chunk_size=125)
+        return lanczos_eigh(op, operand, key, d, 1, 20)
 
     jx = jax.make_jaxpr(noise_program)((est.params, thetas, designs, pre.scale_tril, data),
                                        jax.random.PRNGKey(2))

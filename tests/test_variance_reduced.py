@@ -60,9 +60,10 @@ def test_unbiased_for_any_table_or_anchor(small, name, replace):
         grads = datum_values_and_grads(pot, other, data)[1]
         noise = jax.random.normal(jax.random.PRNGKey(5), grads.shape)
         table = grads + noise * jnp.abs(grads).mean(0)
-        state = SAGAState(table, table.sum(0))
+        state = SAGAState(table=table, total=table.sum(0))
     else:
-        state = SVRGState(other, _data_sum(pot, other, data), jnp.zeros((), jnp.int32))
+        state = SVRGState(anchor=other, anchor_sum=_data_sum(pot, other, data),
+                          age=jnp.zeros((), jnp.int32))
     K = 20_000
     keys = jax.random.split(jax.random.PRNGKey(7), K)
     gs = jax.jit(jax.vmap(lambda k: est.update(est.params, state, k, theta, data)[0]))(keys)
