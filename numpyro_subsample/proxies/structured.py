@@ -273,7 +273,7 @@ def fit_structured(
         ritz_tol=ritz_tol, curvature_floor=curvature_floor, init_theta=init_theta,
         num_epochs=num_epochs, learning_rate=learning_rate, max_iterations=max_iterations,
         gtol=gtol, memory_size=memory_size, chunk_size=chunk_size, block_size=block_size)
-    theta, dtype, k, chunk_size = a.init_theta, a.init_theta.dtype, a.rank, a.chunk_size
+    theta, dtype, chunk_size = a.init_theta, a.init_theta.dtype, a.chunk_size
     key_adam, key_lanczos, key_probe = jax.random.split(rng_key, 3)
     block = min(a.block_size, potential.dim)
     mode = find_mode(potential, data, theta, key_adam, subsample_size=subsample_size,
@@ -316,29 +316,36 @@ def fit_structured(
         num_data_passes=float(sum(passes.values())),
         seconds=time.perf_counter() - t0,
         kind="structured",
-        info={
-            "structure": a.structure,
-            "rank": k,
-            "curvature": a.curvature,
-            "diagonal": a.diagonal if a.curvature == "hessian" else "fisher",
-            "complement": a.complement if k else None,
-            "adam_steps": mode.adam_steps,
-            "lbfgs_iterations": mode.iterations,
-            "lbfgs_stop": mode.stop,
-            "converged": mode.converged,
-            "grad_rms": mode.grad_rms,
-            "gtol": a.gtol,
-            "potential": f,
-            "newton_decrement": decrement,
-            "curvature_diagonal": h,
-            "clipped": clipped,
-            "num_clipped": sum(clipped.values()),
-            "curvature_floor": a.curvature_floor,
-            "passes": passes,
-            "warnings": messages,
-            **info_lr,
-        },
+        info=_fit_info(a, mode, f, decrement, h, clipped, passes, messages, info_lr),
     )
+
+
+def _fit_info(a: StructuredArguments, mode, f: float, decrement: float, h: np.ndarray,
+              clipped: dict, passes: dict, messages: list, info_lr: dict) -> dict:
+    """``proxy.info`` of :func:`fit_structured` (its docstring)."""
+    k = a.rank
+    return {
+        "structure": a.structure,
+        "rank": k,
+        "curvature": a.curvature,
+        "diagonal": a.diagonal if a.curvature == "hessian" else "fisher",
+        "complement": a.complement if k else None,
+        "adam_steps": mode.adam_steps,
+        "lbfgs_iterations": mode.iterations,
+        "lbfgs_stop": mode.stop,
+        "converged": mode.converged,
+        "grad_rms": mode.grad_rms,
+        "gtol": a.gtol,
+        "potential": f,
+        "newton_decrement": decrement,
+        "curvature_diagonal": h,
+        "clipped": clipped,
+        "num_clipped": sum(clipped.values()),
+        "curvature_floor": a.curvature_floor,
+        "passes": passes,
+        "warnings": messages,
+        **info_lr,
+    }
 
 
 def _covariance_operator(potential: Potential, data: ModelData, theta: jax.Array, key,
