@@ -208,6 +208,7 @@ class SGMCMCKernel(SubsampleKernel):
         adaptation = records["adaptation"] or AdaptationOptions()
         noise = records["noise"] or NoiseOptions()
         zv, local = records["zv"], records["local"] or LocalConfig()
+        local = local._replace(steps=int(local.steps))
         check_options(
             "SGMCMCKernel", label=label, step_size=step_size,
             preconditioning=preconditioning, replace=replace, proxy_kwargs=proxy_kwargs,

@@ -221,6 +221,7 @@ class SGRLD(SubsampleKernel):
         local = legacy_records("SGRLD", deprecated, local=local)["local"]
         check_record("SGRLD", "local", local)
         local = local or LocalConfig()
+        local = local._replace(steps=int(local.steps))
         if schedule not in ("polynomial", "constant"):
             raise ValueError(f"SGRLD: schedule must be 'polynomial' or 'constant', got "
                              f"{schedule!r}.")
