@@ -16,7 +16,7 @@ import optax
 from _highdim_lmm import _brief, log, run_sg, run_structured_proxy
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_subsample import SGHMC
+from numpyro_subsample import SGHMC, AdaptationOptions
 
 HIDDEN = 50
 
@@ -265,7 +265,8 @@ def experiment_bnn(a) -> dict:
         ("SGHMC-uniform, no proxy (preconditioning=False)",
          {"estimator": "uniform", "preconditioning": False}),
         ("SGHMC-uniform, low-rank, adapt_preconditioner=False",
-         {"estimator": "uniform", "adapt_preconditioner": False, **low_rank}),
+         {"estimator": "uniform",
+          "adaptation": AdaptationOptions(preconditioner=False), **low_rank}),
     )
     for name, opts in variants:
         log(f"[bnn] {name}: {a.chains} chains x ({warm} + {samp})")

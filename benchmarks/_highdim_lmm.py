@@ -26,6 +26,7 @@ from numpyro.infer import MCMC, NUTS
 from numpyro_subsample import (
     SGHMC,
     SGLD,
+    AdaptationOptions,
     ModelData,
     build_potential,
     check_run,
@@ -280,7 +281,8 @@ def experiment_lmm(a) -> dict:
         pk = dict(fit_kw, **({"rank": a.rank} if structure == "low-rank" else {}))
         variants = [("SGLD-CV", SGLD, {}), ("SGHMC-CV", SGHMC, {})]
         if structure == structures[0]:  # the measured-noise step rule, for comparison
-            variants.append(("SGLD-CV", SGLD, {"adapt_preconditioner": False}))
+            fixed = AdaptationOptions(preconditioner=False)
+            variants.append(("SGLD-CV", SGLD, {"adaptation": fixed}))
         for label, cls, extra in variants:
             name = f"{label}, {structure}" + "".join(f", {k}={v}" for k, v in extra.items())
             log(f"[lmm] {name}: {a.chains} chains x ({warm} + {samp}), thinning {thin}")

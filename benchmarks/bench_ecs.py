@@ -45,7 +45,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
-from numpyro_subsample import EnergyConservingHMC
+from numpyro_subsample import EnergyConservingHMC, LikelihoodOptions
 from numpyro_subsample.compare.problems import Problem
 from numpyro_subsample.compare.runners import (
     Settings,
@@ -120,7 +120,8 @@ ECS_VARIANTS = {
     "ECS taylor-2 uniform": dict(proxy="laplace", selection="uniform"),
     "ECS taylor-2 preferential": dict(proxy="laplace", selection="preferential"),
     "ECS hybrid-2 preferential": dict(proxy="variational", likelihood_proxy="hybrid",
-                                       hybrid_order=2, selection="preferential"),
+                                       likelihood=LikelihoodOptions(hybrid_order=2),
+                                       selection="preferential"),
 }
 
 
@@ -196,15 +197,17 @@ def sigma2_table(name, X, y, m, warmup, samples, num_draws=40, num_sub=200) -> l
         k.preprocess(problem.args(), problem.kwargs())
         return k
 
-    kernels = {"taylor-1": make(proxy="laplace", taylor_order=1)}
+    kernels = {"taylor-1": make(proxy="laplace", likelihood=LikelihoodOptions(taylor_order=1))}
     kernels["taylor-2"] = make(proxy="laplace")
-    kernels["hybrid-1"] = make(proxy="variational", likelihood_proxy="hybrid", hybrid_order=1)
+    kernels["hybrid-1"] = make(proxy="variational", likelihood_proxy="hybrid",
+                               likelihood=LikelihoodOptions(hybrid_order=1))
     info = kernels["hybrid-1"].proxy.info
     gk = {"guide": info["guide"], "guide_params": info["guide_params"]}
     kernels["hybrid-2"] = make(proxy="variational", proxy_kwargs=gk)
     kernels["variational (Rønning and Hamelryck 2021)"] = make(
         proxy="variational", likelihood_proxy="variational", proxy_kwargs=gk)
-    kernels["taylor-1, preferential"] = make(proxy="laplace", taylor_order=1,
+    kernels["taylor-1, preferential"] = make(proxy="laplace",
+                                             likelihood=LikelihoodOptions(taylor_order=1),
                                              selection="preferential")
     kernels["taylor-2, preferential"] = make(proxy="laplace", selection="preferential")
     kernels["hybrid-2, preferential"] = make(proxy="variational", proxy_kwargs=gk,

@@ -9,11 +9,11 @@
    solves only; no (p+J)² array), checked against a sparse direct solve (scipy.sparse).
    Rows: SGLD-CV and SGHMC-CV with ``proxy="low-rank"`` and ``"diagonal"`` (Hessian curvature,
    Hutchinson diagonal; the preconditioner adapted during warm-up, the default with a
-   structured proxy, and one SGLD-CV row with ``adapt_preconditioner=False``, the measured-noise
-   step rule), the structured proxies alone (θ̂ + L ξ, ``scale_matvec``), with ``--lmm-ecs
-   WARMUP SAMPLES`` ``EnergyConservingHMC`` with the first structure (first-order Taylor
-   likelihood proxy, one chain, its σ̂²), and a
-   short NUTS timing (full-data gradients; too slow at this size to be a peer). Metrics over
+   structured proxy, and one SGLD-CV row with ``AdaptationOptions(preconditioner=False)``,
+   the measured-noise step rule), the structured proxies alone (θ̂ + L ξ, ``scale_matvec``),
+   with ``--lmm-ecs WARMUP SAMPLES`` ``EnergyConservingHMC`` with the first structure
+   (first-order Taylor likelihood proxy, one chain, its σ̂²), and a short NUTS timing
+   (full-data gradients; too slow at this size to be a peer). Metrics over
    the fixed effects and over 200 random effects drawn at random: worst |mean error| and
    worst |log sd ratio| in exact posterior-sd units, min bulk ESS (ArviZ, over the stored
    thinned draws of those coordinates), wall time including compilation and preprocessing,

@@ -5,7 +5,7 @@ scikit-learn's online variational LDA (Hoffman, Blei and Bach 2010) on a synthet
 
 The model (:mod:`lda`): topics global Dirichlet (SGRLD), each document's topic proportions a
 local site drawn by an exact Gibbs step given the topics for the documents of each subsample
-(``local_update``), or by the package's default MALA steps. Measured on held-out documents by
+(``LocalConfig.update``), or by the package's default MALA steps. Measured on held-out documents by
 document completion: θ_d folded in from a random half of each document's tokens with the
 topics fixed (the same procedure for every method), perplexity on the other half. Rows: each
 method's wall time including compilation, data passes, perplexity of the posterior predictive
@@ -41,7 +41,7 @@ from lda import (
     topic_recovery,
 )
 
-from numpyro_subsample import SGRLD
+from numpyro_subsample import SGRLD, LocalConfig
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -63,7 +63,7 @@ def sgrld_run(method: str, train, tokens, K: int, n: int, steps: int, a: float, 
     return run_kernel(
         method,
         lambda: SGRLD(lda_model, step_size=a, schedule="polynomial", estimator=estimator,
-                      local_update=local_update, **kw),
+                      local=LocalConfig(update=local_update), **kw),
         (train, tokens, K, n), {}, num_warmup=0, num_samples=steps, seed=seed,
     )
 

@@ -39,7 +39,7 @@ def lda_model(counts, tokens, num_topics: int, subsample_size: int, alpha: float
 
 def lda_local_gibbs(rng_key, rows, values, idx, counts, tokens, num_topics, subsample_size,
                     alpha=ALPHA, eta=ETA, sweeps: int = 2):
-    """``sweeps`` Gibbs sweeps of θ_d given β for the documents ``idx`` (the ``local_update``
+    """``sweeps`` Gibbs sweeps of θ_d given β for the documents ``idx`` (the ``LocalConfig.update``
     of SGRLD): each token's topic z ~ Categorical(θ_d ⊙ β_·w), then θ_d ~ Dirichlet(α + n_d·),
     n_dk the tokens of document d with topic k."""
     del counts, subsample_size, eta

@@ -23,7 +23,7 @@ from numpyro.infer import MCMC
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from models import linreg_data, linreg_exact, linreg_model  # noqa: E402
 
-from numpyro_subsample import SGLD, zv_fit  # noqa: E402
+from numpyro_subsample import SGLD, ZVOptions, zv_fit  # noqa: E402
 
 HEAD = ("method", "N", "wall_s", "passes", "err_raw", "err_zv", "spread_raw", "spread_zv", "vr")
 
@@ -32,7 +32,8 @@ def run(N: int, estimator: str, num_samples: int, chains: int = 10, stream: bool
         num_warmup: int = 500) -> dict:
     X, y = linreg_data(N=N, d=5, seed=0)
     mean, sd = linreg_exact(X, y)
-    kernel = SGLD(linreg_model, estimator=estimator, progress_bar=False, zv_stream=stream)
+    kernel = SGLD(linreg_model, estimator=estimator, progress_bar=False,
+                  zv=ZVOptions() if stream else None)
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=chains,
                 chain_method="vectorized", progress_bar=False)
     fields = ("data_passes",) if stream else ("grad", "data_passes")

@@ -4,7 +4,9 @@ from numpyro_subsample import datasets
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import DataPlate, Potential, build_potential
 from numpyro_subsample.ecs.kernel import ECSState, EnergyConservingHMC
+from numpyro_subsample.ecs.options import HMCOptions, LikelihoodOptions, PreferentialOptions
 from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
+from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.registry import ESTIMATORS, configure_estimator
 from numpyro_subsample.estimators.selection import (
     SamplingDesign,
@@ -43,6 +45,7 @@ from numpyro_subsample.sgmcmc.kernel import (
     SGMCMCKernel,
     SGMCMCState,
 )
+from numpyro_subsample.sgmcmc.options import AdaptationOptions, NoiseOptions, ZVOptions
 from numpyro_subsample.sgmcmc.sgrld import SGRLD
 
 __all__ = [
@@ -52,6 +55,10 @@ __all__ = [
     "SGNHT",
     "SGRLD",
     "SGMCMCKernel",
+    "AdaptationOptions",
+    "NoiseOptions",
+    "ZVOptions",
+    "LocalConfig",
     "SGMCMCState",
     "Preprocessed",
     "DistributedSGLD",
@@ -59,6 +66,9 @@ __all__ = [
     "shard_layout",
     "shard_design",
     "EnergyConservingHMC",
+    "HMCOptions",
+    "LikelihoodOptions",
+    "PreferentialOptions",
     "ECSState",
     # model and data
     "ModelData",

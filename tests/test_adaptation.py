@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 from models import linreg_exact, linreg_model
 
-from numpyro_subsample import MCMC, SGHMC, SGLD, DistributedSGLD, ModelData
+from numpyro_subsample import (
+    MCMC,
+    SGHMC,
+    SGLD,
+    AdaptationOptions,
+    DistributedSGLD,
+    ModelData,
+    NoiseOptions,
+)
 from numpyro_subsample.post.checks import RunDiagnosticsWarning
 from numpyro_subsample.sgmcmc.adaptation import (
     MIN_ADAPT_WARMUP,
@@ -81,7 +89,8 @@ def test_raw_coordinates_against_the_exact_posterior(scaled, cls):
     draws, ESS ≥ 400 per coordinate in this configuration, so the Monte Carlo sd of the mean
     is ≤ 0.05 sd and that of the sd ≤ 3.5 %; the default step inflates variances by ≤ 5 %."""
     X, y, (mean, sd) = scaled
-    kernel = cls(linreg_model, preconditioning=False, adapt_preconditioner=True,
+    kernel = cls(linreg_model, preconditioning=False,
+                 adaptation=AdaptationOptions(preconditioner=True),
                  progress_bar=False)
     mcmc = MCMC(kernel, num_warmup=1000, num_samples=8000, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
@@ -128,14 +137,16 @@ def test_scale_frozen_after_warmup_and_default_with_structured_proxy(scaled):
 
 def test_bad_requests_raise_early(scaled):
     X, y, _ = scaled
-    kernel = SGLD(linreg_model, adapt_preconditioner=True, progress_bar=False)
+    kernel = SGLD(linreg_model, adaptation=AdaptationOptions(preconditioner=True),
+                  progress_bar=False)
     with pytest.raises(ValueError, match=f"num_warmup=10 < {MIN_ADAPT_WARMUP}"):
         MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False).run(
             jax.random.PRNGKey(0), X, y)
     assert kernel._pre is None  # raised before the proxy fit
-    with pytest.raises(ValueError, match="noise_correction=True"):
-        SGLD(linreg_model, adapt_preconditioner=True, noise_correction=True)
+    with pytest.raises(ValueError, match=r"NoiseOptions\(correction=True\)"):
+        SGLD(linreg_model, adaptation=AdaptationOptions(preconditioner=True),
+             noise=NoiseOptions(correction=True))
     with pytest.raises(ValueError, match="not by DistributedSGLD"):
-        DistributedSGLD(linreg_model, adapt_preconditioner=True)
-    with pytest.raises(TypeError, match="adapt_preconditioner"):
-        SGLD(linreg_model, adapt_preconditioner="yes")
+        DistributedSGLD(linreg_model, adaptation=AdaptationOptions(preconditioner=True))
+    with pytest.raises(TypeError, match="preconditioner"):
+        SGLD(linreg_model, adaptation=AdaptationOptions(preconditioner="yes"))

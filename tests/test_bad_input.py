@@ -1,6 +1,7 @@
 """Bad input is refused early (construction, or init before the proxy fit) with a message that
 names the argument or site, the value seen and what to do."""
 
+import dataclasses
 import inspect
 import re
 
@@ -21,8 +22,15 @@ from numpyro_subsample import (
     SGLD,
     SGNHT,
     SGRLD,
+    AdaptationOptions,
     EnergyConservingHMC,
+    HMCOptions,
+    LikelihoodOptions,
+    LocalConfig,
     ModelData,
+    NoiseOptions,
+    PreferentialOptions,
+    ZVOptions,
     build_potential,
 )
 from numpyro_subsample.core.options import OPTIONS
@@ -135,10 +143,6 @@ _BAD_OPTIONS = [
     (SGLD, "step_size", "big", TypeError),
     (SGLD, "step_size", -1.0, ValueError),
     (SGLD, "step_size", float("nan"), ValueError),
-    (SGLD, "max_variance_inflation", 0.0, ValueError),
-    (SGLD, "max_variance_inflation", 1.5, ValueError),
-    (SGLD, "max_variance_inflation", "5%", TypeError),
-    (SGLD, "zv_degree", 3, ValueError),
     (SGLD, "init_strategy", "middle", ValueError),
     (SGLD, "seed", 1.5, TypeError),
     (SGLD, "seed", "a", TypeError),
@@ -146,7 +150,10 @@ _BAD_OPTIONS = [
     (SGLD, "preconditioning", None, TypeError),
     (SGLD, "proxy", "mode", ValueError),
     (SGLD, "proxy_kwargs", 3, TypeError),
-    (SGLD, "zv_fn", 3, TypeError),
+    (SGLD, "zv", 3, TypeError),
+    (SGLD, "noise", {"correction": True}, TypeError),
+    (SGLD, "adaptation", True, TypeError),
+    (SGLD, "local", 5, TypeError),
     (SGHMC, "friction", 0.0, ValueError),
     (SGHMC, "friction", "high", TypeError),
     (SGNHT, "friction", -1.0, ValueError),
@@ -154,17 +161,8 @@ _BAD_OPTIONS = [
     (EnergyConservingHMC, "num_blocks", 2.0, TypeError),
     (EnergyConservingHMC, "subsample_size", 1, ValueError),
     (EnergyConservingHMC, "subsample_size", 2.5, TypeError),
-    (EnergyConservingHMC, "step_size", "small", TypeError),
-    (EnergyConservingHMC, "target_accept_prob", 1.5, ValueError),
-    (EnergyConservingHMC, "max_tree_depth", 0, ValueError),
-    (EnergyConservingHMC, "num_steps", 0, ValueError),
-    (EnergyConservingHMC, "trajectory_length", -1.0, ValueError),
-    (EnergyConservingHMC, "algo", "MALA", ValueError),
     (EnergyConservingHMC, "selection", "pps", ValueError),
-    (EnergyConservingHMC, "uniform_mix", 0.0, ValueError),
-    (EnergyConservingHMC, "num_mc_draws", 1, ValueError),
-    (EnergyConservingHMC, "taylor_order", 3, ValueError),
-    (EnergyConservingHMC, "dense_mass", "yes", TypeError),
+    (EnergyConservingHMC, "hmc", {"algo": "HMC"}, TypeError),
     (EnergyConservingHMC, "seed", None, TypeError),
     (DistributedSGLD, "num_shards", 0, ValueError),
     (DistributedSGLD, "trajectory_length", 0, ValueError),
@@ -184,9 +182,48 @@ def test_bad_kernel_options_raise_at_construction(cls, name, value, exc):
         cls(logistic_model, **{name: value})
 
 
+_BAD_RECORDS = [
+    # (option record, field, bad value, exception)
+    (NoiseOptions, "max_variance_inflation", 0.0, ValueError),
+    (NoiseOptions, "max_variance_inflation", 1.5, ValueError),
+    (NoiseOptions, "max_variance_inflation", "5%", TypeError),
+    (NoiseOptions, "correction", "yes", TypeError),
+    (ZVOptions, "degree", 3, ValueError),
+    (ZVOptions, "covariates", "diagonal", ValueError),
+    (ZVOptions, "fn", 3, TypeError),
+    (AdaptationOptions, "preconditioner", "yes", TypeError),
+    (AdaptationOptions, "proxy", 1, TypeError),
+    (HMCOptions, "step_size", "small", TypeError),
+    (HMCOptions, "target_accept_prob", 1.5, ValueError),
+    (HMCOptions, "max_tree_depth", 0, ValueError),
+    (HMCOptions, "num_steps", 0, ValueError),
+    (HMCOptions, "trajectory_length", -1.0, ValueError),
+    (HMCOptions, "algo", "MALA", ValueError),
+    (HMCOptions, "dense_mass", "yes", TypeError),
+    (PreferentialOptions, "uniform_mix", 0.0, ValueError),
+    (PreferentialOptions, "num_draws", 0, ValueError),
+    (LikelihoodOptions, "num_mc_draws", 1, ValueError),
+    (LikelihoodOptions, "taylor_order", 3, ValueError),
+]
+
+
+@pytest.mark.parametrize("cls, name, value, exc", _BAD_RECORDS,
+                         ids=[f"{c.__name__}-{k}={v!r}" for c, k, v, _ in _BAD_RECORDS])
+def test_bad_option_records_raise_when_built(cls, name, value, exc):
+    with _raises(exc, cls.__name__, name, repr(value)):
+        cls(**{name: value})
+
+
+def test_bad_local_config_raises_at_kernel_construction():
+    with _raises(ValueError, "LocalConfig", "steps", "0"):
+        SGLD(logistic_model, local=LocalConfig(steps=0))
+    with _raises(TypeError, "LocalConfig", "update", "3"):
+        SGRLD(logistic_model, local=LocalConfig(update=3))
+
+
 @pytest.mark.parametrize("cls, given, meant, exc", [
     (SGLD, "stepsize", "step_size", ValueError), (SGHMC, "frictoin", "friction", ValueError),
-    (SGLD, "max_variance_inflaton", "max_variance_inflation", ValueError),
+    (SGLD, "adaptaton", "adaptation", ValueError),
     (DistributedSGLD, "num_shard", "num_shards", ValueError),
     (SGNHT, "chunksize", "chunk_size", ValueError),
     (SGRLD, "stepsize", "step_size", TypeError),
@@ -265,13 +302,22 @@ def test_bad_estimator_options_raise_at_construction(name, options, exc, fragmen
 def test_option_spec_matches_the_code():
     """The declared options are the constructors' keyword arguments, and the declared choices
     those the code accepts."""
-    kernels = {"SGMCMCKernel": (SGMCMCKernel, {"model", "estimator", "estimator_options"}),
+    kernels = {"SGMCMCKernel": (SGMCMCKernel, {"model", "estimator", "estimator_options",
+                                               "adaptation", "noise", "zv", "local"}),
                "SGHMC": (SGHMC, {"model", "kwargs"}),
-               "EnergyConservingHMC": (EnergyConservingHMC, {"model"}),
+               "EnergyConservingHMC": (EnergyConservingHMC, {"model", "hmc", "likelihood",
+                                                             "preferential", "deprecated"}),
                "DistributedSGLD": (DistributedSGLD, {"model", "mesh", "kwargs"})}
     for owner, (cls, undeclared) in kernels.items():
         params = set(inspect.signature(cls.__init__).parameters) - {"self"}
         assert set(OPTIONS[owner]) == params - undeclared, owner
+    records = {"ZVOptions": ZVOptions, "AdaptationOptions": AdaptationOptions,
+               "NoiseOptions": NoiseOptions, "HMCOptions": HMCOptions,
+               "LikelihoodOptions": LikelihoodOptions,
+               "PreferentialOptions": PreferentialOptions}
+    for owner, cls in records.items():
+        assert set(OPTIONS[owner]) == {f.name for f in dataclasses.fields(cls)}, owner
+    assert set(OPTIONS["LocalConfig"]) == set(LocalConfig._fields) - {"init_step"}
     assert OPTIONS["DistributedSGLD"]["estimator"].choices == DISTRIBUTED_ESTIMATORS
     assert set(OPTIONS["EnergyConservingHMC"]["selection"].choices) == set(SELECTIONS)
     assert set(OPTIONS["EnergyConservingHMC"]["likelihood_proxy"].choices) == set(
@@ -332,11 +378,12 @@ def _samples(kernel, X, y, **run_kwargs):
 @pytest.mark.filterwarnings("ignore:SGLD's step_size is now:DeprecationWarning")
 def test_numpy_scalars_are_accepted_as_options():
     kernel = SGLD(logistic_model, step_size=np.float32(0.01), chunk_size=np.int64(512),
-                  max_variance_inflation=np.float64(0.1), seed=np.int32(1),
+                  noise=NoiseOptions(max_variance_inflation=np.float64(0.1)), seed=np.int32(1),
                   replace=np.bool_(False))
     assert kernel.chunk_size == 512 and kernel.seed == 1 and kernel.replace is False
     ecs = EnergyConservingHMC(logistic_model, num_blocks=np.int64(5),
-                              target_accept_prob=np.float64(0.9), subsample_size=np.int64(50))
+                              hmc=HMCOptions(target_accept_prob=np.float64(0.9)),
+                              subsample_size=np.int64(50))
     assert ecs.num_blocks == 5 and ecs.hmc_options["target_accept_prob"] == 0.9
 
 
@@ -349,7 +396,8 @@ def test_numpy_arrays_give_the_same_draws(kind):
     def make():
         if kind == "sgld":
             return SGLD(logistic_model)
-        return EnergyConservingHMC(logistic_model, num_blocks=5, algo="HMC", num_steps=5)
+        return EnergyConservingHMC(logistic_model, num_blocks=5,
+                                   hmc=HMCOptions(algo="HMC", num_steps=5))
 
     kw = {"subsample_size": 50}
     draws_np = _samples(make(), X_np, y_np, **kw)

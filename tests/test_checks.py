@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from models import linreg_data, linreg_exact, linreg_model, logistic_data, logistic_model
 
-from numpyro_subsample import MCMC, SGHMC, SGLD, RunDiagnosticsWarning, check_run, to_arviz
+from numpyro_subsample import (
+    MCMC,
+    SGHMC,
+    SGLD,
+    AdaptationOptions,
+    RunDiagnosticsWarning,
+    check_run,
+    to_arviz,
+)
 
 # compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
 pytestmark = pytest.mark.fast_compile
@@ -253,14 +261,15 @@ def _hierarchical(num_groups=30, num_data=3000, seed=0):
 
 def test_non_centred_hierarchical_with_laplace_warns_not_mixed():
     """The joint mode of a non-centred hierarchical model is a poor centre and preconditioner:
-    kept as the proxy (adapt_proxy=False), the run must say it has not mixed."""
+    kept as the proxy (AdaptationOptions(proxy=False)), the run must say it has not mixed."""
     import numpyro
     from numpyro.infer.reparam import LocScaleReparam
 
     model, data = _hierarchical()
     nc = numpyro.handlers.reparam(model, config={"a": LocScaleReparam(0)})
-    mcmc = MCMC(SGLD(nc, progress_bar=False, adapt_proxy=False), num_warmup=500,
-                num_samples=5000, num_chains=4, chain_method="vectorized", progress_bar=False)
+    kernel = SGLD(nc, progress_bar=False, adaptation=AdaptationOptions(proxy=False))
+    mcmc = MCMC(kernel, num_warmup=500, num_samples=5000, num_chains=4,
+                chain_method="vectorized", progress_bar=False)
     with pytest.warns(RunDiagnosticsWarning, match=r"min ESS .* a_decentered\["):
         mcmc.run(jax.random.PRNGKey(0), *data)
     assert mcmc.run_check.max_rhat > 1.01 and mcmc.run_check.min_ess_bulk < 100
@@ -277,7 +286,7 @@ def test_variational_proxy_uses_expected_hessian_covariance():
     model, data = _hierarchical()
     nc = numpyro.handlers.reparam(model, config={"a": LocScaleReparam(0)})
     kernel = SGLD(nc, proxy="variational", proxy_kwargs={"max_steps": 3000}, progress_bar=False,
-                  adapt_proxy=False)
+                  adaptation=AdaptationOptions(proxy=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         kernel.preprocess(data, {})

@@ -20,7 +20,7 @@ from models import (
 from numpyro.infer import MCMC
 from numpyro.infer.autoguide import AutoMultivariateNormal
 
-from numpyro_subsample import EnergyConservingHMC
+from numpyro_subsample import EnergyConservingHMC, LikelihoodOptions, PreferentialOptions
 from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.core.datapass import datum_values_and_grads
 from numpyro_subsample.datasets import make_quasi_separated
@@ -92,8 +92,9 @@ def kernels(data, taylor_run, hybrid_run, variational_kernel):
     out = {"taylor": taylor_run.sampler, "hybrid2-hh": hybrid_run.sampler,
            "variational": variational_kernel,
            "hybrid1": _reusing_guide(data, hybrid_run, likelihood_proxy="hybrid",
-                                     hybrid_order=1)}
-    k = EnergyConservingHMC(logistic_hier_model, taylor_order=1, selection="preferential")
+                                     likelihood=LikelihoodOptions(hybrid_order=1))}
+    k = EnergyConservingHMC(logistic_hier_model, likelihood=LikelihoodOptions(taylor_order=1),
+                            selection="preferential")
     k.preprocess((X, y), {"subsample_size": M})
     out["taylor1-hh"] = k
     return out
@@ -231,13 +232,13 @@ def test_bad_settings_raise(data):
     with pytest.raises(ValueError, match="likelihood_proxy must be"):
         EnergyConservingHMC(logistic_hier_model, likelihood_proxy="laplace")
     with pytest.raises(ValueError, match="taylor_order"):
-        EnergyConservingHMC(logistic_hier_model, taylor_order=3)
+        LikelihoodOptions(taylor_order=3)
     with pytest.raises(ValueError, match="hybrid_order"):
-        EnergyConservingHMC(logistic_hier_model, proxy="variational", hybrid_order=3)
+        LikelihoodOptions(hybrid_order=3)
     with pytest.raises(ValueError, match="selection"):
         EnergyConservingHMC(logistic_hier_model, selection="pps")
     with pytest.raises(ValueError, match="uniform_mix"):
-        EnergyConservingHMC(logistic_hier_model, selection="preferential", uniform_mix=0.0)
+        PreferentialOptions(uniform_mix=0.0)
     with pytest.raises(ValueError, match="num_blocks"):
         EnergyConservingHMC(logistic_hier_model, num_blocks=0)
     with pytest.raises(ValueError, match="multiple of num_blocks"):

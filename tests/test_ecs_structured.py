@@ -15,7 +15,7 @@ from models import logistic_data, logistic_hier_model, nuts_reference, standardi
 from numpyro.infer import MCMC
 
 import numpyro_subsample.proxies.choice as choice_module
-from numpyro_subsample import EnergyConservingHMC
+from numpyro_subsample import EnergyConservingHMC, HMCOptions, LikelihoodOptions
 from numpyro_subsample.core.datapass import datum_values_and_grads
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.ecs.difference import MAX_SIGMA2
@@ -83,7 +83,8 @@ def test_structured_estimator_is_unbiased(diagonal_run):
 
 def test_structured_proxy_refuses_second_order_terms(data):
     X, y = data
-    for kwargs in ({"taylor_order": 2}, {"likelihood_proxy": "hybrid"},
+    for kwargs in ({"likelihood": LikelihoodOptions(taylor_order=2)},
+                   {"likelihood_proxy": "hybrid"},
                    {"likelihood_proxy": "variational"}):
         kernel = EnergyConservingHMC(logistic_hier_model, proxy="low-rank",
                                      proxy_kwargs={"rank": 2}, **kwargs)
@@ -125,8 +126,8 @@ def test_wide_model_runs_without_a_square_array(monkeypatch):
     rng = np.random.default_rng(0)
     X = jnp.asarray((3 * rng.normal(size=(n, d)) / np.sqrt(d)).astype(np.float32))
     y = jnp.asarray((X @ rng.normal(size=d) + rng.normal(size=n)).astype(np.float32))
-    kernel = EnergyConservingHMC(wide_model, proxy_kwargs={"rank": 10}, max_tree_depth=4,
-                                 chunk_size=125)
+    kernel = EnergyConservingHMC(wide_model, proxy_kwargs={"rank": 10},
+                                 hmc=HMCOptions(max_tree_depth=4), chunk_size=125)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=50, progress_bar=False)
     # the first-order proxy leaves the likelihood's quadratic part in d_i: σ̂² ≫ 1, said loudly
     with pytest.warns(ProxyFitWarning, match=r"σ̂² at 16 proxy draws has median .*Raise "

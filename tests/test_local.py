@@ -25,13 +25,16 @@ from numpyro_subsample import (
     SGLD,
     SGNHT,
     SGRLD,
+    AdaptationOptions,
     EnergyConservingHMC,
+    LocalConfig,
+    NoiseOptions,
     to_arviz,
     zv_mean,
     zv_summary,
 )
 from numpyro_subsample.core.data import ModelData
-from numpyro_subsample.estimators.local import LocalConfig, local_estimator
+from numpyro_subsample.estimators.local import local_estimator
 from numpyro_subsample.estimators.selection import uniform_design
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -87,7 +90,8 @@ def test_random_intercepts_posterior(intercepts, kernel, update):
     opts = {"step_size": 2e-6} if kernel is SGLD else {"step_size": 5e-4, "friction": 200.0}
     with warnings.catch_warnings():  # SGLD's note on its step_size convention
         warnings.simplefilter("ignore", DeprecationWarning)
-        k = kernel(model=intercepts_model, estimator="uniform", local_update=update, **opts)
+        k = kernel(model=intercepts_model, estimator="uniform",
+                   local=LocalConfig(update=update), **opts)
     mcmc = MCMC(k, num_warmup=2000, num_samples=20000, num_chains=8,
                 chain_method="vectorized", progress_bar=False)
     with warnings.catch_warnings(record=True) as seen:
@@ -109,7 +113,7 @@ def test_local_estimator_unbiased(intercepts):
     marginal gradient (Fisher's identity): within 4 standard errors over 4000 estimates."""
     Y, _, _ = intercepts
     kernel = SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
-                  local_update=exact_intercepts)
+                   local=LocalConfig(update=exact_intercepts))
     data = ModelData.from_args((Y,), {})
     pot = kernel.potential_for(data)
     est = local_estimator(pot, uniform_design(N, 50, True, jnp.float32),
@@ -156,8 +160,8 @@ def test_sgrld_lda_against_nuts(small_lda, update, steps):
     and ~500 here, so about 0.45 sd in all); sds within 0.25 in log (the constant step
     inflates them by ~10 %, the sd's Monte Carlo error is ~0.06)."""
     counts, (K, a, e), ref = small_lda
-    kernel = SGRLD(lda_model, step_size=3e-4, schedule="constant", local_update=update,
-                   local_steps=steps)
+    kernel = SGRLD(lda_model, step_size=3e-4, schedule="constant",
+                   local=LocalConfig(update=update, steps=steps))
     mcmc = MCMC(kernel, num_warmup=1500, num_samples=15000, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(1), counts, to_tokens(counts), K, 20, a, e)
     s = np.asarray(mcmc.get_samples()["topics"])
@@ -182,7 +186,7 @@ def test_local_control_variate_unbiased(intercepts):
 
     Y, _, _ = intercepts
     kernel = SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
-                   local_update=exact_intercepts)
+                   local=LocalConfig(update=exact_intercepts))
     data = ModelData.from_args((Y,), {})
     pot = kernel.potential_for(data)
     cfg = LocalConfig(update=exact_intercepts)
@@ -216,7 +220,8 @@ def test_local_sites_errors(intercepts):
         MCMC(SGHMC(intercepts_model, estimator="preferential", step_size=1e-6), num_warmup=1,
              num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     with pytest.raises(ValueError, match="a step_size or the adapted preconditioner"):
-        MCMC(SGHMC(intercepts_model, adapt_preconditioner=False), num_warmup=1,
+        MCMC(SGHMC(intercepts_model, adaptation=AdaptationOptions(preconditioner=False)),
+             num_warmup=1,
              num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     with pytest.raises(ValueError, match="EnergyConservingHMC does not support local"):
         MCMC(EnergyConservingHMC(intercepts_model), num_warmup=1, num_samples=1,
@@ -225,10 +230,10 @@ def test_local_sites_errors(intercepts):
     def bad_update(rng_key, rows, values, idx, Y, n=50):
         return {"w": rows["z"]}
 
-    with pytest.raises(ValueError, match=r"local_update must return a dict of the local "
+    with pytest.raises(ValueError, match=r"LocalConfig.update must return a dict of the local "
                                          r"sites \['z'\]"):
         MCMC(SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
-                   local_update=bad_update),
+                   local=LocalConfig(update=bad_update)),
              num_warmup=1, num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     with pytest.raises(ValueError, match="explicit step_size"):
         counts, _ = synthetic_corpus(20, 5, 2, 10)
@@ -241,10 +246,12 @@ def test_local_sites_refuse_marginal_quantities(intercepts):
     """What needs p(x_i | θ) or the marginal gradient is refused, not computed from the joint:
     an explicit proxy, proxy options or noise correction, the pointwise log-likelihood, ZV."""
     Y, _, _ = intercepts
-    base = dict(estimator="uniform", step_size=1e-6, local_update=exact_intercepts)
+    base = dict(estimator="uniform", step_size=1e-6,
+                local=LocalConfig(update=exact_intercepts))
     for extra, what in [({"proxy": "variational"}, "no proxy"),
                         ({"proxy_kwargs": {"num_epochs": 1}}, "no proxy_kwargs"),
-                        ({"noise_correction": True}, "noise_correction left out")]:
+                        ({"noise": NoiseOptions(correction=True)},
+                         "the noise correction left out")]:
         with pytest.raises(ValueError, match=rf"local latent sites \['z'\].*{what}"):
             MCMC(SGHMC(intercepts_model, **base, **extra), num_warmup=1, num_samples=1,
                  progress_bar=False).run(jax.random.PRNGKey(0), Y)
@@ -285,7 +292,7 @@ def test_user_update_gets_a_key_every_numpyro_distribution_samples_with(intercep
         return {"z": exact_intercepts(k1, rows, values, idx, Y)["z"] + 0.0 * extra}
 
     MCMC(SGLD(intercepts_model, estimator="uniform", step_size=1e-6,
-              local_update=poisson_update),
+              local=LocalConfig(update=poisson_update)),
          num_warmup=0, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     assert kinds and all(k == (jnp.uint32, (2,)) for k in kinds), kinds
 

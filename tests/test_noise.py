@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from models import logistic_data, logistic_model
 
-from numpyro_subsample import SGLD, ModelData, build_potential, configure_estimator, fit_laplace
+from numpyro_subsample import (
+    SGLD,
+    ModelData,
+    NoiseOptions,
+    build_potential,
+    configure_estimator,
+    fit_laplace,
+)
 from numpyro_subsample.estimators.noise import (
     NoiseLimitedStepWarning,
     direction_errors,
@@ -232,7 +239,8 @@ def test_refined_noise_bounds_the_correction_error(heavy):
 
     X, y = heavy_data()
     for cls in (SGLD, SGHMC):
-        plain = cls(logistic_model, estimator="cv", noise_correction=False, progress_bar=False)
+        plain = cls(logistic_model, estimator="cv", noise=NoiseOptions(correction=False),
+                    progress_bar=False)
         plain.preprocess((X, y), {"subsample_size": 10})
         assert plain.preprocessed.params.noise_scale is None
         kernel = cls(logistic_model, estimator="cv", progress_bar=False)

@@ -11,7 +11,7 @@ import pytest
 from models import linreg_data, linreg_exact, linreg_model
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGHMC, SGLD
+from numpyro_subsample import SGHMC, SGLD, NoiseOptions
 from numpyro_subsample.sgmcmc.dynamics import corrected_dynamics, injected_noise_scale
 from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgld_step_size, sgnht_step_size
 
@@ -65,7 +65,8 @@ def test_correction_removes_the_variance_inflation(noisy_linreg, kernel_cls):
     X, y, (mean, sd) = noisy_linreg
     ratios = {}
     for corrected in (False, True):
-        kernel = kernel_cls(linreg_model, estimator="uniform", noise_correction=corrected,
+        kernel = kernel_cls(linreg_model, estimator="uniform",
+                            noise=NoiseOptions(correction=corrected),
                             progress_bar=False)
         kernel.preprocess((X, y), {"subsample_size": 20})
         c = getattr(kernel, "friction", 1.0)

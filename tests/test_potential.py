@@ -9,7 +9,7 @@ import pytest
 from models import logistic_data, logistic_hier_model
 from numpyro.infer.util import potential_energy
 
-from numpyro_subsample import SGLD, ModelData, build_potential
+from numpyro_subsample import SGLD, ModelData, NoiseOptions, build_potential
 from numpyro_subsample.core.data import check_data_finite
 
 KEY = jax.random.PRNGKey(0)
@@ -145,7 +145,7 @@ def test_bad_kernel_settings_raise():
     with pytest.raises(ValueError, match="chunk_size must be a positive integer, got 0"):
         SGLD(logistic_hier_model, chunk_size=0)
     with pytest.raises(ValueError, match=r"max_variance_inflation must be in \(0, 1\]"):
-        SGLD(logistic_hier_model, max_variance_inflation=1.5)
+        SGLD(logistic_hier_model, noise=NoiseOptions(max_variance_inflation=1.5))
 
 
 # --- ModelData ------------------------------------------------------------------------------

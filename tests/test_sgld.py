@@ -21,7 +21,7 @@ from models import (
 )
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGLD, DistributedSGLD, to_arviz
+from numpyro_subsample import SGLD, AdaptationOptions, DistributedSGLD, NoiseOptions, to_arviz
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 HERE = os.path.dirname(__file__)
@@ -76,7 +76,7 @@ def test_uniform_with_default_step_matches_exact_posterior(linreg):
     v = kernel.preprocessed.noise
     assert kernel.step_size == pytest.approx(sgld_step_size(v, corrected=True))
     assert kernel.step_size > 0.9 * sgld_step_size(0.0)
-    plain = SGLD(linreg_model, estimator="uniform", noise_correction=False)
+    plain = SGLD(linreg_model, estimator="uniform", noise=NoiseOptions(correction=False))
     plain.preprocess((X, y), {"subsample_size": 1000})
     assert plain.step_size == pytest.approx(sgld_step_size(v))
     assert plain.step_size < 0.5 * kernel.step_size
@@ -312,6 +312,7 @@ def test_default_step_without_preconditioning_is_refused_at_construction():
     """Without the proxy's whitening the measured-noise rule does not apply: refused unless the
     preconditioner adapts (the default then, tests/test_adaptation.py)."""
     with pytest.raises(ValueError, match="step_size=None needs preconditioning=True"):
-        SGLD(logistic_hier_model, preconditioning=False, adapt_preconditioner=False)
+        SGLD(logistic_hier_model, preconditioning=False,
+             adaptation=AdaptationOptions(preconditioner=False))
     with pytest.raises(ValueError, match="step_size=None needs preconditioning=True"):
         DistributedSGLD(logistic_hier_model, preconditioning=False)

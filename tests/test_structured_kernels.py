@@ -19,7 +19,18 @@ from models import linreg_data, linreg_exact, linreg_model
 
 import numpyro_subsample.proxies.choice as choice_module
 import numpyro_subsample.sgmcmc.preprocess as kernel_module
-from numpyro_subsample import MCMC, SGHMC, SGLD, DistributedSGLD, Proxy, to_arviz, zv_mean
+from numpyro_subsample import (
+    MCMC,
+    SGHMC,
+    SGLD,
+    AdaptationOptions,
+    DistributedSGLD,
+    NoiseOptions,
+    Proxy,
+    ZVOptions,
+    to_arviz,
+    zv_mean,
+)
 from numpyro_subsample.core.potential import ModelData, build_potential
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.lipschitz import lipschitz_constants
@@ -152,7 +163,8 @@ def test_lipschitz_closed_form_works_and_autodiff_is_refused(small_fit):
 def test_noise_limited_advice_for_saga_and_svrg():
     """SAGA and SVRG already use control variates: the advice is not 'use estimator=cv'."""
     for name in ("saga", "svrg", "uniform"):
-        est = GradientEstimator(None, None, name, 10, 1000)
+        est = GradientEstimator(estimate=None, params=None, name=name, subsample_size=10,
+                                num_data=1000)
         with pytest.warns(NoiseLimitedStepWarning) as rec:
             warn_if_noise_limited(est, 500.0, 1e-6)  # v·n/N = 5: a proxy that matches
         msg = str(rec[0].message)
@@ -168,7 +180,8 @@ def test_noise_limited_advice_when_the_proxy_is_far_from_the_posterior():
     the proxy does not describe the posterior, and the advice says so (with the figures)
     instead of control variates; just below the threshold, or with a curvature that explains the
     noise, the usual advice."""
-    est = GradientEstimator(None, None, "uniform", 100, 1077)
+    est = GradientEstimator(estimate=None, params=None, name="uniform", subsample_size=100,
+                            num_data=1077)
     with pytest.warns(NoiseLimitedStepWarning) as rec:
         warn_if_noise_limited(est, 1.62e4, 6e-6, curvature=3.06)  # the digits BNN's figures
     msg = str(rec[0].message)
@@ -202,7 +215,8 @@ def test_structured_proxy_matches_exact_posterior(linreg, cls, proxy, estimator)
     X, y, (mean, sd) = linreg
     zv = cls is SGHMC and proxy == "low-rank"
     kwargs = {"proxy_kwargs": {"rank": 2}} if proxy == "low-rank" else {}
-    kernel = cls(linreg_model, estimator=estimator, proxy=proxy, zv_stream=zv, **kwargs)
+    kernel = cls(linreg_model, estimator=estimator, proxy=proxy,
+                 zv=ZVOptions() if zv else None, **kwargs)
     mcmc = MCMC(kernel, num_warmup=300, num_samples=4000, num_chains=8,
                 chain_method="vectorized", progress_bar=False)
     with warnings.catch_warnings():
@@ -276,7 +290,7 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     X = jnp.asarray((3 * rng.normal(size=(N, d)) / np.sqrt(d)).astype(np.float32))
     y = jnp.asarray((X @ rng.normal(size=d) + rng.normal(size=N)).astype(np.float32))
     kernel = SGLD(wide_model, proxy_kwargs={"rank": 10, "curvature": "fisher"},
-                  chunk_size=125, adapt_preconditioner=adapt)
+                  chunk_size=125, adaptation=AdaptationOptions(preconditioner=adapt))
     mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False, check=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     pre = kernel.preprocessed
@@ -299,7 +313,8 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     designs = jax.lax.map(lambda t: est.moments.design(est.params, t, data), thetas)
 
     def noise_program(operand, key):
-        return lanczos_eigh(NoiseOperator(est.moments, 125), operand, key, d, 1, 20)
+        op = NoiseOperator(moments=est.moments, chunk_size=125)
+        return lanczos_eigh(op, operand, key, d, 1, 20)
 
     jx = jax.make_jaxpr(noise_program)((est.params, thetas, designs, pre.scale_tril, data),
                                        jax.random.PRNGKey(2))
@@ -344,8 +359,8 @@ def test_refusals_name_the_argument(linreg, small_fit, monkeypatch):
     X, y, _ = linreg
     sp = small_fit[2]
     for proxy in ("diagonal", "low-rank", sp):
-        with pytest.raises(ValueError, match="noise_correction=True .*structured proxy"):
-            SGHMC(linreg_model, proxy=proxy, noise_correction=True)
+        with pytest.raises(ValueError, match=r"NoiseOptions\(correction=True\) .*structured proxy"):
+            SGHMC(linreg_model, proxy=proxy, noise=NoiseOptions(correction=True))
     with pytest.raises(ValueError, match="proxy must be 'laplace', 'variational', 'diagonal'"):
         SGLD(linreg_model, proxy="dense")
     with pytest.raises(ValueError, match="supported by SGLD, SGHMC and SGNHT, not by "
@@ -354,13 +369,13 @@ def test_refusals_name_the_argument(linreg, small_fit, monkeypatch):
     _no_fit(monkeypatch)
     monkeypatch.setattr(kernel_module, "MAX_DENSE_DIM", D - 1)
     monkeypatch.setattr(choice_module, "MAX_DENSE_DIM", D - 1)
-    with pytest.raises(ValueError, match="noise_correction=True .*MAX_DENSE_DIM"):
-        SGLD(linreg_model, noise_correction=True).preprocess((X, y), {})
+    with pytest.raises(ValueError, match=r"NoiseOptions\(correction=True\) .*MAX_DENSE_DIM"):
+        SGLD(linreg_model, noise=NoiseOptions(correction=True)).preprocess((X, y), {})
     with pytest.raises(ValueError, match=r"proxy_kwargs \['max_newton_steps'\]"):
         SGLD(linreg_model, proxy_kwargs={"max_newton_steps": 3}).preprocess((X, y), {})
     monkeypatch.setattr(kernel_module, "MAX_ZV_DEGREE2_DIM", D - 1)
-    with pytest.raises(ValueError, match="zv_degree=2 .*MAX_ZV_DEGREE2_DIM"):
-        SGLD(linreg_model, proxy="diagonal", zv_stream=True, zv_degree=2).preprocess(
+    with pytest.raises(ValueError, match=r"ZVOptions\(degree=2\) .*MAX_ZV_DEGREE2_DIM"):
+        SGLD(linreg_model, proxy="diagonal", zv=ZVOptions(degree=2)).preprocess(
             (X, y), {})
 
 

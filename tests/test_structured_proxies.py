@@ -182,8 +182,8 @@ def test_lanczos_on_the_scaled_hessian_of_a_potential(logit):
     pot, data, theta, H = logit
     sigma = 1 / np.sqrt(np.diag(H))
     res = lanczos_eigh(
-        CurvatureOperator(pot, "hessian", CHUNK), (theta, data, jnp.asarray(sigma, jnp.float32)),
-        jax.random.PRNGKey(0), 6, 2, 5,
+        CurvatureOperator(potential=pot, curvature="hessian", chunk_size=CHUNK),
+        (theta, data, jnp.asarray(sigma, jnp.float32)), jax.random.PRNGKey(0), 6, 2, 5,
     )
     _assert_eigenpairs(res, sigma[:, None] * H * sigma[None, :], 2, rtol=1e-3)
 

@@ -13,7 +13,7 @@ from numpyro.infer import MCMC
 
 import numpyro_subsample.estimators.variance_reduced as vr
 import numpyro_subsample.sgmcmc.preprocess as sg_kernel
-from numpyro_subsample import SGHMC, SGLD, SGNHT, zv_mean
+from numpyro_subsample import SGHMC, SGLD, SGNHT, NoiseOptions, ZVOptions, zv_mean
 from numpyro_subsample.core.datapass import datum_values_and_grads, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, build_potential
 from numpyro_subsample.estimators.registry import configure_estimator
@@ -60,9 +60,10 @@ def test_unbiased_for_any_table_or_anchor(small, name, replace):
         grads = datum_values_and_grads(pot, other, data)[1]
         noise = jax.random.normal(jax.random.PRNGKey(5), grads.shape)
         table = grads + noise * jnp.abs(grads).mean(0)
-        state = SAGAState(table, table.sum(0))
+        state = SAGAState(table=table, total=table.sum(0))
     else:
-        state = SVRGState(other, _data_sum(pot, other, data), jnp.zeros((), jnp.int32))
+        state = SVRGState(anchor=other, anchor_sum=_data_sum(pot, other, data),
+                          age=jnp.zeros((), jnp.int32))
     K = 20_000
     keys = jax.random.split(jax.random.PRNGKey(7), K)
     gs = jax.jit(jax.vmap(lambda k: est.update(est.params, state, k, theta, data)[0]))(keys)
@@ -185,7 +186,8 @@ def test_matches_exact_conjugate_posterior(linreg, kernel_cls, estimator):
     posterior its mean is within 0.03 sd."""
     X, y, (mean, sd), proxy = linreg
     zv = kernel_cls is SGLD and estimator == "saga"
-    kernel = kernel_cls(linreg_model, estimator=estimator, proxy=proxy, zv_stream=zv)
+    kernel = kernel_cls(linreg_model, estimator=estimator, proxy=proxy,
+                        zv=ZVOptions() if zv else None)
     assert kernel.noise_correction is False
     mcmc = MCMC(kernel, num_warmup=200, num_samples=2500, num_chains=8,
                 chain_method="vectorized", progress_bar=False)
@@ -245,10 +247,11 @@ def test_saga_memory_guard_counts_the_chains_and_comes_before_the_fit(small, mon
 @pytest.mark.parametrize("name", ["saga", "svrg"])
 def test_noise_correction_is_off_and_refused(name):
     assert SGLD(linreg_model, estimator=name).noise_correction is False
-    assert SGNHT(linreg_model, estimator=name, noise_correction=False).noise_correction is False
+    assert SGNHT(linreg_model, estimator=name,
+                 noise=NoiseOptions(correction=False)).noise_correction is False
     assert SGLD(linreg_model, estimator="cv").noise_correction is True
-    with pytest.raises(ValueError, match=f"noise_correction=True .*estimator='{name}'"):
-        SGHMC(linreg_model, estimator=name, noise_correction=True)
+    with pytest.raises(ValueError, match=rf"NoiseOptions\(correction=True\) .*estimator='{name}'"):
+        SGHMC(linreg_model, estimator=name, noise=NoiseOptions(correction=True))
 
 
 @pytest.mark.parametrize("name, options, match", [

@@ -148,7 +148,7 @@ def test_skewed_posterior_reaches_the_elbo_optimum_not_the_mode():
 def test_plateau_rule():
     """Rate divided on each plateau of `patience` blocks, stop after `num_decays` of them;
     a slow rise below the threshold per block still counts once it adds up."""
-    rule, actions = Plateau(-np.inf, 0, 0), []
+    rule, actions = Plateau(best=-np.inf, stale=0, decays=0), []
     for value in [0.0, 5.0, 5.1, 5.25, 5.3, 5.3, 5.3, 5.3]:
         rule, action = plateau_step(rule, value, 0.2, 2, 1)
         actions.append(action)

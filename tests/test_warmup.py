@@ -12,7 +12,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer.reparam import LocScaleReparam
 
-from numpyro_subsample import SGLD, ModelData
+from numpyro_subsample import SGLD, AdaptationOptions, ModelData
 from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.estimators.noise import whitened_noise
 from numpyro_subsample.estimators.registry import configure_estimator
@@ -155,15 +155,16 @@ def test_well_fitted_proxy_is_kept_and_costs_few_passes():
     windows = pre.proxy.info.get("windows")
     assert windows is not None and len(windows) == 2
     assert not any(w.moved or w.rescaled for w in windows)
-    laplace = SGLD(linreg, progress_bar=False, adapt_proxy=False).preprocess((X, y))
+    laplace = SGLD(linreg, progress_bar=False,
+                   adaptation=AdaptationOptions(proxy=False)).preprocess((X, y))
     assert pre.data_passes - laplace.data_passes <= 15
 
 
 def test_adapt_proxy_true_is_refused_where_it_cannot_apply():
     g, y = grouped_data()
-    with pytest.raises(ValueError, match="adapt_proxy=True"):
-        SGLD(centred, adapt_proxy=True, preconditioning=False, step_size=1e-3,
-             progress_bar=False).preprocess((g, y))
+    with pytest.raises(ValueError, match=r"AdaptationOptions\(proxy=True\)"):
+        SGLD(centred, adaptation=AdaptationOptions(proxy=True), preconditioning=False,
+             step_size=1e-3, progress_bar=False).preprocess((g, y))
 
 
 def _ar1_draws(rng, cov_chol, steps, chains, rho):

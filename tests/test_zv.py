@@ -16,7 +16,15 @@ import pytest
 from models import linreg_data, linreg_exact, linreg_model, logistic_data, logistic_hier_model
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGLD, to_arviz, zv_fit, zv_mean, zv_summary
+from numpyro_subsample import (
+    SGLD,
+    AdaptationOptions,
+    ZVOptions,
+    to_arviz,
+    zv_fit,
+    zv_mean,
+    zv_summary,
+)
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.post.zv import unconstrained_draws
@@ -31,7 +39,7 @@ CHAINS = 10  # the "10 seeds": one chain per PRNG key, vectorised so it compiles
 def linreg():
     X, y = linreg_data(N=5_000, d=4, seed=0)
     mean, sd = linreg_exact(X, y)
-    kernel = SGLD(linreg_model, estimator="cv", zv_stream=True)
+    kernel = SGLD(linreg_model, estimator="cv", zv=ZVOptions())
     mcmc = MCMC(kernel, num_warmup=100, num_samples=1_000, num_chains=CHAINS,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("grad",))
@@ -43,8 +51,8 @@ def hier():
     X, y = logistic_data(N=2_000, d=3, seed=1, scale=0.5)
     # the Laplace proxy as fitted: the ZV covariates' gain is measured on the chain that the
     # figures below were set on (the adapted proxy mixes faster and leaves ZV less to remove)
-    kernel = SGLD(logistic_hier_model, estimator="cv", zv_stream=True, zv_degree=2,
-                  adapt_proxy=False)
+    kernel = SGLD(logistic_hier_model, estimator="cv", zv=ZVOptions(degree=2),
+                  adaptation=AdaptationOptions(proxy=False))
     mcmc = MCMC(kernel, num_warmup=100, num_samples=1_000, num_chains=6,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(1), X, y, extra_fields=("grad",))
@@ -196,11 +204,11 @@ def test_bad_input(linreg):
     mcmc, _, _ = linreg
     with pytest.raises(ValueError, match="degree"):
         zv_mean(mcmc, degree=3)
-    with pytest.raises(ValueError, match="zv_degree"):
-        SGLD(linreg_model, zv_degree=3)
+    with pytest.raises(ValueError, match="ZVOptions: degree"):
+        SGLD(linreg_model, zv=ZVOptions(degree=3))
     with pytest.raises(ValueError, match="degree=1"):
         zv_fit(mcmc, degree=2, mode="stream")
-    with pytest.raises(ValueError, match="zv_fn"):
+    with pytest.raises(ValueError, match=r"ZVOptions\(fn="):
         zv_fit(mcmc, fn=lambda s: s["beta"], mode="stream")
     idata = to_arviz(mcmc)
     with pytest.raises(ValueError, match="unconstrained_posterior"):

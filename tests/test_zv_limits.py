@@ -17,7 +17,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_subsample import SGLD, RunDiagnosticsWarning, to_arviz, zv_fit, zv_summary
+from numpyro_subsample import SGLD, RunDiagnosticsWarning, ZVOptions, to_arviz, zv_fit, zv_summary
 from numpyro_subsample.estimators.zv import (
     MAX_ZV_COVARIATES,
     ZVPairedStats,
@@ -90,7 +90,7 @@ def wide_model(y=None):
 def wide():
     """Streamed (auto: linearised) and stored ZV of one run of the wide model."""
     y = jnp.asarray(np.random.default_rng(1).normal(0.5, 1.0, size=(N, D)), jnp.float32)
-    kernel = SGLD(wide_model, zv_stream=True, progress_bar=False)
+    kernel = SGLD(wide_model, zv=ZVOptions(), progress_bar=False)
     mcmc = MCMC(kernel, num_warmup=200, num_samples=1000, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), y=y, extra_fields=("grad",))
@@ -161,11 +161,11 @@ def test_degree2_and_gradient_streaming_refused_before_the_fit(monkeypatch):
     monkeypatch.setattr(choice, "fit_structured", no_fit)
     monkeypatch.setattr(preprocess, "fit_laplace", no_fit)
     y = jnp.zeros((N, D))
-    kernel = SGLD(wide_model, zv_stream=True, zv_covariates="gradient", progress_bar=False)
+    kernel = SGLD(wide_model, zv=ZVOptions(covariates="gradient"), progress_bar=False)
     with pytest.raises(ValueError, match="MAX_ZV_COVARIATES"):
         kernel.preprocess((), {"y": y})
-    kernel = SGLD(wide_model, zv_stream=True, zv_degree=2, progress_bar=False)
+    kernel = SGLD(wide_model, zv=ZVOptions(degree=2), progress_bar=False)
     with pytest.raises(ValueError, match="MAX_ZV_DEGREE2_DIM"):
         kernel.preprocess((), {"y": y})
-    with pytest.raises(ValueError, match="zv_covariates"):
-        SGLD(wide_model, zv_covariates="diagonal")
+    with pytest.raises(ValueError, match="covariates"):
+        SGLD(wide_model, zv=ZVOptions(covariates="diagonal"))

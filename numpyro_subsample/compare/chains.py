@@ -144,9 +144,10 @@ def _run_nuts(problem: Problem, settings: Settings, *, seed: int,
         total = time.perf_counter() - t0 - ct.seconds
     cum = np.cumsum(np.asarray(steps, float))
     passes = cum[W:]
-    out = RunOutput(samples, passes, total * passes / cum[-1], total, 0.0, ct.seconds, W + S,
-                    _divergence_note(div[W:]), tuple(caught),
-                    run_checks(DrawsRun(samples, div[W:])))
+    out = RunOutput(samples=samples, passes=passes, seconds=total * passes / cum[-1],
+                    sampling_s=total, preprocessing_s=0.0, compile_s=ct.seconds, iterations=W + S,
+                    note=_divergence_note(div[W:]), warnings=tuple(caught),
+                    checks=run_checks(DrawsRun(samples, div[W:])))
     return out, np.asarray(div[W:], bool)
 
 
@@ -181,7 +182,8 @@ def fit_shared_proxy(problem: Problem, *, seed: int = 0, progress: bool = False)
         proxy = fit_laplace(potential, data, k_proxy, store_datum_grads=False, progress=progress)
         jax.block_until_ready(proxy.centre)
         seconds = time.perf_counter() - t0 - ct.seconds
-    return SharedProxy(proxy, potential, data, seconds, ct.seconds, tuple(caught))
+    return SharedProxy(proxy=proxy, potential=potential, data=data, seconds=seconds,
+                       compile_s=ct.seconds, warnings=tuple(caught))
 
 
 def _chain_seconds(pre_s: float, sampling_s: float, warmup: int, draws: int) -> np.ndarray:
@@ -214,10 +216,12 @@ def run_hmcecs(problem: Problem, settings: Settings, shared: SharedProxy, *, see
     passes = shared.proxy.num_data_passes + 1.0 + cost[W:]
     note = "; ".join(x for x in ("taylor_proxy at the shared Laplace mode",
                                  _divergence_note(div[W:])) if x)
-    return RunOutput(samples, passes, _chain_seconds(shared.seconds, sampling_s, W, S),
-                     sampling_s, shared.seconds, shared.compile_s + ct.seconds, W + S, note,
-                     merge_warnings(shared.warnings, tuple(caught)),
-                     run_checks(DrawsRun(samples, div[W:])))
+    return RunOutput(samples=samples, passes=passes,
+                     seconds=_chain_seconds(shared.seconds, sampling_s, W, S),
+                     sampling_s=sampling_s, preprocessing_s=shared.seconds,
+                     compile_s=shared.compile_s + ct.seconds, iterations=W + S, note=note,
+                     warnings=merge_warnings(shared.warnings, tuple(caught)),
+                     checks=run_checks(DrawsRun(samples, div[W:])))
 
 
 def merge_warnings(*groups: tuple) -> tuple:
@@ -286,7 +290,8 @@ def run_kernel(method: Method, problem: Problem, settings: Settings, *,
     diverging = int(np.sum(np.asarray(extra_fields.get("diverging", 0))))
     if diverging:
         notes.append(f"{diverging} diverging steps")
-    return RunOutput(samples, passes, _chain_seconds(pre_s, sampling_s, W, S), sampling_s,
-                     pre_s, fit_compile_s + ct_pre.seconds + ct.seconds, W + S,
-                     "; ".join(notes), merge_warnings(fit_warnings, tuple(caught)),
-                     run_checks(mcmc))
+    return RunOutput(samples=samples, passes=passes,
+                     seconds=_chain_seconds(pre_s, sampling_s, W, S), sampling_s=sampling_s,
+                     preprocessing_s=pre_s, compile_s=fit_compile_s + ct_pre.seconds + ct.seconds,
+                     iterations=W + S, note="; ".join(notes),
+                     warnings=merge_warnings(fit_warnings, tuple(caught)), checks=run_checks(mcmc))

@@ -92,8 +92,8 @@ class _Evaluator:
                      warning_messages=[{"category": c, "message": msg, "count": k}
                                        for c, msg, k in out.warnings],
                      checks=check_code(out.checks), check_details=out.checks)
-        trace = Trace(flatten_draws(out.samples, self.sites), np.asarray(out.passes, float),
-                      np.asarray(out.seconds, float))
+        trace = Trace(draws=flatten_draws(out.samples, self.sites),
+                      passes=np.asarray(out.passes, float), seconds=np.asarray(out.seconds, float))
         evaluate(res, trace, self.ref, score=self.score, ksd_draws=self.ksd_draws,
                  checkpoints=self.plan.settings.checkpoints)
         res.flags = row_flags(checks=res.checks, warning_messages=res.warning_messages,

@@ -242,10 +242,10 @@ def available_methods() -> dict[str, Method]:
     the default set.
     """
     methods = {
-        "nuts": Method("nuts", "nuts"), "hmcecs": Method("hmcecs", "hmcecs"),
-        "laplace-proxy": Method("laplace-proxy", "proxy", options={"proxy": "laplace"},
+        "nuts": Method(name="nuts", kind="nuts"), "hmcecs": Method(name="hmcecs", kind="hmcecs"),
+        "laplace-proxy": Method(name="laplace-proxy", kind="proxy", options={"proxy": "laplace"},
                                 label="Laplace proxy (no MCMC)"),
-        "variational-proxy": Method("variational-proxy", "proxy",
+        "variational-proxy": Method(name="variational-proxy", kind="proxy",
                                     options={"proxy": "variational"},
                                     label="variational proxy (no MCMC)"),
     }
@@ -253,11 +253,11 @@ def available_methods() -> dict[str, Method]:
         for est in ESTIMATORS:
             if supported is None or est in supported:
                 name = f"{kname}-{est}"
-                methods[name] = Method(name, "sg", cls, {"estimator": est},
+                methods[name] = Method(name=name, kind="sg", kernel=cls, options={"estimator": est},
                                        default=(kname == "sgld" and est not in STATEFUL)
                                        or est == "cv")
     for kname, cls in OTHER_KERNELS.items():
-        methods[kname] = Method(kname, "kernel", cls)
+        methods[kname] = Method(name=kname, kind="kernel", kernel=cls)
     return methods
 
 

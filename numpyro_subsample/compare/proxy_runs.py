@@ -84,6 +84,7 @@ def run_proxy(kind: str, problem: Problem, settings: Settings, shared: SharedPro
         sampling_s = time.perf_counter() - t0 - ct.seconds
     passes = np.full(S, float(proxy.num_data_passes))
     seconds = fit_s + sampling_s * np.arange(1, S + 1) / S
-    return RunOutput(samples, passes, seconds, sampling_s, fit_s, fit_compile_s + ct.seconds, S,
-                     note, merge_warnings(fit_warnings, tuple(caught)),
-                     run_checks(DrawsRun(samples)))
+    return RunOutput(samples=samples, passes=passes, seconds=seconds, sampling_s=sampling_s,
+                     preprocessing_s=fit_s, compile_s=fit_compile_s + ct.seconds, iterations=S,
+                     note=note, warnings=merge_warnings(fit_warnings, tuple(caught)),
+                     checks=run_checks(DrawsRun(samples)))

@@ -91,10 +91,12 @@ def reference_run(problem: Problem, settings: Settings, *, seed: int = 0,
         try:
             z = load_arrays(path)
             samples = {k[2:]: z[k] for k in z if k.startswith("s_")}
-            out = RunOutput(samples, z["passes"], z["seconds"], float(z["sampling_s"]), 0.0,
-                            float(z["compile_s"]), int(z["iterations"]), str(z["note"]),
-                            tuple(tuple(w) for w in json.loads(str(z["warnings"]))),
-                            run_checks(DrawsRun(samples, z["diverging"])))
+            out = RunOutput(samples=samples, passes=z["passes"], seconds=z["seconds"],
+                            sampling_s=float(z["sampling_s"]), preprocessing_s=0.0,
+                            compile_s=float(z["compile_s"]), iterations=int(z["iterations"]),
+                            note=str(z["note"]),
+                            warnings=tuple(tuple(w) for w in json.loads(str(z["warnings"]))),
+                            checks=run_checks(DrawsRun(samples, z["diverging"])))
             return out, True
         except (CorruptCacheError, KeyError, ValueError) as err:
             warn_corrupt(path, "NUTS reference cache", err)

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from functools import lru_cache, partial
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -180,8 +180,12 @@ class SubsampleKernel(MCMCKernel):
     - optionally ``_init_draws(rng_key, params) -> tuple``: arrays drawn on the host for
       ``init_one`` (one per chain along a leading axis for a batch of keys; default none),
       so that the compiled init holds no random number generator.
+
+    A kernel that draws local latent sites (:mod:`numpyro_subsample.estimators.local`) sets
+    the class attribute ``supports_local`` to True.
     """
 
+    supports_local: ClassVar[bool] = False
     _pre = None
     _pre_data: ModelData | None = None
     _step: Callable | None = None
@@ -205,7 +209,7 @@ class SubsampleKernel(MCMCKernel):
         pot = self._potentials.get(sig)
         if pot is None:
             pot = build_potential(self._model, data, preprocess_keys(self.seed)[0])
-            if pot.local and not self._supports_local():
+            if pot.local and not self.supports_local:
                 raise ValueError(
                     f"{type(self).__name__} does not support local latent sites (continuous "
                     f"sites inside the subsample plate: {list(pot.local_sites)}). Use SGLD, "
@@ -214,10 +218,6 @@ class SubsampleKernel(MCMCKernel):
                 )
             self._potentials[sig] = pot
         return pot
-
-    def _supports_local(self) -> bool:
-        """Whether the kernel draws local latent sites (numpyro_subsample.estimators.local)."""
-        return False
 
     def preprocess(self, model_args: tuple = (), model_kwargs: dict | None = None):
         """Build (or fetch from the cache) everything computed once per data set.

@@ -122,7 +122,8 @@ def full_data_sums(
             extra_init if extra is not None else None)
     v, g, h, more = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
     v0, g0, h0 = value_grad_hessian_of(lambda t: potential.prior(t, data), theta, hessian)
-    return FullDataSums(v + v0, g + g0, h + h0 if hessian else None, more, v0, g0)
+    return FullDataSums(value=v + v0, grad=g + g0, hessian=h + h0 if hessian else None, extra=more,
+                        prior_value=v0, prior_grad=g0)
 
 
 @partial(jax.jit, static_argnames=("potential", "chunk_size", "hessian"))

@@ -20,6 +20,9 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,7 +30,7 @@ from typing import Any
 from numpyro_subsample.core.validation import Option, OptionTypeError, check_values, requirement
 
 __all__ = ["OPTIONS", "Option", "OptionTypeError", "check_options", "did_you_mean",
-           "requirement", "suggest_keywords"]
+           "requirement", "suggest_keywords", "user_stacklevel", "warn_deprecated"]
 
 
 def did_you_mean(unknown: Sequence[str], candidates: Sequence[str]) -> str:
@@ -41,17 +44,21 @@ def did_you_mean(unknown: Sequence[str], candidates: Sequence[str]) -> str:
     return " ".join(hints)
 
 
-def suggest_keywords(init: Callable) -> Callable:
+def suggest_keywords(init: Callable | None = None, *, deprecated: Sequence[str] = ()
+                     ) -> Callable:
     """Decorate a kernel's ``__init__`` whose signature is closed: an unknown keyword raises a
     ``TypeError`` naming the class, the close matches and the valid keywords, where Python
-    would say only "unexpected keyword argument"."""
+    would say only "unexpected keyword argument". The keywords ``deprecated`` (of an earlier
+    release, which ``__init__`` takes in its ``**kwargs``) are let through."""
+    if init is None:
+        return functools.partial(suggest_keywords, deprecated=deprecated)
     params = inspect.signature(init).parameters
     valid = [k for k, p in params.items() if k not in ("self", "model")
              and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     @functools.wraps(init)
     def checked(self, *args: Any, **kwargs: Any) -> None:
-        unknown = [k for k in kwargs if k not in params]
+        unknown = [k for k in kwargs if k not in params and k not in deprecated]
         if unknown:
             guess = did_you_mean(unknown, valid)
             raise TypeError(
@@ -61,6 +68,27 @@ def suggest_keywords(init: Callable) -> Callable:
         init(self, *args, **kwargs)
 
     return checked
+
+
+def user_stacklevel() -> int:
+    """The stack level, for ``warnings.warn`` called by its caller, of the first frame outside
+    this package: the user's call of a kernel, whichever subclasses it passed through."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_deprecated(label: str, given: Sequence[str], new: str) -> None:
+    """A ``DeprecationWarning`` at the user's call: the keywords ``given`` of ``label`` are
+    replaced by ``new`` (the spelling to pass)."""
+    many = len(given) > 1
+    warnings.warn(
+        f"{label}: the keyword{'s' if many else ''} {', '.join(given)} "
+        f"{'are' if many else 'is'} deprecated; pass {new}.",
+        DeprecationWarning, stacklevel=user_stacklevel(),
+    )
 
 
 def check_options(owner: str, /, *, label: str | None = None, **values: Any) -> None:
@@ -114,47 +142,58 @@ _SGMCMC: dict[str, Option] = {
         remedy="Pass a positive number, or None for the default rule."),
     "proxy": _SG_PROXY,
     "preconditioning": _flag("whether the chain moves in coordinates whitened by the proxy"),
-    "adapt_preconditioner": Option(
-        "bool", "whether a diagonal scale of the coordinates is adapted during warm-up",
-        none=True, remedy="Pass True, False or None (on with a structured proxy)."),
-    "adapt_proxy": Option(
-        "bool", "whether pilot chains re-estimate the proxy's centre and covariance in "
-        "windows before sampling", none=True,
-        remedy="Pass True, False or None (on for a dense proxy the kernel fits)."),
-    "max_variance_inflation": Option(
-        "real", "δ, the tolerated relative inflation of the posterior variance by the default "
-        "step size", low=0, high=1, open_low=True,
-        remedy="Pass e.g. 0.05 (the default)."),
     "replace": _flag("whether subsample indices are drawn with replacement"),
     "proxy_kwargs": _PROXY_KWARGS,
     "chunk_size": _CHUNK,
     "store_datum_grads": _flag("whether the N×d table of ∇f_i(θ̂) is kept"),
-    "noise_correction": Option(
-        "bool", "whether the injected noise is reduced by the estimator's own", none=True,
-        remedy="Pass True, False or None (on, except for estimator='saga' and 'svrg' and with "
-        "a structured proxy)."),
     "init_strategy": Option("str", "where each chain starts", choices=("proxy", "centre"),
                             remedy="Pass 'proxy' (a draw from N(θ̂, Σ̂), the default) or "
                             "'centre' (θ̂)."),
     "seed": _SEED,
     "progress_bar": _PROGRESS,
-    "zv_stream": _flag("whether zero-variance statistics are accumulated while sampling"),
-    "zv_degree": Option("int", "the polynomial degree of the zero-variance control variates",
-                        choices=(1, 2), remedy="Pass 1 or 2."),
-    "zv_covariates": Option(
+}
+
+_ZV: dict[str, Option] = {
+    "degree": Option("int", "the polynomial degree of the zero-variance control variates",
+                     choices=(1, 2), remedy="Pass degree=1 or 2."),
+    "covariates": Option(
         "str", "the degree-1 zero-variance covariates", choices=("auto", "gradient", "linearised"),
         remedy="Pass 'auto' (the gradient's d coordinates up to MAX_ZV_COVARIATES = 2000 "
         "parameters, else one linearised covariate per function), 'gradient' or 'linearised'."),
-    "zv_fn": Option("callable", "the function of the constrained sample whose mean the "
-                    "zero-variance statistics estimate", none=True,
-                    remedy="Pass a function of the sample dict, or None (every coordinate and "
-                    "its square)."),
-    "local_update": Option("callable", "the conditional update of the local latent sites of "
-                           "a subsample", none=True,
-                           remedy="Pass a function (rng_key, rows, values, idx, *model_args, "
-                           "**model_kwargs) -> rows, or None (MALA steps)."),
-    "local_steps": _positive_int("the MALA steps per update of the local latent sites",
-                                 "Pass a positive integer, e.g. local_steps=5 (the default)."),
+    "fn": Option("callable", "the function of the constrained sample whose mean the "
+                 "zero-variance statistics estimate", none=True,
+                 remedy="Pass a function of the sample dict, or None (every coordinate and "
+                 "its square)."),
+}
+
+_ADAPTATION: dict[str, Option] = {
+    "preconditioner": Option(
+        "bool", "whether a diagonal scale of the coordinates is adapted during warm-up",
+        none=True, remedy="Pass True, False or None (on with a structured proxy)."),
+    "proxy": Option(
+        "bool", "whether pilot chains re-estimate the proxy's centre and covariance in "
+        "windows before sampling", none=True,
+        remedy="Pass True, False or None (on for a dense proxy the kernel fits)."),
+}
+
+_NOISE: dict[str, Option] = {
+    "correction": Option(
+        "bool", "whether the injected noise is reduced by the estimator's own", none=True,
+        remedy="Pass True, False or None (on, except for estimator='saga' and 'svrg' and with "
+        "a structured proxy)."),
+    "max_variance_inflation": Option(
+        "real", "δ, the tolerated relative inflation of the posterior variance by the default "
+        "step size", low=0, high=1, open_low=True,
+        remedy="Pass e.g. 0.05 (the default)."),
+}
+
+_LOCAL: dict[str, Option] = {
+    "update": Option("callable", "the conditional update of the local latent sites of a "
+                     "subsample", none=True,
+                     remedy="Pass a function (rng_key, rows, values, idx, *model_args, "
+                     "**model_kwargs) -> rows, or None (MALA steps)."),
+    "steps": _positive_int("the MALA steps per update of the local latent sites",
+                           "Pass a positive integer, e.g. steps=5 (the default)."),
 }
 
 _SGHMC: dict[str, Option] = {
@@ -173,11 +212,6 @@ _ECS: dict[str, Option] = {
         "str", "the per-datum approximation q_i ≈ ℓ_i of the difference estimator",
         choices=("taylor", "hybrid", "variational"), none=True,
         remedy="Pass 'taylor', 'hybrid', 'variational' or None (the default for the proxy)."),
-    "taylor_order": Option("int", "the order of the Taylor likelihood proxy", choices=(1, 2),
-                           none=True, remedy="Pass 1, 2 or None (2 with a dense proxy, 1 with "
-                           "a structured one)."),
-    "hybrid_order": Option("int", "the order of the hybrid likelihood proxy", choices=(1, 2),
-                           remedy="Pass 1 or 2."),
     "num_blocks": _positive_int("G, the number of blocks of the subsample (one is redrawn per "
                                 "iteration; the subsample size must be a multiple of it)",
                                 "Pass a positive divisor of the subsample size, e.g. 10."),
@@ -188,14 +222,13 @@ _ECS: dict[str, Option] = {
     "selection": Option("str", "the selection law of the subsample",
                         choices=("uniform", "preferential"),
                         remedy="Pass 'preferential' (the default) or 'uniform'."),
-    "uniform_mix": Option("real", "the weight of the uniform law in the preferential "
-                          "selection (every p_i > 0)", low=0, high=1, open_low=True,
-                          remedy="Pass e.g. 0.05 (the default)."),
-    "num_selection_draws": _positive_int("the number of proxy draws of the preferential "
-                                         "selection", "Pass e.g. 16 (the default)."),
-    "num_mc_draws": _positive_int("S, the draws of q for the variational and hybrid proxies",
-                                  "Pass an integer ≥ 2, or None (the default).", none=True,
-                                  low=2),
+    "proxy_kwargs": _PROXY_KWARGS,
+    "chunk_size": _CHUNK,
+    "seed": _SEED,
+    "progress_bar": _PROGRESS,
+}
+
+_HMC: dict[str, Option] = {
     "algo": Option("str", "the HMC algorithm", choices=("NUTS", "HMC"),
                    remedy="Pass 'NUTS' (the default) or 'HMC'."),
     "step_size": Option("real", "NumPyro's initial HMC step size", low=0, open_low=True,
@@ -214,10 +247,25 @@ _ECS: dict[str, Option] = {
                                 remedy="Pass a positive number, or None."),
     "num_steps": _positive_int("the number of leapfrog steps per HMC iteration (algo='HMC')",
                                "Pass a positive integer, or None.", none=True),
-    "proxy_kwargs": _PROXY_KWARGS,
-    "chunk_size": _CHUNK,
-    "seed": _SEED,
-    "progress_bar": _PROGRESS,
+}
+
+_LIKELIHOOD: dict[str, Option] = {
+    "taylor_order": Option("int", "the order of the Taylor likelihood proxy", choices=(1, 2),
+                           none=True, remedy="Pass 1, 2 or None (2 with a dense proxy, 1 with "
+                           "a structured one)."),
+    "hybrid_order": Option("int", "the order of the hybrid likelihood proxy", choices=(1, 2),
+                           remedy="Pass 1 or 2."),
+    "num_mc_draws": _positive_int("S, the draws of q for the variational and hybrid proxies",
+                                  "Pass an integer ≥ 2, or None (the default).", none=True,
+                                  low=2),
+}
+
+_PREFERENTIAL_SELECTION: dict[str, Option] = {
+    "uniform_mix": Option("real", "the weight of the uniform law in the preferential "
+                          "selection (every p_i > 0)", low=0, high=1, open_low=True,
+                          remedy="Pass e.g. 0.05 (the default)."),
+    "num_draws": _positive_int("the number of proxy draws of the preferential selection",
+                               "Pass e.g. 16 (the default)."),
 }
 
 _DISTRIBUTED: dict[str, Option] = {
@@ -304,8 +352,15 @@ _SVRG: dict[str, Option] = {
 #: ``{owner: {option name: Option}}``: every option the package validates.
 OPTIONS: dict[str, dict[str, Option]] = {
     "SGMCMCKernel": _SGMCMC,
+    "ZVOptions": _ZV,
+    "AdaptationOptions": _ADAPTATION,
+    "NoiseOptions": _NOISE,
+    "LocalConfig": _LOCAL,
     "SGHMC": _SGHMC,
     "EnergyConservingHMC": _ECS,
+    "HMCOptions": _HMC,
+    "LikelihoodOptions": _LIKELIHOOD,
+    "PreferentialOptions": _PREFERENTIAL_SELECTION,
     "DistributedSGLD": _DISTRIBUTED,
     "configure_estimator": _CONFIGURE,
     "estimator='uniform'": {},

@@ -134,7 +134,7 @@ def _find_data_plate(tr: dict) -> DataPlate:
                 dim = frame.dim
     if dim is None:
         raise ValueError(f"The subsample plate '{name}' contains no sample site.")
-    return DataPlate(name, int(size), int(subsample_size), int(dim))
+    return DataPlate(name=name, size=int(size), subsample_size=int(subsample_size), dim=int(dim))
 
 
 def _validate_sites(

@@ -166,13 +166,13 @@ def build_dataset(
         X, X_test, y, y_test = split_train_test(X, y, test_fraction, seed, stratify)
     info = dict(info, intercept=intercept, seed=seed, test_fraction=test_fraction)
     return Dataset(
-        name,
-        task,
-        _with_intercept(X, intercept),
-        np.asarray(y, np.float32),
-        None if X_test is None else _with_intercept(X_test, intercept),
-        None if y_test is None else np.asarray(y_test, np.float32),
-        info,
+        name=name,
+        task=task,
+        X_train=_with_intercept(X, intercept),
+        y_train=np.asarray(y, np.float32),
+        X_test=None if X_test is None else _with_intercept(X_test, intercept),
+        y_test=None if y_test is None else np.asarray(y_test, np.float32),
+        info=info,
     )
 
 
@@ -183,8 +183,8 @@ def make_bivariate_gaussian(num_data: int = 10_000, seed: int = 105) -> Dataset:
     rng = np.random.default_rng(seed)
     X = rng.multivariate_normal([0.0, 1.0], BVG_SIGMA_X, size=num_data).astype(np.float32)
     mean, cov = bivariate_gaussian_posterior(X)
-    return Dataset("bivariate_gaussian", "gaussian", X, None, None, None,
-                   {"seed": seed, "posterior_mean": mean, "posterior_cov": cov})
+    return Dataset(name="bivariate_gaussian", task="gaussian", X_train=X, y_train=None, X_test=None,
+                   y_test=None, info={"seed": seed, "posterior_mean": mean, "posterior_cov": cov})
 
 
 def make_logistic(
@@ -230,8 +230,9 @@ def make_quasi_separated(
     X[rng.choice(N, num_rare, replace=False), -1] = 1.0
     beta = np.concatenate([[-1.0], 0.5 * rng.normal(size=d - 2), [5.0]])
     y = (rng.uniform(size=N) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
-    return Dataset("quasi_separated", "logistic", X.astype(np.float32), y, None, None,
-                   {"seed": seed, "num_rare": num_rare, "true_beta": beta})
+    return Dataset(name="quasi_separated", task="logistic", X_train=X.astype(np.float32), y_train=y,
+                   X_test=None, y_test=None,
+                   info={"seed": seed, "num_rare": num_rare, "true_beta": beta})
 
 
 def make_linear(
@@ -354,9 +355,9 @@ def make_rare_features(
     for j, label in enumerate(minority):
         realised.append(int(np.sum(y[B[:, j] == 1.0] == label)))
     return Dataset(
-        f"rare_features_logistic_N{N}_d{X.shape[1]}", "logistic", X.astype(np.float32), y,
-        None, None,
-        {"seed": seed, "true_beta": beta, "binary_fractions": fractions,
+        name=f"rare_features_logistic_N{N}_d{X.shape[1]}", task="logistic",
+        X_train=X.astype(np.float32), y_train=y, X_test=None, y_test=None,
+        info={"seed": seed, "true_beta": beta, "binary_fractions": fractions,
          "minority_labels": tuple(minority), "minority_counts": tuple(realised),
          "num_leverage": int(num_leverage), "leverage_scale": float(leverage_scale)},
     )

@@ -147,10 +147,10 @@ def chain_programs(cfg: ECSConfig) -> tuple[Callable, Callable]:
         )
         _, loglik, sigma2 = difference_estimate(pot, lp, w, idx, terms, data)
         return ECSState(
-            jnp.zeros((), jnp.int32), pot.unravel(lp.ref + whiten_matvec(lp.tril, w)), hs, idx,
-            terms,
-            sigma2, loglik, jnp.ones_like(hs.potential_energy), hs.accept_prob, hs.num_steps,
-            hs.diverging, raw_key(key), params,
+            i=jnp.zeros((), jnp.int32), z=pot.unravel(lp.ref + whiten_matvec(lp.tril, w)),
+            hmc_state=hs, idx=idx, aux=terms, sigma2=sigma2, loglik_estimate=loglik,
+            index_accept_prob=jnp.ones_like(hs.potential_energy), accept_prob=hs.accept_prob,
+            num_steps=hs.num_steps, diverging=hs.diverging, rng_key=raw_key(key), params=params,
         )
 
     def step(state: ECSState, data: ModelData) -> ECSState:
@@ -168,10 +168,13 @@ def chain_programs(cfg: ECSConfig) -> tuple[Callable, Callable]:
         _, loglik, sigma2 = difference_estimate(pot, lp, hs.z, idx, terms, data)
         like = lambda x, old: jnp.asarray(x, old.dtype)  # noqa: E731  (carry keeps its dtypes)
         return ECSState(
-            state.i + 1, pot.unravel(lp.ref + whiten_matvec(lp.tril, hs.z)), hs, idx, terms,
-            like(sigma2, state.sigma2), like(loglik, state.loglik_estimate),
-            like(index_prob, state.index_accept_prob), like(hs.accept_prob, state.accept_prob),
-            like(hs.num_steps, state.num_steps), hs.diverging, key, params,
+            i=state.i + 1, z=pot.unravel(lp.ref + whiten_matvec(lp.tril, hs.z)), hmc_state=hs,
+            idx=idx, aux=terms, sigma2=like(sigma2, state.sigma2),
+            loglik_estimate=like(loglik, state.loglik_estimate),
+            index_accept_prob=like(index_prob, state.index_accept_prob),
+            accept_prob=like(hs.accept_prob, state.accept_prob),
+            num_steps=like(hs.num_steps, state.num_steps), diverging=hs.diverging, rng_key=key,
+            params=params,
         )
 
     return init_one, step

@@ -88,7 +88,7 @@ def subsample_terms(
     idx: jax.Array, data: ModelData,
 ) -> SubsampleTerms:
     a, b, c = datum_terms(potential, spec, lp, idx, data)
-    return SubsampleTerms(a, b, c, None if sel.r is None else sel.r[idx])
+    return SubsampleTerms(a=a, b=b, c=c, r=None if sel.r is None else sel.r[idx])
 
 
 def difference_estimate(
@@ -181,7 +181,7 @@ def preferential_selection(
     table = build_alias_table(mix_with_uniform(scale, uniform_mix))
     r = 1.0 / (potential.num_data * np.asarray(table.probs, np.float64))
     info = {"selection_probs": table.probs, "selection_seconds": time.perf_counter() - t0}
-    return SelectionLaw(table, jnp.asarray(r, lp.ref.dtype)), float(num_draws), info
+    return SelectionLaw(table=table, r=jnp.asarray(r, lp.ref.dtype)), float(num_draws), info
 
 
 @partial(jax.jit, static_argnames=("potential", "spec", "subsample_size", "num_draws"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,14 @@ from numpyro_subsample.ecs.difference import (
     preferential_selection,
     uniform_selection,
     variance_at_proxy_draws,
+)
+from numpyro_subsample.ecs.options import (
+    LEGACY_ECS_KEYWORDS,
+    HMCOptions,
+    LikelihoodOptions,
+    PreferentialOptions,
+    legacy_ecs_records,
+    numpyro_hmc_options,
 )
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.choice import fit_kernel_structured, structured_choice
@@ -119,26 +127,23 @@ class EnergyConservingHMC(SubsampleKernel):
         q_i ≈ ℓ_i: ``"taylor"`` (at θ̂; Dang et al. 2019), ``"hybrid"`` (the L²(q) projection,
         q = the proxy) or ``"variational"`` (E_q[ℓ_i]; Rønning and Hamelryck 2021, Eq. 2-4).
         Default: ``"taylor"`` for a Laplace proxy, ``"hybrid"`` for a variational one.
-    taylor_order, hybrid_order
-        1 or 2 for the Taylor and hybrid likelihood proxies. ``taylor_order=None`` (the
-        default) is 2 with a dense proxy and 1 with a structured one; ``hybrid_order``
-        defaults to 2.
+    likelihood
+        A :class:`~numpyro_subsample.ecs.options.LikelihoodOptions`: the orders of the Taylor
+        and hybrid likelihood proxies and the draws of q (default ``LikelihoodOptions()``).
     num_blocks
         G, blocks of u; one block is redrawn per iteration (default 10; m must be a multiple).
     subsample_size
         m, overriding the model's plate subsample size.
     selection
         ``"preferential"`` (default; Hansen-Hurwitz, p_i ∝ the scale of the proxy error,
-        mixed with ``uniform_mix`` of the uniform law, from ``num_selection_draws`` proxy
-        draws) or ``"uniform"`` (the paper's estimator, no extra preprocessing pass).
-    num_mc_draws
-        S, draws of q for the variational and hybrid proxies (default 64; at least 2·dim
-        for ``hybrid_order=2``, which is the default there).
-    algo
-        ``"NUTS"`` (default) or ``"HMC"``.
-    step_size, adapt_step_size, adapt_mass_matrix, dense_mass, target_accept_prob, \
-max_tree_depth, trajectory_length, num_steps
-        NumPyro's HMC/NUTS options.
+        mixed with the uniform law as ``preferential`` says) or ``"uniform"`` (the paper's
+        estimator, no extra preprocessing pass).
+    preferential
+        A :class:`~numpyro_subsample.ecs.options.PreferentialOptions`: the uniform share and
+        the proxy draws of the preferential weights (default ``PreferentialOptions()``).
+    hmc
+        A :class:`~numpyro_subsample.ecs.options.HMCOptions`: NumPyro's HMC/NUTS options
+        (default ``HMCOptions()``, NUTS).
     proxy_kwargs
         Options of :func:`~numpyro_subsample.proxies.laplace.fit_laplace` or
         :func:`~numpyro_subsample.proxies.variational.fit_variational`.
@@ -150,8 +155,12 @@ max_tree_depth, trajectory_length, num_steps
         Progress bars of the preprocessing (proxy fit). Default None: those of the
         package's ``MCMC`` running the kernel follow its ``progress_bar``; otherwise on, off
         under CI.
-    uniform_mix, num_selection_draws
-        Uniform share and proxy draws of the preferential weights (defaults 0.05, 16).
+    **deprecated
+        The keywords of the previous release that these records replace (``algo``,
+        ``step_size``, ``adapt_step_size``, ``adapt_mass_matrix``, ``dense_mass``,
+        ``target_accept_prob``, ``max_tree_depth``, ``trajectory_length``, ``num_steps``,
+        ``taylor_order``, ``hybrid_order``, ``num_mc_draws``, ``uniform_mix``,
+        ``num_selection_draws``), accepted with a ``DeprecationWarning`` naming the record.
 
     Examples
     --------
@@ -168,34 +177,24 @@ max_tree_depth, trajectory_length, num_steps
 
     sample_field = "z"
 
-    @suggest_keywords
+    @suggest_keywords(deprecated=tuple(LEGACY_ECS_KEYWORDS))
     def __init__(
         self,
         model: Callable,
         *,
         proxy: str | Proxy | StructuredProxy = "laplace",
         likelihood_proxy: str | None = None,
-        taylor_order: int | None = None,
-        hybrid_order: int = 2,
+        likelihood: LikelihoodOptions | None = None,
         num_blocks: int = 10,
         subsample_size: int | None = None,
         selection: str = "preferential",
-        uniform_mix: float = 0.05,
-        num_selection_draws: int = 16,
-        num_mc_draws: int | None = None,
-        algo: str = "NUTS",
-        step_size: float = 1.0,
-        adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
-        dense_mass: bool = False,
-        target_accept_prob: float = 0.8,
-        max_tree_depth: int = 10,
-        trajectory_length: float | None = None,
-        num_steps: int | None = None,
+        preferential: PreferentialOptions | None = None,
+        hmc: HMCOptions | None = None,
         proxy_kwargs: dict | None = None,
         chunk_size: int = DEFAULT_CHUNK,
         seed: int = 0,
         progress_bar: bool | None = None,
+        **deprecated: Any,
     ) -> None:
         if isinstance(proxy, str) and proxy in _OLD_PROXIES:
             new, kind = _OLD_PROXIES[proxy]
@@ -207,15 +206,11 @@ max_tree_depth, trajectory_length, num_steps
             if likelihood_proxy is None:
                 likelihood_proxy = kind
             proxy = new
+        records = legacy_ecs_records("EnergyConservingHMC", deprecated, hmc=hmc,
+                                     likelihood=likelihood, preferential=preferential)
         check_options(
-            "EnergyConservingHMC", likelihood_proxy=likelihood_proxy, taylor_order=taylor_order,
-            hybrid_order=hybrid_order, num_blocks=num_blocks, subsample_size=subsample_size,
-            selection=selection, uniform_mix=uniform_mix,
-            num_selection_draws=num_selection_draws, num_mc_draws=num_mc_draws, algo=algo,
-            step_size=step_size, adapt_step_size=adapt_step_size,
-            adapt_mass_matrix=adapt_mass_matrix, dense_mass=dense_mass,
-            target_accept_prob=target_accept_prob, max_tree_depth=max_tree_depth,
-            trajectory_length=trajectory_length, num_steps=num_steps, proxy_kwargs=proxy_kwargs,
+            "EnergyConservingHMC", likelihood_proxy=likelihood_proxy, num_blocks=num_blocks,
+            subsample_size=subsample_size, selection=selection, proxy_kwargs=proxy_kwargs,
             chunk_size=chunk_size, seed=seed, progress_bar=progress_bar,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
@@ -226,30 +221,22 @@ max_tree_depth, trajectory_length, num_steps
                 f"{_divisor(subsample_size)}) or change subsample_size."
             )
         super().__init__(model, seed=seed)
-        if algo == "HMC" and trajectory_length is None and num_steps is None:
-            trajectory_length = 2 * np.pi
         self._proxy_spec = proxy
         self.likelihood_proxy = likelihood_proxy
-        self.taylor_order = None if taylor_order is None else int(taylor_order)
-        self.hybrid_order = int(hybrid_order)
         self.num_blocks = int(num_blocks)
         self._subsample_size = subsample_size
         self.selection = selection
-        self.uniform_mix = float(uniform_mix)
-        self.num_selection_draws = int(num_selection_draws)
-        self.num_mc_draws = None if num_mc_draws is None else int(num_mc_draws)
-        self.algo = algo
-        options = dict(
-            step_size=float(step_size), adapt_step_size=bool(adapt_step_size),
-            adapt_mass_matrix=bool(adapt_mass_matrix), dense_mass=bool(dense_mass),
-            target_accept_prob=float(target_accept_prob), max_tree_depth=max_tree_depth,
-        )
-        if algo == "HMC":
-            options.update(trajectory_length=trajectory_length, num_steps=num_steps)
-        self.hmc_options = options
+        self.hmc, self.likelihood = records["hmc"], records["likelihood"]
+        self.preferential = records["preferential"]
+        self.hmc_options = numpyro_hmc_options(self.hmc)
         self.proxy_kwargs = dict(proxy_kwargs or {})
         self.chunk_size = int(chunk_size)
         self.progress_bar = progress_bar
+
+    @property
+    def algo(self) -> str:
+        """``"NUTS"`` or ``"HMC"`` (:class:`~numpyro_subsample.ecs.options.HMCOptions`)."""
+        return self.hmc.algo
 
     # -- properties users read ----------------------------------------------------------------
     @property
@@ -275,11 +262,11 @@ max_tree_depth, trajectory_length, num_steps
         kind = self.likelihood_proxy
         if kind is None:
             kind = "hybrid" if proxy.kind == "variational" else "taylor"
-        taylor = self.taylor_order
+        taylor = self.likelihood.taylor_order
         if taylor is None:
             taylor = 1 if is_structured(proxy) else 2
-        order = {"taylor": taylor, "hybrid": self.hybrid_order}.get(kind, 0)
-        return lik.LikelihoodSpec(kind, order)
+        order = {"taylor": taylor, "hybrid": self.likelihood.hybrid_order}.get(kind, 0)
+        return lik.LikelihoodSpec(kind=kind, order=order)
 
     def _fit_proxy(self, potential: Potential, data: ModelData, key,
                    ) -> Proxy | StructuredProxy:
@@ -323,7 +310,7 @@ max_tree_depth, trajectory_length, num_steps
             )
         proxy = self._fit_proxy(potential, data, k_proxy)
         spec = self._likelihood_spec(proxy)
-        S = self.num_mc_draws
+        S = self.likelihood.num_mc_draws
         if S is None:
             S = max(64, 2 * potential.dim) if spec == ("hybrid", 2) else 64
         lp, passes, info = lik.fit_likelihood_proxy(
@@ -335,7 +322,8 @@ max_tree_depth, trajectory_length, num_steps
         else:
             sel, sel_passes, sel_info = preferential_selection(
                 potential, spec, lp, data, k_sel,
-                num_draws=self.num_selection_draws, uniform_mix=self.uniform_mix,
+                num_draws=self.preferential.num_draws,
+                uniform_mix=self.preferential.uniform_mix,
                 chunk_size=self.chunk_size,
             )
         info.update(sel_info)
@@ -345,22 +333,25 @@ max_tree_depth, trajectory_length, num_steps
         info["sigma2_at_proxy_draws"] = s2
         _check_variance(s2, m, potential.num_data, spec)
         return ECSPreprocessed(
-            potential, proxy, spec, m, time.perf_counter() - t0,
-            float(proxy.num_data_passes + passes + sel_passes), info, ECSParams(lp, sel),
+            potential=potential, proxy=proxy, spec=spec, subsample_size=m,
+            seconds=time.perf_counter() - t0,
+            data_passes=float(proxy.num_data_passes + passes + sel_passes), info=info,
+            params=ECSParams(likelihood=lp, selection=sel),
         )
 
     # -- the functional core --------------------------------------------------------------------
     def _programs(self, pre: ECSPreprocessed, *, num_warmup: int, traced: bool):
         cfg = ECSConfig(
-            pre.potential, pre.spec, pre.subsample_size, self.num_blocks, self.algo,
-            tuple(sorted(self.hmc_options.items())), int(num_warmup),
-            "threefry2x32" if traced else STEP_RNG,
+            potential=pre.potential, spec=pre.spec, subsample_size=pre.subsample_size,
+            num_blocks=self.num_blocks, algo=self.algo,
+            hmc_options=tuple(sorted(self.hmc_options.items())), num_warmup=int(num_warmup),
+            rng_impl="threefry2x32" if traced else STEP_RNG,
         )
         init_one, step = chain_programs(cfg)
         return init_one, step, pre.params
 
     def _state_axes(self) -> ECSState:
-        return ECSState(*([0] * len(ECSState._fields)))._replace(params=None)
+        return ECSState(**dict.fromkeys(ECSState._fields, 0))._replace(params=None)
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)

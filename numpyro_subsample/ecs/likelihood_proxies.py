@@ -240,7 +240,7 @@ def fit_likelihood_proxy(
         )
     if spec.kind == "taylor":
         sum_b, sum_c = _taylor_sums(potential, chunk_size, spec.order == 2, ref, tril, data)
-        lp, passes = LikelihoodProxy(ref, tril, sum_b, sum_c), 1.0
+        lp, passes = LikelihoodProxy(ref=ref, tril=tril, sum_b=sum_b, sum_c=sum_c), 1.0
     elif spec.kind == "hybrid" and spec.order == 2:
         if S // 2 < d:
             raise ValueError(
@@ -254,7 +254,8 @@ def fit_likelihood_proxy(
             )
         zs = moment_matched_normal(rng_key, S, d).astype(ref.dtype)
         sum_b, sum_c = _stein_sums(potential, chunk_size, ref, tril, zs, data)
-        lp, passes = LikelihoodProxy(ref, tril, sum_b, sum_c, draws=zs), float(S)
+        lp = LikelihoodProxy(ref=ref, tril=tril, sum_b=sum_b, sum_c=sum_c, draws=zs)
+        passes = float(S)
         info["draws"] = ref + zs @ tril.T
     else:
         hybrid = spec.kind == "hybrid"
@@ -271,9 +272,10 @@ def fit_likelihood_proxy(
             )
         if hybrid:
             table_b = gbar @ tril  # whitened: Lᵀ ḡ_i for every datum
-            lp = LikelihoodProxy(ref, tril, jnp.sum(table_b, 0), None, e, table_b)
+            lp = LikelihoodProxy(ref=ref, tril=tril, sum_b=jnp.sum(table_b, 0), sum_c=None, a=e,
+                                 b=table_b)
         else:
-            lp = LikelihoodProxy(ref, tril, a=e)
+            lp = LikelihoodProxy(ref=ref, tril=tril, a=e)
         passes = S * (2.0 if hybrid else 1.0)
         info.update(draws=draws, sum_e=float(jnp.sum(e)))
     info.update(num_mc_draws=S if spec.kind != "taylor" else 0,

@@ -366,12 +366,13 @@ def adaptive_size(
     sizes = bucket_sizes(options.n_min, n_max)
     designs = [design(b) for b in sizes]
     params = AdaptiveParams(
-        tuple(d.params for d in designs), control_variate_from_proxy(proxy),
-        jnp.asarray(S / v0, dtype),
+        designs=tuple(d.params for d in designs), cv=control_variate_from_proxy(proxy),
+        scale=jnp.asarray(S / v0, dtype),
     )
     estimate = _adaptive_estimate(potential, tuple(d.draw for d in designs), sizes)
     moments = EstimatorMoments(
-        potential, _adaptive_moments(tuple(d.moments for d in designs), sizes), _adaptive_cv
+        potential=potential, design=_adaptive_moments(tuple(d.moments for d in designs), sizes),
+        control_variate=_adaptive_cv,
     )
     info.update({
         "adaptive": True, "v0": v0, "sum_l2_over_p": S, "lipschitz": kind,
@@ -380,5 +381,6 @@ def adaptive_size(
         "data_passes": passes,
     })
     return GradientEstimator(
-        estimate, params, "adaptive-" + base.name, n_max, N, passes, info, moments
+        estimate=estimate, params=params, name="adaptive-" + base.name, subsample_size=n_max,
+        num_data=N, data_passes=passes, info=info, moments=moments,
     )

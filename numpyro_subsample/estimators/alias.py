@@ -71,7 +71,8 @@ def build_alias_table(p: np.ndarray) -> AliasTable:
     np.add.at(realised, alias, 1.0 - thr32.astype(np.float64))
     realised /= N
     return AliasTable(
-        jnp.asarray(thr32), jnp.asarray(alias, jnp.int32), jnp.asarray(realised, jnp.float32)
+        threshold=jnp.asarray(thr32), alias=jnp.asarray(alias, jnp.int32),
+        probs=jnp.asarray(realised, jnp.float32),
     )
 
 
@@ -98,7 +99,7 @@ def importance_moments(probs: jax.Array, n: int) -> DesignMoments:
     Cov = (1/n)[Σ_i h_i h_iᵀ/p_i − H Hᵀ], H = Σ_i h_i (Putcha et al. 2023, Appendix A.2, as a
     matrix); a datum with p_i = 0 is never drawn and contributes nothing."""
     a = jnp.where(probs > 0, 1.0 / (n * jnp.where(probs > 0, probs, 1.0)), 0.0)
-    return DesignMoments(a, jnp.asarray(1.0 / n, a.dtype))
+    return DesignMoments(datum_weight=a, group_weight=jnp.asarray(1.0 / n, a.dtype))
 
 
 @lru_cache(maxsize=256)
@@ -116,6 +117,6 @@ def alias_design(table: AliasTable, n: int, dtype=None) -> SamplingDesign:
         raise ValueError(f"The subsample size must be a positive integer, got {n!r}.")
     dtype = np.dtype(dtype or jnp.result_type(float))
     return SamplingDesign(
-        _alias_draw(int(n), dtype), int(n), int(table.threshold.shape[0]), table,
-        _alias_moments(int(n)),
+        draw=_alias_draw(int(n), dtype), size=int(n), num_data=int(table.threshold.shape[0]),
+        params=table, moments=_alias_moments(int(n)),
     )

@@ -242,19 +242,21 @@ def make_estimator(
     (2019), Eq. 4.
     """
     return GradientEstimator(
-        _design_estimate(potential, design.draw, design.size),
-        (design.params, cv),
-        name,
-        design.size,
-        design.num_data,
-        float(data_passes),
-        info,
-        None if design.moments is None else EstimatorMoments(
-            potential, _fixed_design_moments(design.moments), pair_control_variate
+        estimate=_design_estimate(potential, design.draw, design.size),
+        params=(design.params, cv),
+        name=name,
+        subsample_size=design.size,
+        num_data=design.num_data,
+        data_passes=float(data_passes),
+        info=info,
+        moments=None if design.moments is None else EstimatorMoments(
+            potential=potential, design=_fixed_design_moments(design.moments),
+            control_variate=pair_control_variate,
         ),
     )
 
 
 def control_variate_from_proxy(proxy) -> ControlVariate:
     """The Taylor control variate at a proxy's centre."""
-    return ControlVariate(proxy.centre, proxy.sum_grads, proxy.datum_grads)
+    return ControlVariate(centre=proxy.centre, sum_grads=proxy.sum_grads,
+                          datum_grads=proxy.datum_grads)

@@ -52,7 +52,7 @@ __all__ = [
     "update_rows",
 ]
 
-#: MALA steps per subsample update of the local sites (default of ``local_steps``).
+#: MALA steps per subsample update of the local sites (default of ``LocalConfig.steps``).
 DEFAULT_LOCAL_STEPS = 5
 _TARGET_ACCEPT = 0.574  # Roberts and Rosenthal (1998)
 
@@ -76,14 +76,28 @@ class LocalState(NamedTuple):
 
 
 class LocalConfig(NamedTuple):
-    """Static configuration of the local update (hashable).
+    """How the local latent sites of a subsample are drawn before its gradient (the kernels'
+    ``local=``; hashable, a static configuration).
 
-    ``steps``: MALA steps per update; ``update``: a user's conditional
-    ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows`` (``rng_key``:
-    a legacy uint32[2] ``PRNGKey``, which every NumPyro distribution samples with; ``rows``:
-    the constrained local values of the subsample, {site: (m, *row)}; ``values``: the
-    constrained global sites and deterministic sites outside the plate), or None for MALA;
-    ``init_step``: the first MALA step.
+    Parameters
+    ----------
+    steps
+        MALA steps per update (default 5), when ``update`` is None.
+    update
+        A user's exact conditional
+        ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows``
+        (``rng_key``: a legacy uint32[2] ``PRNGKey``, which every NumPyro distribution
+        samples with; ``rows``: the constrained local values of the subsample,
+        ``{site: (m, *row)}``; ``values``: the constrained global sites and deterministic
+        sites outside the plate), or None for MALA.
+    init_step
+        The first MALA step (adapted per datum afterwards).
+
+    References
+    ----------
+    Roberts and Tweedie (1996) (MALA); Roberts and Rosenthal (2007) (diminishing
+    adaptation of the step); Patterson and Teh (2013), Sect. 4-5 (local variables drawn for
+    each minibatch in SG-MCMC).
     """
 
     steps: int = DEFAULT_LOCAL_STEPS
@@ -97,8 +111,8 @@ def init_local_state(local: tuple[LocalSite, ...], num_data: int, dtype: Any,
     values = {s.name: jnp.broadcast_to(jnp.asarray(s.init, dtype), (num_data, *s.row_shape))
               for s in local}
     return LocalState(
-        values, jnp.full((num_data,), jnp.log(init_step), dtype),
-        jnp.zeros((num_data,), jnp.int32), jnp.ones((), dtype),
+        values=values, log_step=jnp.full((num_data,), jnp.log(init_step), dtype),
+        visits=jnp.zeros((num_data,), jnp.int32), accept=jnp.ones((), dtype),
     )
 
 
@@ -204,23 +218,23 @@ def update_rows(
         new = cfg.update(raw_key(key), rows, values(), idx, *args, **kwargs)
         if not isinstance(new, dict) or set(new) != set(rows):
             raise ValueError(
-                f"local_update must return a dict of the local sites {sorted(rows)} (their "
+                f"LocalConfig.update must return a dict of the local sites {sorted(rows)} (their "
                 f"constrained values for the rows), got {type(new).__name__}"
                 f"{'' if not isinstance(new, dict) else ' with keys ' + str(sorted(new))}."
             )
         for k, v in new.items():
             if jnp.shape(v) != rows[k].shape:
                 raise ValueError(
-                    f"local_update returned shape {jnp.shape(v)} for site '{k}'; expected "
+                    f"LocalConfig.update returned shape {jnp.shape(v)} for site '{k}'; expected "
                     f"{rows[k].shape} (one value per row of the subsample)."
                 )
         rows = {k: jnp.asarray(v, rows[k].dtype) for k, v in new.items()}
         acc = jnp.ones((), state.accept.dtype)
     new_state = LocalState(
-        {k: state.values[k].at[idx].set(rows[k]) for k in rows},
-        state.log_step.at[idx].set(log_step),
-        state.visits.at[idx].add(1),
-        acc.astype(state.accept.dtype),
+        values={k: state.values[k].at[idx].set(rows[k]) for k in rows},
+        log_step=state.log_step.at[idx].set(log_step),
+        visits=state.visits.at[idx].add(1),
+        accept=acc.astype(state.accept.dtype),
     )
     return rows, new_state
 
@@ -298,9 +312,13 @@ def local_estimator(potential: Potential, design: SamplingDesign, cfg: LocalConf
     if cv and start is None:
         start = init_local_state(potential.local, potential.num_data,
                                  potential.init_theta.dtype, cfg.init_step)
-    params = LocalCVParams(design.params, *control_variate, start) if cv else design.params
+    params = design.params
+    if cv:
+        table, total = control_variate
+        params = LocalCVParams(design=design.params, table=table, total=total, start=start)
     return GradientEstimator(
-        estimate, params, "local-cv" if cv else "local", design.size, design.num_data,
+        estimate=estimate, params=params, name="local-cv" if cv else "local",
+        subsample_size=design.size, num_data=design.num_data,
         info={"local_sites": potential.local_sites, "local_steps": cfg.steps,
               "local_update": "mala" if cfg.update is None else "user"},
         init_state=init_state, update=update, state_axes=0,

@@ -150,8 +150,8 @@ def _structured_noise(estimator, centre, scale, rng_key, data, point_tril, num_p
     ritz, passes, exact = matrix_free_noise(
         estimator, draws, scale, rng_key, data, chunk_size, num_draws, num_iter
     )
-    return WhitenedNoise(float(max(ritz[0], 0.0)), None, np.asarray(thetas), float(passes),
-                         exact, ritz)
+    return WhitenedNoise(largest=float(max(ritz[0], 0.0)), cov=None, points=np.asarray(thetas),
+                         data_passes=float(passes), exact=exact, ritz_values=ritz)
 
 
 def whitened_noise(
@@ -196,8 +196,9 @@ def whitened_noise(
     cov_at, passes = point_covariances(estimator, thetas, scale_tril, rng_key, data,
                                        exact=exact, chunk_size=chunk_size, num_draws=num_draws)
     cov, lam, basis, along = _summarise(cov_at, range(1, P) if P > 1 else range(1))
-    return WhitenedNoise(float(lam[-1]), cov, np.asarray(thetas), float(passes), exact, None,
-                         basis, along)
+    return WhitenedNoise(largest=float(lam[-1]), cov=cov, points=np.asarray(thetas),
+                         data_passes=float(passes), exact=exact, ritz_values=None, basis=basis,
+                         along=along)
 
 
 def extend_noise(
@@ -235,8 +236,8 @@ def extend_noise(
     passes = measured.data_passes + float(passes)
     if measured.points.shape[0] == 1:  # the centre alone: the mean is over the new draws
         cov, lam, basis, along = _summarise(cov_at, range(int(num_points)))
-        return WhitenedNoise(float(lam[-1]), cov, points, passes, measured.exact, None,
-                             basis, along)
+        return WhitenedNoise(largest=float(lam[-1]), cov=cov, points=points, data_passes=passes,
+                             exact=measured.exact, ritz_values=None, basis=basis, along=along)
     total = measured.cov * measured.along.shape[0]
     rows = []
     for p in range(int(num_points)):
@@ -246,8 +247,9 @@ def extend_noise(
     along = np.concatenate([measured.along, np.stack(rows)])
     cov = total / along.shape[0]
     order = np.argsort(along.mean(0), kind="stable")
-    return WhitenedNoise(float(np.linalg.eigvalsh(cov).max()), cov, points, passes,
-                         measured.exact, None, measured.basis[:, order], along[:, order])
+    return WhitenedNoise(largest=float(np.linalg.eigvalsh(cov).max()), cov=cov, points=points,
+                         data_passes=passes, exact=measured.exact, ritz_values=None,
+                         basis=measured.basis[:, order], along=along[:, order])
 
 
 def direction_errors(measured: WhitenedNoise) -> tuple[np.ndarray, np.ndarray | None]:
@@ -307,8 +309,9 @@ def warn_if_noise_limited(
             f"assumes: the proxy is far from the posterior there (a posterior that is not "
             f"nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
             f"control variates nor a larger subsample make the rule's step useful. Pass "
-            f"adapt_preconditioner=True (a diagonal scale adapted during warm-up, with its "
-            f"own step rule), or check the proxy fit's warnings and fit a closer proxy "
+            f"adaptation=AdaptationOptions(preconditioner=True) (a diagonal scale adapted "
+            f"during warm-up, with its own step rule), or check the proxy fit's warnings and "
+            f"fit a closer proxy "
             f"(proxy='variational', or a larger proxy_kwargs={{'rank': k}})."
         )
     elif estimator.update is not None or name in ("saga", "svrg"):

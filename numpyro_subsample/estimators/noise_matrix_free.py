@@ -125,7 +125,7 @@ def _structured_exact(estimator, thetas, scale, key, data, chunk_size, num_iter)
     d = thetas.shape[1]
     m = min(int(num_iter), d)
     res = lanczos_eigh(
-        NoiseOperator(moments, int(chunk_size)),
+        NoiseOperator(moments=moments, chunk_size=int(chunk_size)),
         (estimator.params, thetas, designs, scale, data), key, d, 1, m, thetas.dtype,
     )
     P = thetas.shape[0]

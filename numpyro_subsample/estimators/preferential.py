@@ -349,12 +349,13 @@ def build_preferential(
         info = {"weights": "exact", "uniform_mix": lam, "probs": None, "seconds": 0.0,
                 "data_passes": 0.0}
         moments = EstimatorMoments(
-            potential, _exact_moments(potential, int(n), int(chunk_size)),
-            pair_control_variate, 1.0,
+            potential=potential, design=_exact_moments(potential, int(n), int(chunk_size)),
+            control_variate=pair_control_variate, passes_per_point=1.0,
         )
         return GradientEstimator(
-            _exact_estimate(potential, int(n), int(chunk_size)), (jnp.asarray(lam, dtype), cv),
-            name, int(n), potential.num_data, 0.0, info, moments,
+            estimate=_exact_estimate(potential, int(n), int(chunk_size)),
+            params=(jnp.asarray(lam, dtype), cv), name=name, subsample_size=int(n),
+            num_data=potential.num_data, data_passes=0.0, info=info, moments=moments,
         )
     p, info = preferential_probabilities(
         name, potential, data, proxy, weights=weights, uniform_mix=uniform_mix,

@@ -141,7 +141,7 @@ def _uniform_moments(num_data: int, n: int, replace: bool) -> Callable:
 
     def moments(weight):
         a = weight * weight * (n * fpc / N)
-        return DesignMoments(a, a / N)
+        return DesignMoments(datum_weight=a, group_weight=a / N)
 
     return moments
 
@@ -177,5 +177,5 @@ def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> S
     dtype = dtype or jnp.result_type(float)
     weight = device_array(num_data / n, jnp.dtype(dtype))
     key = (int(num_data), int(n), bool(replace))
-    return SamplingDesign(_uniform_draw(*key), int(n), int(num_data), weight,
-                          _uniform_moments(*key))
+    return SamplingDesign(draw=_uniform_draw(*key), size=int(n), num_data=int(num_data),
+                          params=weight, moments=_uniform_moments(*key))

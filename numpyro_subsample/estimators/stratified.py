@@ -227,7 +227,8 @@ def make_strata(
     batch = allocate_batch_sizes(sizes, spreads, int(subsample_size))
     order = np.argsort(labels, kind="stable")
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return Strata(labels, order, starts, sizes, batch, spreads, secs, inertia)
+    return Strata(labels=labels, order=order, starts=starts, sizes=sizes, batch_sizes=batch,
+                  spreads=spreads, seconds=secs, inertia=inertia)
 
 
 @lru_cache(maxsize=256)
@@ -261,7 +262,7 @@ def _stratified_moments(batch_sizes: tuple[int, ...]) -> Callable:
         labels = jnp.zeros((N,), jnp.int32).at[params.order].set(
             jnp.repeat(jnp.arange(k, dtype=jnp.int32), params.sizes, total_repeat_length=N)
         )
-        return DesignMoments(a[labels], a / n_j, labels)
+        return DesignMoments(datum_weight=a[labels], group_weight=a / n_j, labels=labels)
 
     return jax.jit(moments)
 
@@ -277,15 +278,15 @@ def stratified_design(strata: Strata, dtype=None, draw_method: str = "auto") -> 
     method = resolve_method(b, draw_method)
     slot_stratum = np.repeat(np.arange(b.shape[0]), b)
     params = StratifiedParams(
-        jnp.asarray(strata.order, jnp.int32),
-        jnp.asarray(strata.starts, jnp.int32),
-        jnp.asarray(sizes, jnp.int32),
-        jnp.asarray((sizes / b)[slot_stratum], dtype),
+        order=jnp.asarray(strata.order, jnp.int32),
+        starts=jnp.asarray(strata.starts, jnp.int32),
+        sizes=jnp.asarray(sizes, jnp.int32),
+        weights=jnp.asarray((sizes / b)[slot_stratum], dtype),
     )
     b_key = tuple(int(x) for x in b)
     draw = _stratified_draw(b_key, method)
-    return SamplingDesign(draw, int(b.sum()), int(sizes.sum()), params,
-                          _stratified_moments(b_key))
+    return SamplingDesign(draw=draw, size=int(b.sum()), num_data=int(sizes.sum()), params=params,
+                          moments=_stratified_moments(b_key))
 
 
 def strata_of(obj: Any) -> Strata | None:

@@ -161,7 +161,7 @@ def _saga_programs(potential: Potential, draw: Callable, size: int, chunk_size: 
                 lambda idx: _datum_grads(potential, cv.centre, idx, data), N, chunk_size
             )
             passes = 1.0
-        return SAGAState(table, table.sum(0)), jnp.asarray(passes, cv.centre.dtype)
+        return SAGAState(table=table, total=table.sum(0)), jnp.asarray(passes, cv.centre.dtype)
 
     def update(params, state, key, theta, data):
         idx, w = draw(params[0], key)
@@ -174,7 +174,7 @@ def _saga_programs(potential: Potential, draw: Callable, size: int, chunk_size: 
         total = state.total + jnp.where(first[:, None], delta, 0.0).sum(0)
         table = state.table.at[jnp.where(first, idx, N)].set(new, mode="drop")
         passes = jnp.zeros((), theta.dtype)
-        return g, jnp.asarray(size), SAGAState(table, total), passes
+        return g, jnp.asarray(size), SAGAState(table=table, total=total), passes
 
     return estimate, init_state, update
 
@@ -186,7 +186,7 @@ def _svrg_programs(potential: Potential, draw: Callable, size: int, chunk_size: 
 
     def init_state(params, data):
         cv = params[1]
-        state = SVRGState(cv.centre, cv.sum_grads, jnp.zeros((), jnp.int32))
+        state = SVRGState(anchor=cv.centre, anchor_sum=cv.sum_grads, age=jnp.zeros((), jnp.int32))
         return state, jnp.zeros((), cv.centre.dtype)
 
     def update(params, state, key, theta, data):
@@ -198,9 +198,11 @@ def _svrg_programs(potential: Potential, draw: Callable, size: int, chunk_size: 
             lambda: (state.anchor, state.anchor_sum),
         )
         idx, w = draw(params[0], key)
-        g = weighted_gradient(potential, theta, idx, w, data, ControlVariate(anchor, anchor_sum))
+        g = weighted_gradient(potential, theta, idx, w, data,
+                              ControlVariate(centre=anchor, sum_grads=anchor_sum))
         passes = jnp.where(refresh, 1.0, 0.0).astype(theta.dtype)
-        new = SVRGState(anchor, anchor_sum, jnp.where(refresh, 0, age).astype(jnp.int32))
+        new = SVRGState(anchor=anchor, anchor_sum=anchor_sum,
+                        age=jnp.where(refresh, 0, age).astype(jnp.int32))
         return g, jnp.asarray(size), new, passes
 
     return estimate, init_state, update
@@ -258,5 +260,5 @@ def build_svrg(potential: Potential, data: ModelData, proxy, *, subsample_size: 
     return base._replace(
         estimate=estimate, params=(design.params, cv, jnp.asarray(m, jnp.int32)),
         init_state=init_state, update=update,
-        state_axes=SVRGState(0, 0, None), info={"update_every": m},
+        state_axes=SVRGState(anchor=0, anchor_sum=0, age=None), info={"update_every": m},
     )

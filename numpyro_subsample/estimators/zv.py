@@ -125,12 +125,12 @@ class ZVPairedStats(ZVStats):
 
 def empty_stats(p: int, m: int, dtype) -> ZVStats:
     z = lambda *s: jnp.zeros(s, dtype)  # noqa: E731
-    return ZVStats(z(), z(p), z(m), z(p, p), z(p, m), z(m))
+    return ZVStats(count=z(), mean_u=z(p), mean_g=z(m), m_uu=z(p, p), m_ug=z(p, m), m_gg=z(m))
 
 
 def empty_paired_stats(m: int, dtype) -> ZVPairedStats:
     z = lambda *s: jnp.zeros(s, dtype)  # noqa: E731
-    return ZVPairedStats(z(), z(m), z(m), z(m), z(m), z(m))
+    return ZVPairedStats(count=z(), mean_u=z(m), mean_g=z(m), m_uu=z(m), m_ug=z(m), m_gg=z(m))
 
 
 def welford_update(stats: ZVStats | ZVPairedStats, u, g, active):

@@ -323,7 +323,7 @@ def to_arviz(
     ``zv_posterior`` group with, per site, the ZV-corrected ``mean`` and ``var`` and the raw
     values along a ``zv_stat`` axis, and (with ``extra_fields=("grad",)``)
     ``unconstrained_posterior``. It needs ``extra_fields=("grad",)`` or an SG kernel built
-    with ``zv_stream=True``.
+    with ``zv=ZVOptions()``.
 
     Parameters
     ----------

@@ -18,9 +18,16 @@ from typing import Any, NamedTuple
 
 import arviz as az
 import numpy as np
-from scipy.stats import chi2
 
-from numpyro_subsample.core.sites import coordinate_names, site_label
+from numpyro_subsample.core.sites import coordinate_names
+from numpyro_subsample.post.run_figures import (
+    coordinate_figures,
+    finite_extreme,
+    flatten_draws,
+    latent_draws,
+    per_coordinate,
+    rhat_thresholds,
+)
 
 __all__ = [
     "rhat_thresholds",
@@ -139,52 +146,6 @@ _SMALLER_STEP = (
 )
 
 
-def _latent_draws(mcmc) -> dict[str, np.ndarray]:
-    """Draws (chains, draws, ...) of the latent sites (deterministic sites left out)."""
-    samples = mcmc.get_samples(group_by_chain=True)
-    z = getattr(mcmc.last_state, mcmc.sampler.sample_field, None)
-    if isinstance(z, dict):
-        samples = {k: v for k, v in samples.items() if k in z}
-    return {k: np.asarray(v, np.float64) for k, v in samples.items()}
-
-
-def _flatten(draws: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
-    """(chains, draws, coordinates) and the coordinates' labels."""
-    cols, names = [], []
-    for name in sorted(draws):
-        v = draws[name]
-        shape = v.shape[2:]
-        cols.append(v.reshape(v.shape[0], v.shape[1], -1))
-        names += [site_label(name, shape, i) for i in range(int(np.prod(shape, dtype=int)))]
-    return np.concatenate(cols, axis=2), names
-
-
-def _per_coordinate(fn, x: np.ndarray, **kwargs) -> np.ndarray:
-    ds = az.convert_to_dataset({"x": x})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return np.asarray(fn(ds, **kwargs)["x"].values, np.float64).reshape(-1)
-
-
-def rhat_thresholds(ess_bulk: np.ndarray, chains: int, draws: int, max_rhat: float = 1.01,
-                    level: float = 0.01) -> np.ndarray:
-    """Per-coordinate split R-hat thresholds: ``max_rhat``, raised to the (1 − level/d)
-    quantile of split R-hat over chains that sample one distribution (Bonferroni over the d
-    coordinates), so that a long well-mixed run of many coordinates does not warn by chance.
-    ``ess_bulk``: the sum over chains of each chain's own bulk ESS (:func:`check_run`).
-
-    For M = 2·``chains`` split chains of ``draws``/2 draws and a bulk ESS S per coordinate,
-    R̂² = 1 + (B/W − 1)/n with B/W ≈ (n/n_e)·F, F ~ χ²_{M−1}/(M−1) and n_e = S/M (Vehtari
-    et al. 2021, Sect. 3-4): the quantile is sqrt(1 + F_q/n_e − 1/n).
-    """
-    ess = np.asarray(ess_bulk, np.float64)
-    m = 2 * int(chains)
-    n = max(int(draws) // 2, 1)
-    f = chi2.isf(level / max(ess.size, 1), m - 1) / (m - 1)
-    n_e = np.maximum(np.nan_to_num(ess, nan=1.0) / m, 1.0)
-    return np.maximum(max_rhat, np.sqrt(np.maximum(1.0 + f / n_e - 1.0 / n, 1.0)))
-
-
 def _failures(mcmc) -> list[str]:
     """One line per chain that a package kernel stopped (``fail_step`` ≥ 0)."""
     state = mcmc.last_state
@@ -223,9 +184,9 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     except Exception:  # noqa: BLE001  (kernels without a fitted proxy)
         kind = None
     if kind in ("laplace", "variational") and getattr(kernel, "adapt_proxy", None) is False:
-        tips.append("leave adapt_proxy at its default (pilot chains re-estimate the proxy, "
-                    "which a joint mode or a first SVI fit places poorly in hierarchical "
-                    "models)")
+        tips.append("leave AdaptationOptions.proxy at its default (pilot chains re-estimate "
+                    "the proxy, which a joint mode or a first SVI fit places poorly in "
+                    "hierarchical models)")
     elif kind == "adapted":
         tips.append("write hierarchical group effects in the other parameterisation (centred "
                     "or non-centred, numpyro.infer.reparam.LocScaleReparam) where the groups' "
@@ -291,7 +252,50 @@ def check_run(
     ----------
     Vehtari, Gelman, Simpson, Carpenter and Bürkner (2021) (split R-hat, bulk and tail ESS).
     """
-    x, names = _flatten(_latent_draws(mcmc))
+    x, names = flatten_draws(latent_draws(mcmc))
+    chains, draws, _ = x.shape
+    messages, divergences, frozen = _chain_failures(mcmc, x, names)
+    fig = coordinate_figures(x, frozen, max_rhat)
+    max_mcse = finite_extreme(np.nanmax, fig.mcse_sd)
+    min_bulk = finite_extreme(np.nanmin, fig.ess_bulk)
+    min_tail = finite_extreme(np.nanmin, fig.ess_tail)
+    max_r = finite_extreme(np.nanmax, fig.rhat)
+    worst = []
+    threshold = float(min_ess_per_chain) * chains
+    if min(min_bulk, min_tail) < threshold:
+        order = np.argsort(np.minimum(fig.ess_bulk, fig.ess_tail))[:3]
+        worst += [names[k] for k in order]
+        messages.append(_ess_message(mcmc, [names[k] for k in order], min_bulk, min_tail,
+                                     threshold, min_ess_per_chain, chains, draws, max_mcse))
+    if np.nanmax(fig.excess, initial=-np.inf) > 0:
+        order = np.argsort(-np.nan_to_num(fig.excess, nan=-np.inf))[:3]
+        worst += [names[k] for k in order if names[k] not in worst]
+        messages.append(
+            f"max split R-hat {max_r:.3f} > {max_rhat:g} between {chains} chains at "
+            f"{', '.join(names[k] for k in order)}: the chains disagree; run longer or check "
+            "for several modes"
+        )
+    bias = None
+    if check_bias:
+        bias = step_halving_check(mcmc)
+        message = _bias_message(bias, bias_tolerance)
+        if message:
+            messages.append(message)
+    result = RunCheck(
+        min_ess_bulk=min_bulk, min_ess_tail=min_tail, max_rhat=max_r, worst_sites=tuple(worst),
+        divergences=divergences, num_draws=chains * draws, num_chains=chains,
+        ess_threshold=threshold, max_mcse_sd=max_mcse, messages=tuple(messages), bias=bias,
+    )
+    if warn and messages:
+        warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),
+                      RunDiagnosticsWarning, stacklevel=stacklevel)
+    return result
+
+
+def _chain_failures(mcmc, x: np.ndarray, names: list[str]) -> tuple[list[str], int, np.ndarray]:
+    """``(messages, divergences, frozen)``: the stopped chains of a package kernel, else the
+    divergent draws; and the coordinates that never moved in a chain ((chains, coordinates),
+    each named in a message, at most 12 messages in all)."""
     chains, draws, _ = x.shape
     messages = _failures(mcmc)
     extra = mcmc.get_extra_fields()
@@ -302,76 +306,42 @@ def check_run(
     for c, k in zip(*np.nonzero(frozen), strict=True):
         if len(messages) < 12:
             messages.append(f"{names[k]} never moved in chain {c}")
-    ess_bulk = ess_tail = rhat = np.full(len(names), np.nan)
-    if draws >= 4:
-        ess_bulk = _per_coordinate(az.ess, x, method="bulk")
-        ess_tail = _per_coordinate(az.ess, x, method="tail")
-        ess_bulk = np.where(frozen.any(0), 0.0, ess_bulk)
-        ess_tail = np.where(frozen.any(0), 0.0, ess_tail)
-        if chains >= 2:
-            rhat = _per_coordinate(az.rhat, x)
-    sd = x.reshape(chains * draws, -1).std(0)
-    mcse_sd = np.full(len(names), np.nan)
-    if draws >= 4:
-        mcse = _per_coordinate(az.mcse, x, method="mean")
-        mcse_sd = np.where(sd > 0, mcse / np.where(sd > 0, sd, 1.0), np.nan)
-    max_mcse = float(np.nanmax(mcse_sd)) if np.isfinite(mcse_sd).any() else float("nan")
-    min_bulk = float(np.nanmin(ess_bulk)) if np.isfinite(ess_bulk).any() else float("nan")
-    min_tail = float(np.nanmin(ess_tail)) if np.isfinite(ess_tail).any() else float("nan")
-    max_r = float(np.nanmax(rhat)) if np.isfinite(rhat).any() else float("nan")
-    excess = np.full(len(names), np.nan)
-    if np.isfinite(rhat).any():  # the chance level from each chain's own ESS (a disagreement
-        # between the chains lowers the pooled ESS, and would raise its own threshold)
-        within = sum(_per_coordinate(az.ess, x[c:c + 1], method="bulk") for c in range(chains))
-        excess = rhat - rhat_thresholds(within, chains, draws, max_rhat)
-    worst = []
+    return messages, divergences, frozen
+
+
+def _ess_message(mcmc, worst: list[str], min_bulk: float, min_tail: float, threshold: float,
+                 min_ess_per_chain: float, chains: int, draws: int, max_mcse: float) -> str:
+    """The message of an ESS below ``threshold``, with the worst coordinates, the step size,
+    the mean's Monte Carlo error and the remedy (:func:`_mixing_remedy`)."""
     h = _step_size(mcmc)
     step = "" if h is None else f" (step size {h:.3g})"
-    threshold = float(min_ess_per_chain) * chains
-    if min(min_bulk, min_tail) < threshold:
-        order = np.argsort(np.minimum(ess_bulk, ess_tail))[:3]
-        worst += [names[k] for k in order]
-        per_chain = "" if chains == 1 else f" ({min_ess_per_chain:g} per chain × {chains})"
-        mcse_note = "" if not np.isfinite(max_mcse) else (
-            f", so a posterior mean may be off by {max_mcse:.2f} sd (Monte Carlo standard "
-            "error)")
-        messages.append(
-            f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
-            f"< {threshold:g}{per_chain} at {', '.join(names[k] for k in order)}{step}"
-            f"{mcse_note}: the chain has not mixed; "
-            f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
-        )
-    if np.nanmax(excess, initial=-np.inf) > 0:
-        order = np.argsort(-np.nan_to_num(excess, nan=-np.inf))[:3]
-        worst += [names[k] for k in order if names[k] not in worst]
-        messages.append(
-            f"max split R-hat {max_r:.3f} > {max_rhat:g} between {chains} chains at "
-            f"{', '.join(names[k] for k in order)}: the chains disagree; run longer or check "
-            "for several modes"
-        )
-    bias = None
-    if check_bias:
-        bias = step_halving_check(mcmc)
-        mean_moved = bias.mean_shift > max(bias_tolerance, 3 * bias.mean_shift_se)
-        sd_moved = bias.log_sd_shift > max(bias_tolerance, 3 * bias.log_sd_shift_se)
-        if mean_moved or sd_moved:
-            messages.append(
-                f"halving the step to {bias.step_size:.3g} moved the posterior mean by "
-                f"{bias.mean_shift:.2f} ± {bias.mean_shift_se:.2f} sd and the log sd by "
-                f"{bias.log_sd_shift:.2f} ± {bias.log_sd_shift_se:.2f} (at "
-                f"{', '.join(bias.worst_sites)}): the step is too large for "
-                f"{bias_tolerance:g}-sd accuracy; pass step_size={bias.step_size:.3g} or a "
-                "smaller max_variance_inflation"
-            )
-    result = RunCheck(
-        min_ess_bulk=min_bulk, min_ess_tail=min_tail, max_rhat=max_r, worst_sites=tuple(worst),
-        divergences=divergences, num_draws=chains * draws, num_chains=chains,
-        ess_threshold=threshold, max_mcse_sd=max_mcse, messages=tuple(messages), bias=bias,
+    per_chain = "" if chains == 1 else f" ({min_ess_per_chain:g} per chain × {chains})"
+    mcse_note = "" if not np.isfinite(max_mcse) else (
+        f", so a posterior mean may be off by {max_mcse:.2f} sd (Monte Carlo standard "
+        "error)")
+    return (
+        f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
+        f"< {threshold:g}{per_chain} at {', '.join(worst)}{step}"
+        f"{mcse_note}: the chain has not mixed; "
+        f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
     )
-    if warn and messages:
-        warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),
-                      RunDiagnosticsWarning, stacklevel=stacklevel)
-    return result
+
+
+def _bias_message(bias: BiasCheck, bias_tolerance: float) -> str | None:
+    """The message of a step-halving check whose mean or log sd moved by more than
+    ``bias_tolerance`` and three Monte Carlo standard errors, else None."""
+    mean_moved = bias.mean_shift > max(bias_tolerance, 3 * bias.mean_shift_se)
+    sd_moved = bias.log_sd_shift > max(bias_tolerance, 3 * bias.log_sd_shift_se)
+    if not (mean_moved or sd_moved):
+        return None
+    return (
+        f"halving the step to {bias.step_size:.3g} moved the posterior mean by "
+        f"{bias.mean_shift:.2f} ± {bias.mean_shift_se:.2f} sd and the log sd by "
+        f"{bias.log_sd_shift:.2f} ± {bias.log_sd_shift_se:.2f} (at "
+        f"{', '.join(bias.worst_sites)}): the step is too large for "
+        f"{bias_tolerance:g}-sd accuracy; pass step_size={bias.step_size:.3g} or a "
+        "smaller max_variance_inflation"
+    )
 
 
 def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -> BiasCheck:
@@ -414,19 +384,20 @@ def step_halving_check(mcmc, *, num_samples: int | None = None, seed: int = 1) -
         chain_method=mcmc.chain_method, thinning=mcmc.thinning, progress_bar=False,
     )
     half.run(jax.random.PRNGKey(seed), *mcmc._args, **mcmc._kwargs)  # noqa: SLF001
-    x1, names = _flatten(_latent_draws(mcmc))
-    x2, _ = _flatten(_latent_draws(half))
+    x1, names = flatten_draws(latent_draws(mcmc))
+    x2, _ = flatten_draws(latent_draws(half))
     flat1, flat2 = x1.reshape(-1, x1.shape[2]), x2.reshape(-1, x2.shape[2])
     sd = flat1.std(0)
     sd = np.where(sd > 0, sd, np.inf)
     shift = np.abs(flat1.mean(0) - flat2.mean(0)) / sd
-    se = np.sqrt(_per_coordinate(az.mcse, x1) ** 2 + _per_coordinate(az.mcse, x2) ** 2) / sd
+    se = np.sqrt(per_coordinate(az.mcse, x1) ** 2 + per_coordinate(az.mcse, x2) ** 2) / sd
     log_sd = np.abs(np.log(flat2.std(0) / sd))
-    ess1 = np.maximum(_per_coordinate(az.ess, x1, method="bulk"), 1.0)
-    ess2 = np.maximum(_per_coordinate(az.ess, x2, method="bulk"), 1.0)
+    ess1 = np.maximum(per_coordinate(az.ess, x1, method="bulk"), 1.0)
+    ess2 = np.maximum(per_coordinate(az.ess, x2, method="bulk"), 1.0)
     log_sd_se = np.sqrt(0.5 / ess1 + 0.5 / ess2)  # sd of log s for a Gaussian, ESS draws
     k, j = int(np.nanargmax(shift)), int(np.nanargmax(log_sd))
     worst = [names[i] for i in np.argsort(-shift)[:2]]
     worst += [names[j]] if names[j] not in worst else []
-    return BiasCheck(h, float(shift[k]), float(se[k]), float(log_sd[j]), float(log_sd_se[j]),
-                     tuple(worst))
+    return BiasCheck(step_size=h, mean_shift=float(shift[k]), mean_shift_se=float(se[k]),
+                     log_sd_shift=float(log_sd[j]), log_sd_shift_se=float(log_sd_se[j]),
+                     worst_sites=tuple(worst))

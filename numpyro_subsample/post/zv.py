@@ -33,7 +33,7 @@ linearisation of g at θ̄ and one application of Σ̂ per draw: O(d·k + m), no
 The optimal coefficients are solved from the covariance of standardised covariates with a
 least-squares solver (and optional ridge), per chain or on the pooled chains. The same solver
 serves the stored draws and the streaming sufficient statistics (Welford co-moments that an SG
-kernel built with ``zv_stream=True`` accumulates in its state, ``state.zv_stats``; covariates
+kernel built with ``zv=ZVOptions()`` accumulates in its state, ``state.zv_stats``; covariates
 and updates in :mod:`numpyro_subsample.estimators.zv`), so both agree to float tolerance.
 """
 
@@ -106,7 +106,7 @@ def zv_fit(
     ----------
     source
         An ``MCMC`` run of a package kernel (with ``extra_fields=("grad",)``, or an SG kernel
-        built with ``zv_stream=True``), or the InferenceData of ``to_arviz``.
+        built with ``zv=ZVOptions()``), or the InferenceData of ``to_arviz``.
     fn
         g as a function of one constrained sample (dict site → value, including deterministic
         sites), returning an array or pytree; jittable. Default: every site's coordinates and
@@ -133,7 +133,7 @@ def zv_fit(
         d × d fit, refused above :data:`~numpyro_subsample.estimators.zv.MAX_ZV_COVARIATES`),
         ``"linearised"`` (one covariate per function, module docstring; needs the ``MCMC``
         run, not an InferenceData) or ``"auto"`` (gradient up to that d, else linearised).
-        Streamed statistics hold the covariates of the kernel's ``zv_covariates``.
+        Streamed statistics hold the covariates of the kernel's ``ZVOptions.covariates``.
 
     Returns
     -------
@@ -172,8 +172,8 @@ def zv_fit(
                        by_chain, degree)
     if fn is not None or unconstrained:
         raise ValueError(
-            "In streaming mode g is fixed when sampling: pass zv_fn=... to the kernel instead "
-            "of fn (unconstrained=True is not available in streaming mode)."
+            "In streaming mode g is fixed when sampling: pass zv=ZVOptions(fn=...) to the "
+            "kernel instead of fn (unconstrained=True is not available in streaming mode)."
         )
     if cross_fit:
         raise ValueError("cross_fit needs the stored draws (extra_fields=('grad',)).")
@@ -207,7 +207,7 @@ def _streamed(mcmc, degree: int, data: ModelData, covariates: str,
     if stats is None:
         raise ValueError(
             "No gradients for ZV: run MCMC with extra_fields=('grad',), or build the kernel "
-            "with zv_stream=True to accumulate the statistics without storing the chain."
+            "with zv=ZVOptions() to accumulate the statistics without storing the chain."
         )
     pot = kernel.potential
     if isinstance(stats, ZVPairedStats):
@@ -219,12 +219,12 @@ def _streamed(mcmc, degree: int, data: ModelData, covariates: str,
     if streamed != degree:
         raise ValueError(
             f"The streaming statistics were accumulated for degree={streamed}; pass "
-            f"degree={streamed} or build the kernel with zv_degree={degree}."
+            f"degree={streamed} or build the kernel with zv=ZVOptions(degree={degree})."
         )
     if covariates not in ("auto", kind):
         raise ValueError(
             f"The streaming statistics hold the {kind} covariates; pass covariates='{kind}' "
-            f"(or 'auto'), or build the kernel with zv_covariates={covariates!r}."
+            f"(or 'auto'), or build the kernel with zv=ZVOptions(covariates={covariates!r})."
         )
     g = getattr(kernel, "zv_fn", None) or default_g
     _, unflatten = flat_fn(lambda z: g(pot.constrain(z, data)), pot.unravel(pot.init_theta))

@@ -88,9 +88,9 @@ def draws_from_mcmc(mcmc, fn, degree, unconstrained, data, covariates) -> Draws 
                 f"samples {G.shape[-1]}: g must depend on the model's sites only (those of "
                 "the kernel's potential.constrain). Pass covariates='gradient'."
             )
-        return Draws(U, G, unflatten, paired=True)
+        return Draws(U=U, G=G, unflatten=unflatten, paired=True)
     U = zv_covariates(theta, grad, degree, np) if degree == 2 else grad
-    return Draws(np.asarray(U, np.float64), G, unflatten)
+    return Draws(U=np.asarray(U, np.float64), G=G, unflatten=unflatten)
 
 
 def _linearisation(kernel: Any) -> tuple[jax.Array, Any]:
@@ -137,7 +137,7 @@ def draws_from_idata(idata, fn, degree, unconstrained, covariates) -> Draws:
     if "sample_stats" not in idata.groups() or "grad" not in idata.sample_stats:
         raise ValueError(
             "The InferenceData has no sample_stats.grad: run MCMC with "
-            "extra_fields=('grad',) before to_arviz (or use the kernel's zv_stream=True and "
+            "extra_fields=('grad',) before to_arviz (or use the kernel's zv=ZVOptions() and "
             "read idata.zv_posterior)."
         )
     grad = np.asarray(idata.sample_stats["grad"].values, np.float64)
@@ -173,4 +173,4 @@ def draws_from_idata(idata, fn, degree, unconstrained, covariates) -> Draws:
         samples = {k: np.asarray(v.values) for k, v in idata.posterior.data_vars.items()}
     G, unflatten = _eval_fn(fn or default_g, samples)
     U = zv_covariates(theta, grad, degree, np) if degree == 2 else grad
-    return Draws(np.asarray(U, np.float64), G, unflatten)
+    return Draws(U=np.asarray(U, np.float64), G=G, unflatten=unflatten)

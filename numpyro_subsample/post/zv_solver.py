@@ -32,9 +32,10 @@ def _moments(U: np.ndarray, G: np.ndarray, paired: bool = False) -> ZVStats | ZV
     mu, mg = U.mean(0), G.mean(0)
     Uc, Gc = U - mu, G - mg
     if paired:
-        return ZVPairedStats(float(U.shape[0]), mu, mg, (Uc * Uc).sum(0), (Uc * Gc).sum(0),
-                             (Gc * Gc).sum(0))
-    return ZVStats(float(U.shape[0]), mu, mg, Uc.T @ Uc, Uc.T @ Gc, (Gc * Gc).sum(0))
+        return ZVPairedStats(count=float(U.shape[0]), mean_u=mu, mean_g=mg, m_uu=(Uc * Uc).sum(0),
+                             m_ug=(Uc * Gc).sum(0), m_gg=(Gc * Gc).sum(0))
+    return ZVStats(count=float(U.shape[0]), mean_u=mu, mean_g=mg, m_uu=Uc.T @ Uc, m_ug=Uc.T @ Gc,
+                   m_gg=(Gc * Gc).sum(0))
 
 
 def _prod(stats, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -235,5 +236,6 @@ def make_result(out: dict, unflatten: Callable, by_chain: bool, degree: int) -> 
         return unflatten(arr)
 
     beta = out["beta"] if by_chain else out["beta"][0]
-    return ZVResult(pick("mean"), pick("raw"), pick("mcse"), pick("raw_mcse"), pick("vr"),
-                    beta, degree)
+    return ZVResult(mean=pick("mean"), raw_mean=pick("raw"), mcse_mean=pick("mcse"),
+                    raw_mcse_mean=pick("raw_mcse"), variance_reduction=pick("vr"), beta=beta,
+                    degree=degree)

@@ -162,8 +162,9 @@ def boundary_message(labels, transformed, centre, kind: str, direction=None) -> 
         f"±{BOUNDARY:g} is at the boundary). The mode is degenerate, as "
         "for a hierarchical scale at zero (the joint mode of a centred hierarchical model) or "
         "a probability at 0 or 1, so a Gaussian at the mode is a poor proxy. The SG kernels' "
-        "default (adapt_proxy=None) re-estimates the proxy on pilot chains; otherwise use "
-        "proxy='variational', or a prior that keeps the site away from the boundary."
+        "default (AdaptationOptions(proxy=None)) re-estimates the proxy on pilot chains; "
+        "otherwise use proxy='variational', or a prior that keeps the site away from the "
+        "boundary."
     )
 
 
@@ -235,7 +236,8 @@ def newton_pass(
         coords, steps
     )
     rises = jnp.where(with_excursions, sums.extra + prior - sums.prior_value, zero)
-    return NewtonPass(sums.value, sums.grad, sums.hessian, sums.prior_grad, rises.reshape(2, -1))
+    return NewtonPass(value=sums.value, grad=sums.grad, hessian=sums.hessian,
+                      prior_grad=sums.prior_grad, rises=rises.reshape(2, -1))
 
 
 def excursion_messages(labels, sd, grad, hess_diag, rises) -> list[str]:

@@ -104,10 +104,11 @@ def structured_covariance(
         if not err <= 1e-3:
             raise ValueError(f"basis must have orthonormal columns; max |UᵀU − I| = {err:.3g}.")
     if k == 0:
-        return StructuredCovariance(diag, basis, coef, basis, coef)
+        return StructuredCovariance(diag=diag, basis=basis, coef=coef, white_basis=basis,
+                                    white_eig=coef)
     q, r = jnp.linalg.qr(basis / jnp.sqrt(diag)[:, None])
     gamma, e = jnp.linalg.eigh(r @ (coef[:, None] * r.T))
-    op = StructuredCovariance(diag, basis, coef, q @ e, gamma)
+    op = StructuredCovariance(diag=diag, basis=basis, coef=coef, white_basis=q @ e, white_eig=gamma)
     if _concrete(coef) and not bool(jnp.all(1 + gamma > 0)):
         raise ValueError(
             "coef makes the precision diag(D) + U diag(s) Uᵀ not positive definite (smallest "
@@ -122,10 +123,12 @@ def from_whitened(
     """The covariance with P = D^{1/2}(I + W diag(γ) Wᵀ)D^{1/2}, W (d, k) orthonormal and
     γ > −1 (its U, s by a thin QR of D^{1/2} W and a k × k eigendecomposition; no checks)."""
     if white_basis.shape[1] == 0:
-        return StructuredCovariance(diag, white_basis, white_eig, white_basis, white_eig)
+        return StructuredCovariance(diag=diag, basis=white_basis, coef=white_eig,
+                                    white_basis=white_basis, white_eig=white_eig)
     q, r = jnp.linalg.qr(jnp.sqrt(diag)[:, None] * white_basis)
     s, e = jnp.linalg.eigh(r @ (white_eig[:, None] * r.T))
-    return StructuredCovariance(diag, q @ e, s, white_basis, white_eig)
+    return StructuredCovariance(diag=diag, basis=q @ e, coef=s, white_basis=white_basis,
+                                white_eig=white_eig)
 
 
 def _inner(op: StructuredCovariance, x: jax.Array, power: float) -> jax.Array:

@@ -90,4 +90,5 @@ def lanczos_eigh(
     vals, S = vals[::-1], S[:, ::-1]
     residuals = jnp.abs(beta[-1] * S[-1, :])
     vecs = Q.T @ S
-    return LanczosResult(vals[:k], vecs[:, :k], residuals[:k], vals, vecs, residuals)
+    return LanczosResult(eigenvalues=vals[:k], eigenvectors=vecs[:, :k], residuals=residuals[:k],
+                         ritz_values=vals, ritz_vectors=vecs, ritz_residuals=residuals)

@@ -43,6 +43,7 @@ from numpyro_subsample.proxies.checks import (
     transformed_coordinates,
     warn_proxy,
 )
+from numpyro_subsample.proxies.newton import newton_phase
 from numpyro_subsample.proxies.progress import finish_bar, progress_bar
 
 __all__ = ["LaplaceFitError", "fit_laplace", "proxy_from_moments"]
@@ -170,95 +171,71 @@ def fit_laplace(
     n = int(subsample_size or potential.plate.subsample_size)
     num_steps = int(min(max(math.ceil(num_epochs * N / n), 500), 50_000))
     num_steps = -(-num_steps // 250) * 250  # whole blocks: one compiled block program
-    passes = num_steps * n / N
     theta = _adam_phase(
         potential, data, potential.init_theta, n, num_steps, rng_key, learning_rate, progress
     )
-
-    # the Newton passes skip the excursions (of the final centre, _fit_messages) in the same
-    # compiled program
-    num_points = 2 * excursion_axes(np.ones(potential.dim)).size
-    no_points = (device_array(np.zeros(num_points, np.int32)),
-                 device_array(np.zeros(num_points), theta.dtype), device_array(False))
-
-    def vgh(t):
-        return newton_pass(potential, t, *no_points, data, chunk_size)[:3]  # f, ∇f, ∇²f
-
-    f, g, h = vgh(theta)
-    passes += 1
-    bar = progress_bar(max_newton_steps, "proxy: Newton on full data", progress)
-    newton_steps = 0
-    stop = f"the Newton iterations were exhausted (max_newton_steps={max_newton_steps})"
-    for _ in range(max_newton_steps):
-        hn = np.asarray(h, np.float64)
-        gn = np.asarray(g, np.float64)
-        if not (np.isfinite(f) and np.all(np.isfinite(gn)) and np.all(np.isfinite(hn))):
-            stop = "the potential or its derivatives were not finite"
-            break
-        damping = 0.0
-        while True:
-            try:
-                chol = np.linalg.cholesky(hn + damping * np.eye(hn.shape[0]))
-                break
-            except np.linalg.LinAlgError:
-                damping = max(1e-6 * np.abs(np.diag(hn)).max(), 10 * damping)
-        step = np.linalg.solve(chol.T, np.linalg.solve(chol, gn))
-        decrement = float(gn @ step)  # Newton decrement λ²: squared distance in Σ̂ units
-        if decrement < 1e-8 * max(1, theta.shape[0]):
-            stop = None
-            break
-        # Rounding of the full-data sum f (about eps·|f|·sqrt(chunks)) hides the decrease of a
-        # step close to the mode; there the Newton decrement at the candidate (from gradients,
-        # which keep their precision) decides instead of the Armijo test on f.
-        f_resolution = 4 * np.finfo(np.dtype(theta.dtype)).eps * abs(float(f)) * np.sqrt(
-            max(1, potential.num_data // chunk_size)
-        )
-        t = 1.0
-        accepted = False
-        while t > 1e-6:
-            cand = device_array((np.asarray(theta) - t * step).astype(theta.dtype))  # on the host
-            fc, gc, hc = vgh(cand)
-            passes += 1
-            if not np.isfinite(fc):
-                t *= 0.5
-                continue
-            armijo = float(fc) <= float(f) - 1e-4 * t * decrement
-            unresolved = abs(float(fc) - float(f)) <= f_resolution + 1e-4 * t * decrement
-            if not armijo and unresolved:
-                gcn = np.asarray(gc, np.float64)
-                armijo = float(gcn @ np.linalg.solve(chol.T, np.linalg.solve(chol, gcn))) < (
-                    decrement
-                )
-            if armijo:
-                theta, f, g, h = cand, fc, gc, hc
-                accepted = True
-                break
-            t *= 0.5
-        newton_steps += 1
-        bar.update(1)
-        if not accepted:
-            stop = "the line search found no decrease"
-            break
-    finish_bar(bar, f"converged at step {newton_steps}" if stop is None else (
-        f"stopped at step {newton_steps}: {stop}" if newton_steps < max_newton_steps
-        else "not converged"))
-
+    newton = newton_phase(potential, data, theta, chunk_size, max_newton_steps, progress,
+                           passes=num_steps * n / N)
+    theta, f, g, h, passes = newton.theta, newton.f, newton.g, newton.h, newton.passes
     hn = np.asarray(h, np.float64)
     gn = np.asarray(g, np.float64)
     labels = coordinate_labels(potential)
     transformed = transformed_coordinates(potential, data)
-    if not (np.all(np.isfinite(hn)) and np.all(np.isfinite(gn)) and np.isfinite(f)):
-        bad = np.flatnonzero(~(np.isfinite(hn).all(1) & np.isfinite(gn)))
-        where = ", ".join(f"'{labels[k]}'" for k in bad[:5]) or "the value itself"
-        boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
-        raise LaplaceFitError(
-            f"The potential or its derivatives are not finite at the optimiser's mode (along "
-            f"{where}); check the model's support and the data, or pass a smaller proxy "
-            "learning rate."
-            + (" " + boundary if boundary else "")
-        )
+    _check_finite_at_mode(f, gn, hn, theta, labels, transformed)
+    cov, chol = _laplace_covariance(hn, gn, theta, labels, transformed)
+    messages, decrement, final = _fit_messages(
+        potential, data, theta, cov, gn, hn, labels, transformed, newton.stop, chunk_size
+    )
+    passes += 1  # the axis excursions
+    for message in messages:
+        warn_proxy(message)
+    datum_grads, sum_grads, grad_passes = _datum_gradients(
+        potential, data, theta, g, final, chunk_size, store_datum_grads)
+    dtype = theta.dtype
+    return Proxy(
+        centre=theta,
+        cov=device_array(cov, dtype),
+        scale_tril=device_array(chol, dtype),
+        datum_grads=datum_grads,
+        sum_grads=sum_grads,
+        num_data_passes=float(passes + grad_passes),
+        seconds=time.perf_counter() - t0,
+        kind="laplace",
+        info={
+            "adam_steps": num_steps,
+            "newton_steps": newton.steps,
+            "potential": float(f),
+            "converged": newton.stop is None,
+            "newton_decrement": decrement,
+            "axis_excursions": np.asarray(final.rises),
+            "warnings": messages,
+        },
+    )
+
+
+def _check_finite_at_mode(f, gn: np.ndarray, hn: np.ndarray, theta: jax.Array, labels,
+                          transformed) -> None:
+    """Raise :class:`LaplaceFitError` naming the coordinates where f, ∇f or ∇²f is not finite
+    at the mode."""
+    if np.all(np.isfinite(hn)) and np.all(np.isfinite(gn)) and np.isfinite(f):
+        return
+    bad = np.flatnonzero(~(np.isfinite(hn).all(1) & np.isfinite(gn)))
+    where = ", ".join(f"'{labels[k]}'" for k in bad[:5]) or "the value itself"
+    boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
+    raise LaplaceFitError(
+        f"The potential or its derivatives are not finite at the optimiser's mode (along "
+        f"{where}); check the model's support and the data, or pass a smaller proxy "
+        "learning rate."
+        + (" " + boundary if boundary else "")
+    )
+
+
+def _laplace_covariance(hn: np.ndarray, gn: np.ndarray, theta: jax.Array, labels,
+                        transformed) -> tuple[np.ndarray, np.ndarray]:
+    """Σ̂ = (∇²f)⁻¹ and its Cholesky factor; :class:`LaplaceFitError` naming the sites that
+    the directions of non-positive curvature load on when ∇²f is not positive definite."""
     try:
-        cov, chol = _cholesky_of_inverse(hn)
+        return _cholesky_of_inverse(hn)
     except np.linalg.LinAlgError as err:
         eig, vec = np.linalg.eigh(0.5 * (hn + hn.T))
         negative = vec[:, eig <= 0]
@@ -274,47 +251,24 @@ def fit_laplace(
             f"of negative curvature load on {describe(labels, load, fmt='{:.2f}')}. The "
             "posterior may be improper or multimodal along these sites (e.g. a saddle between "
             "symmetric modes), its joint mode may be degenerate (a hierarchical scale at zero), "
-            "or the optimisation did not converge. The SG kernels' default (adapt_proxy=None) "
-            "starts such a model from a variational fit and adapts the proxy on pilot chains; "
+            "or the optimisation did not converge. The SG kernels' default "
+            "(AdaptationOptions(proxy=None)) starts such a model from a variational fit and "
+            "adapts the proxy on pilot chains; "
             "otherwise use stronger priors on these sites, proxy='variational', or a given "
             "proxy." + (" " + boundary if boundary else "")
         ) from err
-    messages, decrement, final = _fit_messages(
-        potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size
-    )
-    passes += 1  # the axis excursions
-    for message in messages:
-        warn_proxy(message)
 
-    datum_grads = None
-    if store_datum_grads or not bool(np.all(np.isfinite(np.asarray(g)))):
+
+def _datum_gradients(potential: Potential, data: ModelData, theta: jax.Array, g, final,
+                     chunk_size: int, store: bool) -> tuple[jax.Array | None, jax.Array, int]:
+    """``(table, Σ_i ∇f_i(θ̂), data passes)``: the (N, d) table of ∇f_i(θ̂) when ``store``
+    (or when ∇f is not finite, to check the terms), else the sum from the excursions' pass
+    at θ̂ (``final``: ∇f(θ̂) − ∇f0(θ̂)) and no table."""
+    if store or not bool(np.all(np.isfinite(np.asarray(g)))):
         values, grads = datum_values_and_grads(potential, theta, data, chunk_size)
-        passes += 1
         _check_datum_terms(potential, values, grads)
-        sum_grads = jnp.sum(grads, axis=0)
-        datum_grads = grads if store_datum_grads else None
-    else:  # Σ_i ∇f_i(θ̂) = ∇f(θ̂) − ∇f0(θ̂) from the excursions' pass at θ̂
-        sum_grads = device_array(np.asarray(final.grad) - np.asarray(final.prior_grad))
-    dtype = theta.dtype
-    return Proxy(
-        centre=theta,
-        cov=device_array(cov, dtype),
-        scale_tril=device_array(chol, dtype),
-        datum_grads=datum_grads,
-        sum_grads=sum_grads,
-        num_data_passes=float(passes),
-        seconds=time.perf_counter() - t0,
-        kind="laplace",
-        info={
-            "adam_steps": num_steps,
-            "newton_steps": newton_steps,
-            "potential": float(f),
-            "converged": stop is None,
-            "newton_decrement": decrement,
-            "axis_excursions": np.asarray(final.rises),
-            "warnings": messages,
-        },
-    )
+        return (grads if store else None), jnp.sum(grads, axis=0), 1
+    return None, device_array(np.asarray(final.grad) - np.asarray(final.prior_grad)), 0
 
 
 def _fit_messages(potential, data, theta, cov, gn, hn, labels, transformed, stop, chunk_size):

@@ -72,7 +72,8 @@ def _lbfgs(potential, chunk_size, memory_size, max_iterations, gtol, theta0, sca
     u, state, it, evals, stalled = jax.lax.while_loop(cond, body, init)
     g = optax.tree.get(state, "grad")
     return _LbfgsResult(
-        theta0 + u / scale, optax.tree.get(state, "value"), g * scale, it, evals, rms(g), stalled
+        theta=theta0 + u / scale, value=optax.tree.get(state, "value"), grad=g * scale,
+        iterations=it, evaluations=evals, grad_rms=rms(g), stalled=stalled,
     )
 
 
@@ -134,6 +135,7 @@ def find_mode(
     converged = bool(res.grad_rms <= gtol)
     stop = ("converged" if converged else "stalled (no decrease along the search direction)"
             if bool(res.stalled) else f"max_iterations={max_iterations} reached")
-    return ModeResult(res.theta, float(res.value), np.asarray(res.grad, np.float64),
-                      int(res.iterations), float(res.grad_rms), converged, stop, adam_steps,
-                      passes)
+    return ModeResult(theta=res.theta, value=float(res.value),
+                      grad=np.asarray(res.grad, np.float64), iterations=int(res.iterations),
+                      grad_rms=float(res.grad_rms), converged=converged, stop=stop,
+                      adam_steps=adam_steps, passes=passes)

@@ -96,7 +96,8 @@ def select_ritz_pairs(
             best = (obj, i, kept, c)
     obj, _, kept, c = best
     top = int(np.sum(values[kept] > c))
-    return RitzSelection(kept, top, k - top, float(c), float(obj), converged)
+    return RitzSelection(kept=kept, top=top, bottom=k - top, complement=float(c),
+                         objective=float(obj), converged=converged)
 
 
 def low_rank_precision(
@@ -121,7 +122,7 @@ def low_rank_precision(
     :func:`~numpyro_subsample.proxies.structured.fit_structured`) and the clipped counts."""
     d, dtype = delta.shape[0], theta.dtype
     lz = lanczos_eigh(
-        CurvatureOperator(potential, curvature, chunk_size),
+        CurvatureOperator(potential=potential, curvature=curvature, chunk_size=chunk_size),
         (theta, data, jnp.asarray(1 / np.sqrt(delta), dtype)), rng_key, d, rank, num_iter, dtype,
     )
     ritz = np.asarray(lz.ritz_values, np.float64)

@@ -48,7 +48,6 @@ and Balles 2019).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import NamedTuple
 
@@ -58,7 +57,6 @@ import numpy as np
 
 from numpyro_subsample.core.datapass import (
     DEFAULT_CHUNK,
-    chunk_count,
     datum_values_and_grads,
     value_grad_hessian,
 )
@@ -70,19 +68,20 @@ from numpyro_subsample.proxies.covariance import (
     structured_covariance,
 )
 from numpyro_subsample.proxies.curvature import (
-    CURVATURES,
     fisher_diagonal,
     hessian_diagonal,
     hutchinson_diagonal,
     prior_hessian_diagonal,
 )
 from numpyro_subsample.proxies.lbfgs import find_mode
-from numpyro_subsample.proxies.lowrank import COMPLEMENTS, low_rank_precision
+from numpyro_subsample.proxies.lowrank import low_rank_precision
+from numpyro_subsample.proxies.structured_args import (
+    StructuredArguments,
+    checked_arguments,
+)
 
 __all__ = ["StructuredProxy", "fit_structured"]
 
-STRUCTURES = ("diagonal", "low-rank")
-DIAGONALS = ("exact", "hutchinson")
 
 
 class StructuredProxy(NamedTuple):
@@ -108,31 +107,6 @@ class StructuredProxy(NamedTuple):
     seconds: float
     kind: str
     info: dict
-
-
-def _int_arg(name: str, value, low: int, high: int | None = None, what: str = "") -> int:
-    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
-    if not ok or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"≥ {low}"
-        raise ValueError(f"{name} must be an integer {bound}{what}, got {value!r}.")
-    return int(value)
-
-
-def _choice(name: str, value, options: tuple[str, ...], extra: str = "") -> str:
-    if value not in options:
-        raise ValueError(f"{name} must be one of {options}, got {value!r}.{extra}")
-    return value
-
-
-def _positive(name: str, value, upper: float | None = None) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = float("nan")
-    if not (x > 0 and math.isfinite(x)) or (upper is not None and not x < upper):
-        bound = f" and < {upper}" if upper is not None else ""
-        raise ValueError(f"{name} must be a finite number > 0{bound}, got {value!r}.")
-    return x
 
 
 def _floored_diagonal(h: np.ndarray, p: np.ndarray, floor: float):
@@ -293,86 +267,37 @@ def fit_structured(
     Baker et al. (2019), Sect. 3.2.
     """
     t0 = time.perf_counter()
-    d = potential.dim
-    structure = _choice("structure", structure, STRUCTURES)
-    gn_note = (
-        " The generalised Gauss-Newton matrix needs the model's outputs and the likelihood's "
-        "curvature in them, which a potential does not expose; use 'fisher' (positive "
-        "semi-definite) or 'hessian'." if curvature == "gauss-newton" else ""
-    )
-    curvature = _choice("curvature", curvature, CURVATURES, gn_note)
-    diagonal = _choice("diagonal", diagonal, DIAGONALS)
-    complement = _choice("complement", complement, COMPLEMENTS)
-    k = 0
-    if structure == "low-rank":
-        if d < 2:
-            raise ValueError(f"structure='low-rank' needs d ≥ 2 parameters; this model has {d}.")
-        k = _int_arg("rank", rank, 1, d - 1, f" (the model has d={d} parameters)")
-        oversample = _int_arg("oversample", oversample, 0)
-        ritz_tol = _positive("ritz_tol", ritz_tol)
-    num_probes = _int_arg("num_probes", num_probes, 1)
-    block_size = _int_arg("block_size", block_size, 1)
-    max_iterations = _int_arg("max_iterations", max_iterations, 0)
-    memory_size = _int_arg("memory_size", memory_size, 1)
-    chunk_count(potential.num_data, chunk_size)
-    chunk_size = int(chunk_size)
-    floor = _positive("curvature_floor", curvature_floor, 1.0)
-    gtol = _positive("gtol", gtol)
-    learning_rate = _positive("learning_rate", learning_rate)
-    num_epochs = float(num_epochs)
-    if not (num_epochs >= 0 and math.isfinite(num_epochs)):
-        raise ValueError(f"num_epochs must be a finite number ≥ 0, got {num_epochs!r}.")
-    theta = potential.init_theta if init_theta is None else jnp.asarray(init_theta)
-    if theta.shape != (d,):
-        raise ValueError(f"init_theta must have shape ({d},), got {tuple(theta.shape)}.")
-    theta = theta.astype(potential.init_theta.dtype)
-    dtype = theta.dtype
+    a = checked_arguments(
+        potential, structure=structure, rank=rank, curvature=curvature, diagonal=diagonal,
+        num_probes=num_probes, complement=complement, oversample=oversample,
+        ritz_tol=ritz_tol, curvature_floor=curvature_floor, init_theta=init_theta,
+        num_epochs=num_epochs, learning_rate=learning_rate, max_iterations=max_iterations,
+        gtol=gtol, memory_size=memory_size, chunk_size=chunk_size, block_size=block_size)
+    theta, dtype, chunk_size = a.init_theta, a.init_theta.dtype, a.chunk_size
     key_adam, key_lanczos, key_probe = jax.random.split(rng_key, 3)
-    block = min(block_size, d)
-
+    block = min(a.block_size, potential.dim)
     mode = find_mode(potential, data, theta, key_adam, subsample_size=subsample_size,
-                     num_epochs=num_epochs, learning_rate=learning_rate,
-                     max_iterations=max_iterations, gtol=gtol, memory_size=memory_size,
-                     chunk_size=chunk_size, block=block, progress=progress)
+                     num_epochs=a.num_epochs, learning_rate=a.learning_rate,
+                     max_iterations=a.max_iterations, gtol=a.gtol,
+                     memory_size=a.memory_size, chunk_size=chunk_size, block=block,
+                     progress=progress)
     theta, f, g, passes = mode.theta, mode.value, mode.grad, mode.passes
     if not (np.isfinite(f) and np.all(np.isfinite(g))):
         raise ValueError(
             "The potential or its gradient is not finite at the optimiser's end point; check "
             "the model's support and the data, pass a smaller learning_rate or an init_theta."
         )
-
     h, prior_diag, sum_grads, datum_grads = _curvature_diagonal(
-        potential, data, theta, g, key_probe, curvature, diagonal, num_probes, chunk_size,
-        block, store_datum_grads, passes,
+        potential, data, theta, g, key_probe, a.curvature, a.diagonal, a.num_probes,
+        chunk_size, block, store_datum_grads, passes,
     )
-    delta, clipped_diag = _floored_diagonal(h, prior_diag, floor)
-    info_lr, clipped_lr, messages = {}, {"eigenvalues": 0, "complement": 0}, []
-    if k == 0:
-        op = structured_covariance(jnp.asarray(delta, dtype))
-    else:
-        m = min(2 * k + oversample, d)
-        eig_floor = max(floor, float(np.min(np.maximum(prior_diag, 0) / delta)))
-        op, info_lr, clipped_lr = low_rank_precision(
-            potential, data, theta, key_lanczos, delta, float(np.sum(h / delta)), eig_floor,
-            rank=k, num_iter=m, complement=complement, ritz_tol=ritz_tol,
-            curvature=curvature, chunk_size=chunk_size,
-        )
-        passes["lanczos"] = float(m)
-        if info_lr["rank"] < k:
-            messages.append(
-                f"Only {info_lr['rank']} of the rank={k} Ritz pairs of the scaled curvature "
-                f"converged (residual ≤ ritz_tol={ritz_tol:g} · |μ|) in {m} Lanczos "
-                "iterations; the proxy keeps those. Pass a larger oversample or ritz_tol."
-            )
+    delta, clipped_diag = _floored_diagonal(h, prior_diag, a.curvature_floor)
+    op, info_lr, clipped_lr, messages = _covariance_operator(
+        potential, data, theta, key_lanczos, a, h, prior_diag, delta, passes)
     theta, f, g, moved = _polish(potential, data, theta, f, g, op, chunk_size, passes)
     if moved:  # Σ_i ∇f_i at the new centre (the curvature is kept from the optimiser's end)
-        if datum_grads is not None:
-            _, datum_grads = datum_values_and_grads(potential, theta, data, chunk_size)
-            passes["datum_grads"] += 1.0
-            sum_grads = jnp.sum(datum_grads, axis=0)
-        else:
-            g0 = np.asarray(prior_grad(potential, theta, data), np.float64)
-            sum_grads = jnp.asarray((g - g0).astype(dtype))
+        datum_grads, sum_grads = _recentred_sums(potential, data, theta, g, datum_grads,
+                                                 chunk_size, passes)
     decrement = _decrement(op, g, dtype)
     if decrement > MAX_DECREMENT:
         messages.insert(0, (
@@ -391,26 +316,73 @@ def fit_structured(
         num_data_passes=float(sum(passes.values())),
         seconds=time.perf_counter() - t0,
         kind="structured",
-        info={
-            "structure": structure,
-            "rank": k,
-            "curvature": curvature,
-            "diagonal": diagonal if curvature == "hessian" else "fisher",
-            "complement": complement if k else None,
-            "adam_steps": mode.adam_steps,
-            "lbfgs_iterations": mode.iterations,
-            "lbfgs_stop": mode.stop,
-            "converged": mode.converged,
-            "grad_rms": mode.grad_rms,
-            "gtol": gtol,
-            "potential": f,
-            "newton_decrement": decrement,
-            "curvature_diagonal": h,
-            "clipped": clipped,
-            "num_clipped": sum(clipped.values()),
-            "curvature_floor": floor,
-            "passes": passes,
-            "warnings": messages,
-            **info_lr,
-        },
+        info=_fit_info(a, mode, f, decrement, h, clipped, passes, messages, info_lr),
     )
+
+
+def _fit_info(a: StructuredArguments, mode, f: float, decrement: float, h: np.ndarray,
+              clipped: dict, passes: dict, messages: list, info_lr: dict) -> dict:
+    """``proxy.info`` of :func:`fit_structured` (its docstring)."""
+    k = a.rank
+    return {
+        "structure": a.structure,
+        "rank": k,
+        "curvature": a.curvature,
+        "diagonal": a.diagonal if a.curvature == "hessian" else "fisher",
+        "complement": a.complement if k else None,
+        "adam_steps": mode.adam_steps,
+        "lbfgs_iterations": mode.iterations,
+        "lbfgs_stop": mode.stop,
+        "converged": mode.converged,
+        "grad_rms": mode.grad_rms,
+        "gtol": a.gtol,
+        "potential": f,
+        "newton_decrement": decrement,
+        "curvature_diagonal": h,
+        "clipped": clipped,
+        "num_clipped": sum(clipped.values()),
+        "curvature_floor": a.curvature_floor,
+        "passes": passes,
+        "warnings": messages,
+        **info_lr,
+    }
+
+
+def _covariance_operator(potential: Potential, data: ModelData, theta: jax.Array, key,
+                         a: StructuredArguments, h: np.ndarray, prior_diag: np.ndarray,
+                         delta: np.ndarray, passes: dict) -> tuple:
+    """``(Σ̂, low-rank info, clipped counts, warnings)``: the diagonal Σ̂ = diag(δ), or the
+    low-rank precision from m = min(2k + oversample, d) Lanczos iterations (m data passes,
+    added to ``passes``), with a warning when fewer than k Ritz pairs converged."""
+    dtype, k, d = theta.dtype, a.rank, potential.dim
+    if k == 0:
+        return (structured_covariance(jnp.asarray(delta, dtype)), {},
+                {"eigenvalues": 0, "complement": 0}, [])
+    m = min(2 * k + a.oversample, d)
+    eig_floor = max(a.curvature_floor, float(np.min(np.maximum(prior_diag, 0) / delta)))
+    op, info_lr, clipped_lr = low_rank_precision(
+        potential, data, theta, key, delta, float(np.sum(h / delta)), eig_floor,
+        rank=k, num_iter=m, complement=a.complement, ritz_tol=a.ritz_tol,
+        curvature=a.curvature, chunk_size=a.chunk_size,
+    )
+    passes["lanczos"] = float(m)
+    messages = []
+    if info_lr["rank"] < k:
+        messages.append(
+            f"Only {info_lr['rank']} of the rank={k} Ritz pairs of the scaled curvature "
+            f"converged (residual ≤ ritz_tol={a.ritz_tol:g} · |μ|) in {m} Lanczos "
+            "iterations; the proxy keeps those. Pass a larger oversample or ritz_tol."
+        )
+    return op, info_lr, clipped_lr, messages
+
+
+def _recentred_sums(potential: Potential, data: ModelData, theta: jax.Array, g: np.ndarray,
+                    datum_grads: jax.Array | None, chunk_size: int, passes: dict) -> tuple:
+    """``(table, Σ_i ∇f_i)`` at the polished centre: the (N, d) table again if it is kept (one
+    data pass, added to ``passes``), else the sum ∇f(θ̂) − ∇f0(θ̂) from the polish's ∇f."""
+    if datum_grads is not None:
+        _, datum_grads = datum_values_and_grads(potential, theta, data, chunk_size)
+        passes["datum_grads"] += 1.0
+        return datum_grads, jnp.sum(datum_grads, axis=0)
+    g0 = np.asarray(prior_grad(potential, theta, data), np.float64)
+    return None, jnp.asarray((g - g0).astype(theta.dtype))

@@ -112,7 +112,8 @@ def _fit_svi(
     lr = float(learning_rate)
     losses_all, trace = [], []
     initial = -float(_crn_loss(model, guide, params, eval_keys, data))
-    rule, action, steps, avg, key = Plateau(initial, 0, 0), "continue", 0, params, k_run
+    rule = Plateau(best=initial, stale=0, decays=0)
+    action, steps, avg, key = "continue", 0, params, k_run
     bar = progress_bar(max_steps, "proxy: SVI (variational)", progress)
     while steps < max_steps and action != "stop":
         key, sub = jax.random.split(key)
@@ -162,13 +163,13 @@ def plateau_step(rule: Plateau, value: float, threshold: float, patience: int,
     ``threshold`` (nats); the best moves only on an improvement, so a slow rise accumulates.
     """
     if value > rule.best + threshold:
-        return Plateau(value, 0, rule.decays), "continue"
+        return Plateau(best=value, stale=0, decays=rule.decays), "continue"
     stale = rule.stale + 1
     if stale < patience:
-        return Plateau(rule.best, stale, rule.decays), "continue"
+        return Plateau(best=rule.best, stale=stale, decays=rule.decays), "continue"
     if rule.decays >= num_decays:
-        return Plateau(rule.best, stale, rule.decays), "stop"
-    return Plateau(rule.best, 0, rule.decays + 1), "decay"
+        return Plateau(best=rule.best, stale=stale, decays=rule.decays), "stop"
+    return Plateau(best=rule.best, stale=0, decays=rule.decays + 1), "decay"
 
 
 def elbo_trend(trace: np.ndarray, block_size: int, blocks: int) -> float:
@@ -350,7 +351,7 @@ def fit_gaussian_cv(
     opt_state = _ADAM.init(params)
     rng, lr, steps = host_generator(rng_key), float(learning_rate), 0
     losses_all, trace, ses = [], [], []
-    rule, action, avg = Plateau(-np.inf, 0, 0), "continue", params
+    rule, action, avg = Plateau(best=-np.inf, stale=0, decays=0), "continue", params
     const = 0.5 * d * (1.0 + np.log(2 * np.pi)) + float(
         np.sum(np.log(np.abs(np.diag(np.asarray(exp.whiten, np.float64))))))
     bar = progress_bar(max_steps, "proxy: SVI (variational)", progress)

@@ -265,16 +265,9 @@ def fit_variational(
     if full_rank:
         fit = _fit_full_rank(potential, data, k_fit, rule, int(num_particles), chunk_size)
     else:
-        init_loc, passes = None, 0.0
-        if guide is None:  # low rank: its mean starts at the minibatch mode
-            guide = _cached_default_guide(potential, int(max_full_rank_dim))
-            theta, steps = minibatch_mode(potential, data, jax.random.fold_in(k_fit, 3),
-                                          progress)
-            init_loc = np.asarray(theta)[guide_order(potential)]
-            passes = steps * potential.plate.subsample_size / potential.num_data
-        fit = _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
-                         int(num_eval_particles), int(num_moment_samples), init_loc)
-        fit = fit._replace(passes=fit.passes + passes)
+        fit = _fit_numpyro_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                                 int(num_eval_particles), int(num_moment_samples),
+                                 int(max_full_rank_dim), progress)
     cov, passes, cov_info = fit.cov, fit.passes, {}
     if covariance == "expected_hessian":
         cov, more = _expected_hessian_cov(potential, data, fit, jax.random.fold_in(k_mom, 1),
@@ -295,6 +288,22 @@ def fit_variational(
     return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
 
 
+def _fit_numpyro_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                       num_eval_particles, num_moment_samples, max_full_rank_dim,
+                       progress) -> Fitted:
+    """NumPyro's SVI of ``guide`` (:func:`_fit_guide`); without one, of the default low-rank
+    guide whose mean starts at the minibatch mode (its Adam steps counted in the passes)."""
+    init_loc, passes = None, 0.0
+    if guide is None:  # low rank: its mean starts at the minibatch mode
+        guide = _cached_default_guide(potential, max_full_rank_dim)
+        theta, steps = minibatch_mode(potential, data, jax.random.fold_in(k_fit, 3), progress)
+        init_loc = np.asarray(theta)[guide_order(potential)]
+        passes = steps * potential.plate.subsample_size / potential.num_data
+    fit = _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule,
+                     num_eval_particles, num_moment_samples, init_loc)
+    return fit._replace(passes=fit.passes + passes)
+
+
 # -- the default family: full rank, control-variate ELBO ----------------------------------------
 def _fit_full_rank(potential, data, key, rule, num_particles, chunk_size) -> Fitted:
     """Start at the Laplace approximation, run :func:`fit_gaussian_cv`, and express q as an
@@ -311,8 +320,9 @@ def _fit_full_rank(potential, data, key, rule, num_particles, chunk_size) -> Fit
     mean, tril = device_array(mean, dtype), device_array(tril, dtype)
     passes = start.pop("num_data_passes") + info.pop("num_data_passes")
     info.update(start)
-    return Fitted(mean, device_array(cov, dtype), True, gaussian_sampler(mean, tril), guide,
-                  params, info, passes)
+    return Fitted(mean=mean, cov=device_array(cov, dtype), gaussian=True,
+                  sample=gaussian_sampler(mean, tril), guide=guide, params=params, info=info,
+                  passes=passes)
 
 
 # -- a NumPyro guide (low rank beyond max_full_rank_dim, or the user's) -------------------------
@@ -343,7 +353,8 @@ def _fit_guide(potential, data, k_fit, k_mom, guide, guide_params, rule, num_eva
             f"The guide's covariance is not positive definite (smallest eigenvalue {eig_min:.3g})"
             "; use a full-rank guide or more num_moment_samples."
         )
-    return Fitted(mean, cov, gaussian, sample, guide, params, info, passes)
+    return Fitted(mean=mean, cov=cov, gaussian=gaussian, sample=sample, guide=guide, params=params,
+                  info=info, passes=passes)
 
 
 def _expected_hessian_cov(potential, data, fit, key, num_draws, chunk_size):

@@ -56,8 +56,8 @@ def proxy_scale(proxy: Any) -> Scale:
 def identity_scale(dim: int, dtype: Any) -> StructuredCovariance:
     """L = I as a structured operator (D = 1, k = 0): no d × d array."""
     return StructuredCovariance(
-        jnp.ones((dim,), dtype), jnp.zeros((dim, 0), dtype), jnp.zeros((0,), dtype),
-        jnp.zeros((dim, 0), dtype), jnp.zeros((0,), dtype),
+        diag=jnp.ones((dim,), dtype), basis=jnp.zeros((dim, 0), dtype), coef=jnp.zeros((0,), dtype),
+        white_basis=jnp.zeros((dim, 0), dtype), white_eig=jnp.zeros((0,), dtype),
     )
 
 

@@ -80,17 +80,17 @@ def check_adaptation_warmup(label: str, num_warmup: int) -> None:
     :data:`MIN_ADAPT_WARMUP`."""
     if int(num_warmup) < MIN_ADAPT_WARMUP:
         raise ValueError(
-            f"{label} adapts a diagonal preconditioner during warm-up (adapt_preconditioner="
-            f"True, or None with a structured proxy or local latent sites), but "
+            f"{label} adapts a diagonal preconditioner during warm-up (AdaptationOptions("
+            f"preconditioner=True, or None with a structured proxy or local latent sites), but "
             f"num_warmup={num_warmup} < "
             f"{MIN_ADAPT_WARMUP}; pass MCMC(..., num_warmup=1000) or more, or "
-            "adapt_preconditioner=False."
+            "AdaptationOptions(preconditioner=False)."
         )
 
 
 def init_adaptation(grad_w: jax.Array) -> ScaleAdaptation:
     """The state before the first step, from the gradient estimate ``grad_w`` at the start."""
-    return ScaleAdaptation(1.0 + grad_w * grad_w)
+    return ScaleAdaptation(moment=1.0 + grad_w * grad_w)
 
 
 def update_adaptation(state: ScaleAdaptation, grad_w: jax.Array, i: jax.Array,
@@ -99,7 +99,7 @@ def update_adaptation(state: ScaleAdaptation, grad_w: jax.Array, i: jax.Array,
     ρ = max(1/(i + 2), 1/``window``) and s = (V + V_min)^(-1/2); afterwards unchanged."""
     rho = jnp.maximum(1.0 / (i + 2.0), 1.0 / window).astype(grad_w.dtype)
     moment = state.moment + rho * (grad_w * grad_w - state.moment)
-    return ScaleAdaptation(jnp.where(i < num_warmup, moment, state.moment))
+    return ScaleAdaptation(moment=jnp.where(i < num_warmup, moment, state.moment))
 
 
 def adaptive_step_size(rule: Callable[[float, float], float], points: int = 101) -> float:

@@ -14,7 +14,7 @@ import copy
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -31,7 +31,7 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
-from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
+from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
     STATEFUL,
@@ -55,6 +55,13 @@ from numpyro_subsample.sgmcmc.chain import (
 from numpyro_subsample.sgmcmc.curvature import measured_curvature
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_time_step
+from numpyro_subsample.sgmcmc.options import (
+    AdaptationOptions,
+    NoiseOptions,
+    ZVOptions,
+    check_record,
+    legacy_records,
+)
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 __all__ = ["SGMCMCKernel"]
@@ -84,7 +91,7 @@ class SGMCMCKernel(SubsampleKernel):
         SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
         Putcha et al. 2023, Eq. 4, is 2h). ``None`` picks h from the measured gradient noise
         so that the stationary variance of a Gaussian target is inflated by at most
-        ``max_variance_inflation`` (:mod:`numpyro_subsample.sgmcmc.stepsize`; with the
+        ``noise.max_variance_inflation`` (:mod:`numpyro_subsample.sgmcmc.stepsize`; with the
         adapted preconditioner, from its rule).
     proxy
         ``"laplace"`` (mode and inverse Hessian; default), ``"variational"`` (an autoguide
@@ -98,29 +105,6 @@ class SGMCMCKernel(SubsampleKernel):
         parameters (:mod:`numpyro_subsample.proxies.choice`).
     preconditioning
         Sample in coordinates whitened by the proxy covariance.
-    adapt_preconditioner
-        Adapt a diagonal scale of the (whitened) coordinates during warm-up, then freeze it
-        (:mod:`~numpyro_subsample.sgmcmc.adaptation`; ``num_warmup`` ≥ ``MIN_ADAPT_WARMUP``):
-        for posteriors that no Gaussian proxy whitens. The default ``step_size`` is then
-        :func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`, no noise is measured
-        and the noise correction is off. None (default): on with a structured proxy, and with
-        ``preconditioning=False`` and no ``step_size`` (with ``estimator="uniform"`` no proxy),
-        and with local latent sites and no ``step_size``.
-    adapt_proxy
-        Re-estimate the proxy's centre and covariance from pilot chains in windows of growing
-        length before sampling (Stan's windowed warm-up; :mod:`~numpyro_subsample.sgmcmc.warmup`,
-        ``docs/adapted_proxy.md``), starting from the variational fit where the Laplace
-        Hessian is not positive definite, and measure the step rule's curvature over the
-        pilot's draws. None (default): on for a dense proxy that the kernel fits.
-    max_variance_inflation
-        δ of the default step-size rule (default 0.05).
-    noise_correction
-        Inject N(0, 2ch I − h²V) instead of N(0, 2ch I), V the estimator's whitened noise
-        covariance measured at proxy draws, c the diffusion coefficient (Ahn, Korattikara and
-        Welling 2012; Chen, Fox and Guestrin 2014, Eq. 9): a larger default step for the same
-        variance inflation. None (default): on where V is a fixed d × d matrix (not for
-        ``"saga"``, ``"svrg"``, a structured proxy or the adapted preconditioner, where True
-        raises); needs preconditioning.
     replace
         Draw subsample indices with replacement (default) or without.
     proxy_kwargs
@@ -142,23 +126,31 @@ class SGMCMCKernel(SubsampleKernel):
         Progress bars of the preprocessing (proxy fit). Default None: those of the
         package's ``MCMC`` running the kernel follow its ``progress_bar``; otherwise on, off
         under CI.
-    zv_stream, zv_degree, zv_covariates, zv_fn
-        Accumulate the zero-variance statistics (Baker et al. 2019, Sect. 4) of the
-        post-warmup draws in the sampling loop, with polynomial degree 1 or 2, for the
-        functions ``zv_fn`` of the constrained sample (default: each coordinate and its
-        square); read them with :func:`~numpyro_subsample.post.zv.zv_mean`. ``zv_covariates``
-        ("auto", "gradient", "linearised") is described in
-        :mod:`numpyro_subsample.estimators.zv`; degree 2 is refused above
-        :data:`~numpyro_subsample.sgmcmc.preprocess.MAX_ZV_DEGREE2_DIM` parameters.
-    local_update, local_steps
-        For a model with local latent sites (one value per datum inside the plate): an exact
-        conditional ``local_update(rng_key, rows, values, idx, *model_args, **model_kwargs)
-        -> rows``, else ``local_steps`` MALA steps, move the subsample's sites before its
-        gradient (:mod:`~numpyro_subsample.estimators.local`, ``docs/local_latents.md``).
-        Such models need ``estimator="uniform"`` and an explicit ``step_size``; a proxy,
-        ``proxy_kwargs``, ``noise_correction=True`` or ZV are refused (they need p(x_i | θ)).
+    adaptation
+        An :class:`~numpyro_subsample.sgmcmc.options.AdaptationOptions`: whether warm-up
+        adapts a diagonal preconditioner and the proxy (default: as described there).
+    noise
+        A :class:`~numpyro_subsample.sgmcmc.options.NoiseOptions`: the noise correction and
+        the δ of the default step-size rule (default ``NoiseOptions()``).
+    zv
+        A :class:`~numpyro_subsample.sgmcmc.options.ZVOptions`: accumulate the zero-variance
+        statistics (Baker et al. 2019, Sect. 4) of the post-warmup draws in the sampling
+        loop; read them with :func:`~numpyro_subsample.post.zv.zv_mean` (default None: off).
+    local
+        A :class:`~numpyro_subsample.estimators.local.LocalConfig`, for a model with local
+        latent sites (one value per datum inside the plate): an exact conditional
+        ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows``, else
+        ``steps`` MALA steps, move the subsample's sites before its gradient
+        (:mod:`~numpyro_subsample.estimators.local`, ``docs/local_latents.md``; default
+        ``LocalConfig()``). Such models need ``estimator="uniform"`` and an explicit
+        ``step_size``; a proxy, ``proxy_kwargs``, the noise correction or ZV are refused (they
+        need p(x_i | θ)).
     **estimator_options
-        Further options of the estimator (see its module).
+        Further options of the estimator (see its module). The keywords of the previous
+        release (``zv_stream``, ``zv_degree``, ``zv_covariates``, ``zv_fn``,
+        ``adapt_preconditioner``, ``adapt_proxy``, ``noise_correction``,
+        ``max_variance_inflation``, ``local_update``, ``local_steps``) are accepted with a
+        ``DeprecationWarning`` naming the record that replaces them.
 
     References
     ----------
@@ -167,6 +159,13 @@ class SGMCMCKernel(SubsampleKernel):
 
     sample_field = "z"
     _dynamics_name = "sgld"
+    #: This class's preprocessing fits structured proxies (no d × d array), adapts the
+    #: diagonal preconditioner and the proxy, and draws local latent sites; a subclass with
+    #: its own preprocessing or programs (DistributedSGLD) sets what it lacks to False.
+    supports_local: ClassVar[bool] = True
+    supports_structured: ClassVar[bool] = True
+    supports_adaptation: ClassVar[bool] = True
+    supports_proxy_adaptation: ClassVar[bool] = True
 
     @classmethod
     def _keyword_params(cls) -> tuple[str, ...]:
@@ -187,60 +186,60 @@ class SGMCMCKernel(SubsampleKernel):
         estimator: str | None = None,
         step_size: float | None = None,
         proxy: str | Proxy | StructuredProxy = "laplace",
-        preconditioning: bool = True,
-        adapt_preconditioner: bool | None = None,
-        adapt_proxy: bool | None = None,
-        max_variance_inflation: float = 0.05,
-        replace: bool = True,
         proxy_kwargs: dict | None = None,
+        preconditioning: bool = True,
+        replace: bool = True,
+        init_strategy: str = "proxy",
         chunk_size: int = DEFAULT_CHUNK,
         store_datum_grads: bool = False,
-        noise_correction: bool | None = None,
-        init_strategy: str = "proxy",
+        adaptation: AdaptationOptions | None = None,
+        noise: NoiseOptions | None = None,
+        zv: ZVOptions | None = None,
+        local: LocalConfig | None = None,
         seed: int = 0,
         progress_bar: bool | None = None,
-        zv_stream: bool = False,
-        zv_degree: int = 1,
-        zv_covariates: str = "auto",
-        zv_fn: Callable | None = None,
-        local_update: Callable | None = None,
-        local_steps: int = DEFAULT_LOCAL_STEPS,
         **estimator_options: Any,
     ) -> None:
+        label = type(self).__name__
+        records = legacy_records(label, estimator_options, adaptation=adaptation, noise=noise,
+                                 zv=zv, local=local)
+        for name, record in records.items():
+            check_record(label, name, record)
+        adaptation = records["adaptation"] or AdaptationOptions()
+        noise = records["noise"] or NoiseOptions()
+        zv, local = records["zv"], records["local"] or LocalConfig()
+        local = local._replace(steps=int(local.steps))
         check_options(
-            "SGMCMCKernel", label=type(self).__name__, step_size=step_size,
-            preconditioning=preconditioning, adapt_preconditioner=adapt_preconditioner,
-            adapt_proxy=adapt_proxy, max_variance_inflation=max_variance_inflation, replace=replace,
-            proxy_kwargs=proxy_kwargs, chunk_size=chunk_size,
-            store_datum_grads=store_datum_grads, noise_correction=noise_correction,
-            init_strategy=init_strategy, seed=seed,
-            progress_bar=progress_bar, zv_stream=zv_stream, zv_degree=zv_degree,
-            zv_covariates=zv_covariates, zv_fn=zv_fn,
-            local_update=local_update, local_steps=local_steps,
+            "SGMCMCKernel", label=label, step_size=step_size,
+            preconditioning=preconditioning, replace=replace, proxy_kwargs=proxy_kwargs,
+            chunk_size=chunk_size, store_datum_grads=store_datum_grads,
+            init_strategy=init_strategy, seed=seed, progress_bar=progress_bar,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
         self._estimator_request = estimator
         estimator = "cv" if estimator is None else estimator
         structured = prep.check_request(
-            type(self).__name__, proxy, estimator, estimator_options, step_size=step_size,
-            preconditioning=preconditioning, replace=replace, noise_correction=noise_correction,
-            supports_structured=self._supports_structured(),
-            adapt_preconditioner=adapt_preconditioner,
-            supports_adaptation=self._supports_adaptation(),
+            label, proxy, estimator, estimator_options, step_size=step_size,
+            preconditioning=preconditioning, replace=replace, noise_correction=noise.correction,
+            supports_structured=self.supports_structured,
+            adapt_preconditioner=adaptation.preconditioner,
+            supports_adaptation=self.supports_adaptation,
             kernel_params=self._keyword_params(),
         )
+        noise_correction = noise.correction
         self._noise_correction_given = noise_correction
         if noise_correction is None:
             noise_correction = (estimator not in STATEFUL and not structured
-                                and adapt_preconditioner is not True)
+                                and adaptation.preconditioner is not True)
         super().__init__(model, seed=seed)
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
         self._proxy_spec = proxy
         self.preconditioning = bool(preconditioning)
-        self.adapt_preconditioner = adapt_preconditioner
-        self.adapt_proxy = adapt_proxy
-        self.max_variance_inflation = float(max_variance_inflation)
+        self.adaptation, self.noise, self.zv, self.local = adaptation, noise, zv, local
+        self.adapt_preconditioner = adaptation.preconditioner
+        self.adapt_proxy = adaptation.proxy
+        self.max_variance_inflation = float(noise.max_variance_inflation)
         self.replace = bool(replace)
         self.proxy_kwargs = dict(proxy_kwargs or {})
         self.chunk_size = int(chunk_size)
@@ -248,9 +247,9 @@ class SGMCMCKernel(SubsampleKernel):
         self._noise_correction = bool(noise_correction) and self.preconditioning
         self.init_strategy = init_strategy
         self.progress_bar = progress_bar
-        self.zv_stream, self.zv_degree, self.zv_fn = bool(zv_stream), zv_degree, zv_fn
-        self.zv_covariates = zv_covariates
-        self.local = LocalConfig(steps=int(local_steps), update=local_update)
+        self.zv_stream = zv is not None
+        zv = zv or ZVOptions()
+        self.zv_degree, self.zv_covariates, self.zv_fn = zv.degree, zv.covariates, zv.fn
 
     # -- what a subclass chooses ------------------------------------------------------------
     _diffusion = 1.0  # c of the injected noise N(0, 2ch I)
@@ -311,9 +310,6 @@ class SGMCMCKernel(SubsampleKernel):
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
 
-    def _supports_local(self) -> bool:
-        return type(self)._preprocess is SGMCMCKernel._preprocess
-
     # -- preprocessing --------------------------------------------------------------------------
     def _needs_proxy(self) -> bool:
         return self.preconditioning or self.estimator_name in NEEDS_PROXY
@@ -324,24 +320,13 @@ class SGMCMCKernel(SubsampleKernel):
             return self.adapt_preconditioner or (
                 self.adapt_preconditioner is None and self._step_size is None)
         if self.adapt_preconditioner is None:
-            return self._supports_adaptation() and (self._is_structured(potential.dim) or (
+            return self.supports_adaptation and (self._is_structured(potential.dim) or (
                 not self.preconditioning and self._step_size is None))
         return bool(self.adapt_preconditioner)
 
-    @classmethod
-    def _supports_adaptation(cls) -> bool:
-        """The adapted preconditioner needs this class's preprocessing and chain programs."""
-        return cls._supports_structured() and cls._programs is SGMCMCKernel._programs
-
-    @classmethod
-    def _supports_structured(cls) -> bool:
-        """Structured proxies need this class's preprocessing (a subclass with its own, such
-        as DistributedSGLD, keeps the dense one)."""
-        return cls._preprocess is SGMCMCKernel._preprocess
-
     def _proxy_choice(self, dim: int) -> str:
         """The proxy for ``dim`` parameters (:func:`.preprocess.proxy_choice`)."""
-        return prep.proxy_choice(self._proxy_spec, dim, self._supports_structured())
+        return prep.proxy_choice(self._proxy_spec, dim, self.supports_structured)
 
     def _is_structured(self, dim: int) -> bool:
         return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
@@ -349,14 +334,15 @@ class SGMCMCKernel(SubsampleKernel):
     def _adapts_proxy(self, potential: Potential) -> bool:
         """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
         given, else for a dense proxy that this kernel fits and whitens with."""
-        eligible = (type(self)._preprocess is SGMCMCKernel._preprocess and self.preconditioning
+        eligible = (self.supports_proxy_adaptation and self.preconditioning
                     and not potential.local and isinstance(self._proxy_spec, str)
                     and not self._is_structured(potential.dim) and not self._adapts(potential))
         if self.adapt_proxy and not eligible:
             raise ValueError(
-                f"{type(self).__name__}(adapt_proxy=True) needs preconditioning, a dense proxy "
-                "that the kernel fits (proxy='laplace' or 'variational', d <= MAX_DENSE_DIM), "
-                "no adapted preconditioner and no local latent sites; leave adapt_proxy out.")
+                f"{type(self).__name__}(adaptation=AdaptationOptions(proxy=True)) needs "
+                "preconditioning, a dense proxy that the kernel fits (proxy='laplace' or "
+                "'variational', d <= MAX_DENSE_DIM), no adapted preconditioner and no local "
+                "latent sites; leave AdaptationOptions.proxy out.")
         return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
 
     def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
@@ -368,10 +354,10 @@ class SGMCMCKernel(SubsampleKernel):
         def fit(kind: str) -> Proxy:
             given = kind == self._proxy_spec  # else a fallback start: q's own covariance
             kwargs = self.proxy_kwargs if given else {"covariance": "guide"}
-            request = prep.ProxyRequest(kind, kwargs,
-                                        self.chunk_size, self.store_datum_grads and not adapts,
-                                        resolve_progress(self.progress_bar),
-                                        self._needs_proxy())
+            request = prep.ProxyRequest(spec=kind, kwargs=kwargs, chunk_size=self.chunk_size,
+                                        store_datum_grads=self.store_datum_grads and not adapts,
+                                        progress=resolve_progress(self.progress_bar),
+                                        needed=self._needs_proxy())
             choice = self._proxy_choice(potential.dim) if given else kind
             return prep.fit_proxy(request, choice, potential, data, key)
 
@@ -438,14 +424,16 @@ class SGMCMCKernel(SubsampleKernel):
         est = pre.estimator
         adapt = self._adapts(pre.potential)
         return SGMCMCConfig(
-            pre.potential, est.estimate, self._dynamics(pre.noise_corrected),
-            "threefry2x32" if traced else STEP_RNG, init_strategy,
-            self.preconditioning and not local,
-            self.zv_degree if self.zv_stream else 0, self.zv_fn,
-            int(num_warmup) if self.zv_stream or adapt else 0, est.init_state, est.update,
-            adaptation.adaptation_window(num_warmup) if adapt else 0,
-            self.zv_stream and covariate_choice(self.zv_covariates, self.zv_degree,
-                                                pre.potential.dim) == "linearised",
+            potential=pre.potential, estimate=est.estimate,
+            dynamics=self._dynamics(pre.noise_corrected),
+            rng_impl="threefry2x32" if traced else STEP_RNG, init_strategy=init_strategy,
+            precondition_draw=self.preconditioning and not local,
+            zv_degree=self.zv_degree if self.zv_stream else 0, zv_fn=self.zv_fn,
+            num_warmup=int(num_warmup) if self.zv_stream or adapt else 0,
+            init_state=est.init_state, update=est.update,
+            adapt_window=adaptation.adaptation_window(num_warmup) if adapt else 0,
+            zv_linearised=self.zv_stream and covariate_choice(
+                self.zv_covariates, self.zv_degree, pre.potential.dim) == "linearised",
         )
 
     def _programs(self, pre: Preprocessed, *, num_warmup: int, traced: bool):
@@ -453,7 +441,7 @@ class SGMCMCKernel(SubsampleKernel):
         return init_one, step, pre.params
 
     def _state_axes(self) -> SGMCMCState:
-        axes = SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+        axes = SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
         if self._pre is not None and self._pre.estimator.update is not None:
             axes = axes._replace(est_state=self._pre.estimator.state_axes)
         return axes

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache, partial
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from numpyro_subsample.core.data import ModelData
-from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key, split_step_key
-from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.zv import (
     ZVPairedStats,
     ZVStats,
@@ -38,15 +35,19 @@ from numpyro_subsample.estimators.zv import (
     welford_update,
     zv_covariates,
 )
-from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec, whiten_solve
+from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_rmatvec, whiten_solve
 from numpyro_subsample.sgmcmc.adaptation import (
     ScaleAdaptation,
     init_adaptation,
     update_adaptation,
 )
-from numpyro_subsample.sgmcmc.dynamics import Dynamics
+from numpyro_subsample.sgmcmc.state import (
+    Preprocessed,
+    SamplerParams,
+    SGMCMCConfig,
+    SGMCMCState,
+    Whitening,
+)
 
 __all__ = [
     "MAX_PROXY_SD",
@@ -66,187 +67,6 @@ __all__ = [
 MAX_PROXY_SD = 1e3
 
 
-class SamplerParams(NamedTuple):
-    """The arrays of the preprocessing that the step reads: the whitening θ = θ̂ + L w
-    (``scale_tril``: a :data:`~numpyro_subsample.proxies.whitening.Scale`, dense triangular or
-    structured), the step size h, the estimator's arrays and, for a noise-corrected dynamic,
-    the matrix S of the injected noise S ξ
-    (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`)."""
-
-    centre: jax.Array
-    scale_tril: Scale
-    step_size: jax.Array
-    estimator: Any
-    init_tril: Scale  # square root of the proxy covariance, for initial draws
-    data_passes: jax.Array  # data passes spent on the preprocessing
-    noise_scale: jax.Array | None = None
-
-
-class SGMCMCState(NamedTuple):
-    """State of a stochastic-gradient chain.
-
-    ``z``: unconstrained latent values (dict); ``w``: whitened position (θ = θ̂ + L w);
-    ``grad``: the estimate of ∇ log π(θ) at ``z`` (unconstrained, flat), used by the next step
-    (zeros in the initial state, ``i`` = 0, whose step evaluates it without moving);
-    ``subsample_size``: data used for ``grad``; ``diverging``: the chain has failed: a
-    proposed step was non-finite or farther than :data:`MAX_PROXY_SD` proxy sds from the
-    centre; the chain then stops at its last valid state and every later draw is marked;
-    ``fail_step``, ``fail_coord``: the iteration of the failure and the flat unconstrained
-    coordinate that failed (−1 while the chain is healthy); ``data_passes``: cumulative data
-    evaluations / N, including preprocessing; ``params``: the preprocessing's arrays (shared
-    by vectorized chains);
-    ``zv_stats``: streamed zero-variance statistics (``zv_stream=True``; paired ones with
-    the linearised covariates);
-    ``est_state``: the estimator's own state (None for a stateless estimator; SAGA's table,
-    SVRG's anchor: :mod:`numpyro_subsample.estimators.variance_reduced`), updated by every
-    gradient estimate of the steps, also after a failure (the chain is frozen then and its
-    state no longer used); ``adapt``: the diagonal preconditioner adapted during warm-up
-    (:class:`~numpyro_subsample.sgmcmc.adaptation.ScaleAdaptation`, with
-    ``adapt_preconditioner=True``): the dynamics then move u = w / ``adapt.scale``, and
-    ``momentum`` is in u's units.
-
-    Parameters
-    ----------
-    i
-        Iteration counter.
-    z
-        Unconstrained latent values (dict site → array).
-    w
-        Whitened position, θ = θ̂ + L w.
-    momentum
-        Momentum of SGHMC and SGNHT (zeros for SGLD).
-    thermostat
-        SGNHT's thermostat ξ.
-    grad
-        Estimate of ∇log π at ``z`` (flat, unconstrained), used by the next step.
-    subsample_size
-        Data used for ``grad``.
-    diverging
-        True once the chain has failed.
-    fail_step, fail_coord
-        Iteration and flat coordinate of the failure (−1 while healthy).
-    data_passes
-        Cumulative data evaluations / N, preprocessing included.
-    rng_key
-        The chain's random key.
-    params
-        The preprocessing's arrays, shared by vectorized chains.
-    zv_stats
-        Streamed zero-variance statistics, or None.
-    est_state
-        The estimator's state (SAGA's table, SVRG's anchor), or None.
-    adapt
-        The adapted diagonal preconditioner, or None.
-
-    References
-    ----------
-    Welling and Teh (2011); Chen, Fox and Guestrin (2014); Ding et al. (2014) (the dynamics
-    whose state this is).
-    """
-
-    i: jax.Array
-    z: dict
-    w: jax.Array
-    momentum: jax.Array
-    thermostat: jax.Array
-    grad: jax.Array
-    subsample_size: jax.Array
-    diverging: jax.Array
-    fail_step: jax.Array
-    fail_coord: jax.Array
-    data_passes: jax.Array
-    rng_key: jax.Array
-    params: SamplerParams
-    zv_stats: ZVStats | ZVPairedStats | None = None
-    est_state: Any = None
-    adapt: ScaleAdaptation | None = None
-
-
-class Preprocessed(NamedTuple):
-    """Everything computed once per data set before sampling.
-
-    Parameters
-    ----------
-    potential
-        The model's :class:`~numpyro_subsample.core.potential.Potential`.
-    proxy
-        The fitted proxy N(θ̂, Σ̂), or None without one.
-    estimator
-        The configured :class:`~numpyro_subsample.estimators.base.GradientEstimator`.
-    step_size
-        The time step h.
-    noise
-        Largest eigenvalue v of the whitened gradient-noise covariance.
-    centre
-        θ̂, the centre of the whitening.
-    scale_tril
-        L (Σ̂ = L Lᵀ), dense or structured.
-    seconds, data_passes
-        Cost of the preprocessing.
-    params
-        The arrays the compiled step reads.
-    noise_cov
-        The measured whitened noise covariance V, or None.
-    noise_draws
-        Number of proxy draws the noise was averaged over.
-    noise_errors
-        Standard errors of the noise eigenvalues, or None.
-    noise_corrected
-        Whether the injected noise is N(0, 2h I − h²V).
-
-    References
-    ----------
-    Baker, Fearnhead, Fox and Nemeth (2019), Sect. 3 (the centring value); Ahn, Korattikara and
-    Welling (2012) (the noise correction).
-    """
-
-    potential: Potential
-    proxy: Proxy | StructuredProxy | None
-    estimator: GradientEstimator
-    step_size: float
-    noise: float
-    centre: jax.Array
-    scale_tril: Scale
-    seconds: float
-    data_passes: float
-    params: SamplerParams
-    noise_cov: Any = None  # the estimator's whitened noise covariance (NumPy), if measured
-    noise_draws: int = 0  # proxy draws that noise (and noise_cov) average
-    noise_errors: Any = None  # standard errors of its eigenvalues (NumPy, ascending order)
-    noise_corrected: bool = False  # the dynamics inject N(0, 2ch I − h²V)
-
-
-class Whitening(NamedTuple):
-    """The proxy and the whitening θ = θ̂ + L w (``init_tril``: the proxy's square root, for
-    initial draws; both :data:`~numpyro_subsample.proxies.whitening.Scale`, of one kind);
-    ``data_passes`` spent on the proxy."""
-
-    proxy: Proxy | StructuredProxy | None
-    centre: jax.Array
-    scale_tril: Scale
-    init_tril: Scale
-    data_passes: float
-
-
-class SGMCMCConfig(NamedTuple):
-    """Static configuration of the compiled step (hashable; equal configs share code)."""
-
-    potential: Potential
-    estimate: Callable
-    dynamics: Dynamics
-    rng_impl: str
-    init_strategy: str  # "proxy", "centre"
-    precondition_draw: bool  # w is whitened by the proxy (True) or raw θ − θ̂ (False)
-    zv_degree: int  # 0: no ZV streaming
-    zv_fn: Callable | None
-    num_warmup: int  # with zv_degree or adapt_window, else 0
-    # a stateful estimator's init_state and update (GradientEstimator), or None
-    init_state: Callable | None = None
-    update: Callable | None = None
-    adapt_window: int = 0  # > 0: the diagonal preconditioner adapts (sgmcmc.adaptation)
-    zv_linearised: bool = False  # degree-1 ZV with one linearised covariate per function
-
-
 @lru_cache(maxsize=64)
 def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params, draws=None)`` and ``step(state, data)``
@@ -261,7 +81,7 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     ``init_one`` and advanced by every ``step`` (``update``); the data passes it spends beyond
     the subsample are added to ``data_passes``.
     """
-    pot, estimate, dynamics = cfg.potential, cfg.estimate, cfg.dynamics
+    pot, dynamics = cfg.potential, cfg.dynamics
     inv_n = 1.0 / pot.num_data
     zv_flat = None
     if cfg.zv_degree:
@@ -273,59 +93,25 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
-        grad_w = whiten_rmatvec(p.scale_tril, state.grad)
-        adapt = state.adapt
-        if cfg.adapt_window:  # move u = w / s (sgmcmc.adaptation)
-            adapt = update_adaptation(adapt, grad_w, state.i, cfg.num_warmup, cfg.adapt_window)
-            s = adapt.scale
-            u, mom, xi = dynamics.step(k_dyn, state.w / s, state.momentum, state.thermostat,
-                                       s * grad_w, p.step_size, p.noise_scale)
-            w = s * u
-        else:
-            w, mom, xi = dynamics.step(k_dyn, state.w, state.momentum, state.thermostat, grad_w,
-                                       p.step_size, p.noise_scale)
         first = state.i == 0  # the initial state holds no gradient: evaluate it, do not move
-        stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
-        w, mom, xi = stay(w, state.w), stay(mom, state.momentum), stay(xi, state.thermostat)
+        w, mom, xi, adapt = _dynamics_step(cfg, state, k_dyn, first)
         theta = p.centre + whiten_matvec(p.scale_tril, w)
-        est_state, extra_passes = state.est_state, 0.0
-        if cfg.update is None:
-            g, n = estimate(p.estimator, k_est, theta, data)
-        else:
-            g, n, est_state, extra_passes = cfg.update(
-                p.estimator, state.est_state, k_est, theta, data
-            )
-        # distance from the proxy centre in proxy standard deviations (w itself when whitened)
-        z_sd = w if cfg.precondition_draw else whiten_solve(p.init_tril, w)
-        bad = ~jnp.isfinite(theta) | ~jnp.isfinite(g) | (jnp.abs(z_sd) >= MAX_PROXY_SD)
-        healthy = state.fail_step < 0
-        ok = healthy & ~jnp.any(bad)
-        newly_failed = healthy & ~ok
+        g, n, est_state, extra_passes = _gradient_estimate(cfg, state, k_est, theta, data)
+        ok, fail_step, fail_coord = _failure_bookkeeping(cfg, state, w, theta, g)
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
-        w, mom, xi = keep(w, state.w), keep(mom, state.momentum), keep(xi, state.thermostat)
-        grad = keep(-g, state.grad)
-        z = jax.tree.map(keep, pot.unravel(theta), state.z)
         if adapt is not None:
-            started = init_adaptation(whiten_rmatvec(p.scale_tril, -g))
-            adapt = jax.tree.map(keep, jax.tree.map(stay, adapt, started), state.adapt)
-        fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
-        fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
+            adapt = _restarted_adaptation(state, adapt, g, first, keep)
         new = SGMCMCState(
-            state.i + 1, z, w, mom, xi, grad, jnp.asarray(n, jnp.int32), ~ok,
-            fail_step, fail_coord, state.data_passes + n * inv_n + extra_passes, key, p,
-            state.zv_stats, est_state, adapt,
+            i=state.i + 1, z=jax.tree.map(keep, pot.unravel(theta), state.z),
+            w=keep(w, state.w), momentum=keep(mom, state.momentum),
+            thermostat=keep(xi, state.thermostat), grad=keep(-g, state.grad),
+            subsample_size=jnp.asarray(n, jnp.int32), diverging=~ok, fail_step=fail_step,
+            fail_coord=fail_coord,
+            data_passes=state.data_passes + n * inv_n + extra_passes,
+            rng_key=key, params=p, zv_stats=state.zv_stats, est_state=est_state, adapt=adapt,
         )
-        if zv_flat is not None:  # Baker et al. (2019, Sect. 4), accumulated in the loop
-            theta_z = ravel_pytree(new.z)[0]
-            if cfg.zv_linearised:  # u = J_g(θ̂) L Lᵀ ŝ (estimators.zv)
-                v = whiten_matvec(p.scale_tril, whiten_rmatvec(p.scale_tril, new.grad))
-                u = linearised_covariates(
-                    lambda th: zv_flat(pot.unravel(th), data).astype(th.dtype), p.centre, v)
-            else:
-                u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
-            gv = zv_flat(new.z, data).astype(theta_z.dtype)
-            stats = welford_update(state.zv_stats, u, gv, new.i > cfg.num_warmup)
-            new = new._replace(zv_stats=stats)
+        if zv_flat is not None:
+            new = new._replace(zv_stats=_zv_accumulate(cfg, zv_flat, state.zv_stats, new, data))
         return new
 
     def init_one(rng_key, init_params, data, params: SamplerParams,
@@ -358,13 +144,92 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
                      else empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype))
         zero = jnp.zeros((), jnp.int32)
         return SGMCMCState(
-            zero, pot.unravel(theta), w, mom, xi, jnp.zeros_like(w), zero, jnp.zeros((), bool),
-            jnp.full((), -1, jnp.int32), jnp.full((), -1, jnp.int32),
-            (params.data_passes + extra_passes).astype(centre.dtype),
-            key, params, stats, est_state, adapt,
+            i=zero, z=pot.unravel(theta), w=w, momentum=mom, thermostat=xi,
+            grad=jnp.zeros_like(w), subsample_size=zero, diverging=jnp.zeros((), bool),
+            fail_step=jnp.full((), -1, jnp.int32), fail_coord=jnp.full((), -1, jnp.int32),
+            data_passes=(params.data_passes + extra_passes).astype(centre.dtype),
+            rng_key=key, params=params, zv_stats=stats, est_state=est_state, adapt=adapt,
         )
 
     return init_one, step
+
+
+def _dynamics_step(cfg: SGMCMCConfig, state: SGMCMCState, k_dyn: jax.Array, first: jax.Array,
+                   ) -> tuple[jax.Array, jax.Array, jax.Array, ScaleAdaptation | None]:
+    """The proposed (w, momentum, thermostat) of one step of the dynamics from the state's
+    gradient, and the preconditioner adapted by it: with ``cfg.adapt_window`` the dynamics
+    move u = w / s (:mod:`~numpyro_subsample.sgmcmc.adaptation`). The initial state
+    (``first``) keeps its position."""
+    p = state.params
+    grad_w = whiten_rmatvec(p.scale_tril, state.grad)
+    adapt = state.adapt
+    if cfg.adapt_window:
+        adapt = update_adaptation(adapt, grad_w, state.i, cfg.num_warmup, cfg.adapt_window)
+        s = adapt.scale
+        u, mom, xi = cfg.dynamics.step(k_dyn, state.w / s, state.momentum, state.thermostat,
+                                       s * grad_w, p.step_size, p.noise_scale)
+        w = s * u
+    else:
+        w, mom, xi = cfg.dynamics.step(k_dyn, state.w, state.momentum, state.thermostat,
+                                       grad_w, p.step_size, p.noise_scale)
+    stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
+    return stay(w, state.w), stay(mom, state.momentum), stay(xi, state.thermostat), adapt
+
+
+def _gradient_estimate(cfg: SGMCMCConfig, state: SGMCMCState, k_est: jax.Array,
+                       theta: jax.Array, data: ModelData) -> tuple:
+    """``(g, n, est_state, extra_passes)``: the estimator's g ≈ −∇log π(θ) from n data, its
+    next state and the data passes it spent beyond the subsample (for a stateless estimator
+    ``state.est_state`` and 0)."""
+    p = state.params
+    if cfg.update is None:
+        g, n = cfg.estimate(p.estimator, k_est, theta, data)
+        return g, n, state.est_state, 0.0
+    return cfg.update(p.estimator, state.est_state, k_est, theta, data)
+
+
+def _failure_bookkeeping(cfg: SGMCMCConfig, state: SGMCMCState, w: jax.Array,
+                         theta: jax.Array, g: jax.Array) -> tuple[jax.Array, ...]:
+    """``(ok, fail_step, fail_coord)``: whether the proposed step is taken (the chain is
+    healthy and θ, the gradient and w are finite, w within :data:`MAX_PROXY_SD` proxy
+    standard deviations of the centre), and the iteration and flat coordinate of a failure,
+    recorded when it first happens."""
+    p = state.params
+    # distance from the proxy centre in proxy standard deviations (w itself when whitened)
+    z_sd = w if cfg.precondition_draw else whiten_solve(p.init_tril, w)
+    bad = ~jnp.isfinite(theta) | ~jnp.isfinite(g) | (jnp.abs(z_sd) >= MAX_PROXY_SD)
+    healthy = state.fail_step < 0
+    ok = healthy & ~jnp.any(bad)
+    newly_failed = healthy & ~ok
+    fail_step = jnp.where(newly_failed, state.i + 1, state.fail_step)
+    fail_coord = jnp.where(newly_failed, jnp.argmax(bad).astype(jnp.int32), state.fail_coord)
+    return ok, fail_step, fail_coord
+
+
+def _restarted_adaptation(state: SGMCMCState, adapt: ScaleAdaptation, g: jax.Array,
+                          first: jax.Array, keep: Callable) -> ScaleAdaptation:
+    """The adapted preconditioner after the step: started from the first gradient at the
+    initial state (``first``), the state's own where the step is not taken (``keep``)."""
+    started = init_adaptation(whiten_rmatvec(state.params.scale_tril, -g))
+    stay = lambda new, old: jnp.where(first, old, new)  # noqa: E731
+    return jax.tree.map(keep, jax.tree.map(stay, adapt, started), state.adapt)
+
+
+def _zv_accumulate(cfg: SGMCMCConfig, zv_flat: Callable, stats: ZVStats | ZVPairedStats,
+                   new: SGMCMCState, data: ModelData) -> ZVStats | ZVPairedStats:
+    """The zero-variance statistics (Baker et al. 2019, Sect. 4) with the new state's draw
+    added after warm-up: covariates from its gradient, or with ``cfg.zv_linearised`` the
+    linearised u = J_g(θ̂) L Lᵀ ŝ (:mod:`~numpyro_subsample.estimators.zv`)."""
+    p, pot = new.params, cfg.potential
+    theta_z = ravel_pytree(new.z)[0]
+    if cfg.zv_linearised:
+        v = whiten_matvec(p.scale_tril, whiten_rmatvec(p.scale_tril, new.grad))
+        u = linearised_covariates(
+            lambda th: zv_flat(pot.unravel(th), data).astype(th.dtype), p.centre, v)
+    else:
+        u = zv_covariates(theta_z, new.grad, cfg.zv_degree)
+    gv = zv_flat(new.z, data).astype(theta_z.dtype)
+    return welford_update(stats, u, gv, new.i > cfg.num_warmup)
 
 
 def initial_draws(rng_key: jax.Array, params: SamplerParams) -> tuple:

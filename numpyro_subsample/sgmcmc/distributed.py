@@ -33,6 +33,7 @@ estimator adds their total, one d-vector, so the shard choice only scales the re
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -51,6 +52,7 @@ from numpyro_subsample.estimators.base import ControlVariate, make_estimator
 from numpyro_subsample.estimators.selection import SamplingDesign
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, SGMCMCState
 from numpyro_subsample.sgmcmc.kernel import SGLD
+from numpyro_subsample.sgmcmc.options import NoiseOptions, check_record, legacy_records
 from numpyro_subsample.sgmcmc.preprocess import check_given_start
 from numpyro_subsample.sgmcmc.shards import (
     ShardLayout,
@@ -157,7 +159,7 @@ class DistributedSGLD(SGLD):
         ``"uniform"`` or ``"cv"`` (default), applied within each shard.
     **kwargs
         As :class:`~numpyro_subsample.sgmcmc.kernel.SGMCMCKernel` (``step_size`` is the time
-        step h; no ``noise_correction``). With ``step_size=None`` the SGLD rule is applied to
+        step h; no noise correction, no ``zv``). With ``step_size=None`` the SGLD rule is applied to
         the measured noise v_within + τ̄·v_between: the shard part of the noise persists over a
         trajectory.
     model
@@ -167,6 +169,11 @@ class DistributedSGLD(SGLD):
     ----------
     Ahn, Shahbaba and Welling (2014), supplement Prop. 1.1 (Eq. 1), Cor. 1.2 and 1.3.
     """
+
+    supports_local = False
+    supports_structured = False
+    supports_adaptation = False
+    supports_proxy_adaptation = False
 
     def __init__(
         self,
@@ -186,19 +193,23 @@ class DistributedSGLD(SGLD):
             shard_frequencies=shard_frequencies, trajectory_length=trajectory_length,
             adaptive_trajectory=adaptive_trajectory, estimator=estimator,
         )
-        if kwargs.get("zv_stream"):
-            raise ValueError("zv_stream=True is not supported by DistributedSGLD.")
+        records = legacy_records(type(self).__name__, kwargs, zv=kwargs.pop("zv", None),
+                                 noise=kwargs.pop("noise", None))
+        check_record(type(self).__name__, "noise", records["noise"])
+        if records["zv"] is not None:
+            raise ValueError("zv=ZVOptions(...) is not supported by DistributedSGLD.")
         if kwargs.get("store_datum_grads") is not None:
             raise ValueError(
                 "DistributedSGLD keeps ∇f_i(θ̂) on the device of each shard; do not pass "
                 "store_datum_grads."
             )
-        if kwargs.get("noise_correction"):
+        noise = records["noise"] or NoiseOptions()
+        if noise.correction:
             raise ValueError(
-                "noise_correction=True is not supported by DistributedSGLD (its shard noise is "
-                "measured by Monte Carlo, not as a covariance); leave it out."
+                "NoiseOptions(correction=True) is not supported by DistributedSGLD (its shard "
+                "noise is measured by Monte Carlo, not as a covariance); leave it out."
             )
-        kwargs["noise_correction"] = False
+        kwargs["noise"] = dataclasses.replace(noise, correction=False)
         super().__init__(model, estimator=estimator, **kwargs)
         if mesh is not None:
             if len(mesh.axis_names) != 1:
@@ -237,9 +248,11 @@ class DistributedSGLD(SGLD):
         sp, leaves = pre.params.estimator, pre.potential.data_leaves
         names = sp.data.names()
         return DistributedSetup(
-            self.mesh, self.mesh.axis_names[0], pre.layout,
-            tuple(sp.data.arrays[i] for i in leaves), tuple(names[i] for i in leaves),
-            None if sp.cv is None else sp.cv.datum_grads, pre.noise_within, pre.noise_between,
+            mesh=self.mesh, axis=self.mesh.axis_names[0], layout=pre.layout,
+            data=tuple(sp.data.arrays[i] for i in leaves),
+            data_names=tuple(names[i] for i in leaves),
+            datum_grads=None if sp.cv is None else sp.cv.datum_grads, noise_within=pre.noise_within,
+            noise_between=pre.noise_between,
         )
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
@@ -252,9 +265,11 @@ class DistributedSGLD(SGLD):
     def _shards(self, potential: Potential, layout: ShardLayout) -> _Shards:
         """The static configuration of the sharded programs."""
         n, sizes = potential.plate.subsample_size, tuple(int(x) for x in layout.sizes)
-        design = SamplingDesign(_local_draw(sizes, n, self.replace), n, potential.num_data)
+        design = SamplingDesign(draw=_local_draw(sizes, n, self.replace), size=n,
+                                num_data=potential.num_data)
         estimate = make_estimator(potential, design).estimate
-        return _Shards(potential, estimate, self.mesh, sizes, self.chunk_size)
+        return _Shards(potential=potential, estimate=estimate, mesh=self.mesh, sizes=sizes,
+                       chunk_size=self.chunk_size)
 
     def _preprocess(self, potential: Potential, data: ModelData) -> DistributedPreprocessed:
         """The core's preprocessing (proxy, whitening, an explicit step size), then the
@@ -286,15 +301,18 @@ class DistributedSGLD(SGLD):
             centre = jax.device_put(proxy.centre, rep)
             tables = _datum_grad_tables(cfg, centre, sharded)
             total = jax.device_put(jnp.sum(tables, axis=(0, 1)), rep)
-            cv, cv_ref = ControlVariate(centre, total, tables), ControlVariate(centre, total)
+            cv, cv_ref = ControlVariate(
+                centre=centre, sum_grads=total, datum_grads=tables,
+            ), ControlVariate(centre=centre, sum_grads=total)
             passes += 1.0
         taus = jnp.asarray(layout.trajectory_lengths, jnp.int32)
         weights = jax.device_put(_shard_weights(layout, n, dtype), rep)
-        shard_params = ShardParams(sharded, weights, jax.device_put(taus, rep), cv)
-        params = SamplerParams(
-            *jax.device_put((base.centre, base.scale_tril, jnp.zeros((), dtype)), rep),
-            shard_params, *jax.device_put((base.init_tril, jnp.zeros((), dtype)), rep),
-        )
+        shard_params = ShardParams(data=sharded, weights=weights,
+                                   trajectory_lengths=jax.device_put(taus, rep), cv=cv)
+        centre, tril, h = jax.device_put((base.centre, base.scale_tril, jnp.zeros((), dtype)), rep)
+        init_tril, passes0 = jax.device_put((base.init_tril, jnp.zeros((), dtype)), rep)
+        params = SamplerParams(centre=centre, scale_tril=tril, step_size=h, estimator=shard_params,
+                               init_tril=init_tril, data_passes=passes0)
         q = jnp.asarray(layout.frequencies, dtype)
         within, between = _shard_noise(cfg, params, q, preprocess_keys(self.seed)[3], 1.5, 8, 16)
         top = lambda c: float(np.linalg.eigvalsh(np.asarray(c, np.float64)).max())  # noqa: E731
@@ -310,10 +328,13 @@ class DistributedSGLD(SGLD):
             name=f"shard-{self.estimator_name}", data_passes=passes - base.data_passes,
         )
         core = Preprocessed(
-            potential, proxy, reference, float(step_size), noise, base.centre, base.scale_tril,
-            time.perf_counter() - t0, passes, params,
+            potential=potential, proxy=proxy, estimator=reference, step_size=float(step_size),
+            noise=noise, centre=base.centre, scale_tril=base.scale_tril,
+            seconds=time.perf_counter() - t0, data_passes=passes, params=params,
         )
-        return DistributedPreprocessed(core, ShardFacts(layout, v_w, v_b))
+        return DistributedPreprocessed(
+            core=core, shards=ShardFacts(layout=layout, noise_within=v_w, noise_between=v_b),
+        )
 
     def shard_estimates(self, keys: jax.Array, theta: jax.Array) -> jax.Array:
         """g_s(θ) (Eq. 1, full-gradient scale, estimates ∇f) for each shard s and each key:

@@ -55,7 +55,7 @@ def sgld_dynamics() -> Dynamics:
     def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         return integrator(key, w, grad_w, step_size), momentum, thermostat
 
-    return Dynamics("sgld", init_momentum, step)
+    return Dynamics(name="sgld", init_momentum=init_momentum, step=step)
 
 
 # -- SGHMC / SGNHT ------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
         _, p = integrator(key, w, momentum, grad_w, step_size)
         return w + step_size * p, p, thermostat
 
-    return Dynamics("sghmc", init_momentum, step)
+    return Dynamics(name="sghmc", init_momentum=init_momentum, step=step)
 
 
 @cache
@@ -112,7 +112,7 @@ def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
         _, p, xi = integrator(key, w, momentum, thermostat, grad_w, step_size)
         return w + step_size * p, p, xi
 
-    return Dynamics("sgnht", init_momentum, step)
+    return Dynamics(name="sgnht", init_momentum=init_momentum, step=step)
 
 
 # -- noise-corrected dynamics -------------------------------------------------------------------
@@ -163,4 +163,4 @@ def corrected_dynamics(name: str, friction: float = 1.0) -> Dynamics:
             thermostat = thermostat + step_size * (jnp.vdot(p, p) / p.shape[0] - 1.0)
         return w + step_size * p, p, thermostat
 
-    return Dynamics(f"{name}-corrected", init_momentum, step)
+    return Dynamics(name=f"{name}-corrected", init_momentum=init_momentum, step=step)

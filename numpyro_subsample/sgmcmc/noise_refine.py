@@ -158,12 +158,14 @@ def measured_preprocessed(
     scale = (corrected_noise_scale(measured.cov, h, dtype, diffusion, stacklevel=5)
              if corrected else None)
     params = SamplerParams(
-        wh.centre, wh.scale_tril, device_array(h, dtype), estimator.params,
-        wh.init_tril, device_array(passes, dtype), scale,
+        centre=wh.centre, scale_tril=wh.scale_tril, step_size=device_array(h, dtype),
+        estimator=estimator.params, init_tril=wh.init_tril, data_passes=device_array(passes, dtype),
+        noise_scale=scale,
     )
     return Preprocessed(
-        potential, wh.proxy, estimator, float(h), noise, wh.centre, wh.scale_tril,
-        time.perf_counter() - started, passes, params, noise_cov=measured.cov,
+        potential=potential, proxy=wh.proxy, estimator=estimator, step_size=float(h), noise=noise,
+        centre=wh.centre, scale_tril=wh.scale_tril, seconds=time.perf_counter() - started,
+        data_passes=passes, params=params, noise_cov=measured.cov,
         noise_draws=int(measured.points.shape[0] - 1), noise_errors=errors,
         noise_corrected=corrected,
     )

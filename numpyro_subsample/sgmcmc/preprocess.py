@@ -71,9 +71,9 @@ __all__ = [
     "whitening",
 ]
 
-#: ``zv_degree=2`` streams d(d+3)/2 covariates and their (d(d+3)/2)² co-moments per chain: it
-#: is refused above this d (5150 covariates, 2.7·10^7 co-moments at d = 100). Degree 1 keeps
-#: d × d co-moments, whatever the proxy.
+#: ``ZVOptions(degree=2)`` streams d(d+3)/2 covariates and their (d(d+3)/2)² co-moments per
+#: chain: it is refused above this d (5150 covariates, 2.7·10^7 co-moments at d = 100).
+#: Degree 1 keeps d × d co-moments, whatever the proxy.
 MAX_ZV_DEGREE2_DIM = 100
 
 
@@ -124,35 +124,35 @@ def check_request(
         )
     if adapt_preconditioner and not supports_adaptation:
         raise ValueError(
-            f"adapt_preconditioner=True is supported by SGLD, SGHMC and SGNHT, not by {label}; "
-            "leave it out."
+            f"AdaptationOptions(preconditioner=True) is supported by SGLD, SGHMC and SGNHT, "
+            f"not by {label}; leave it out."
         )
     if adapt_preconditioner and noise_correction:
         raise ValueError(
-            "noise_correction=True needs the noise covariance in fixed whitened coordinates, "
-            "which adapt_preconditioner=True rescales during warm-up; leave noise_correction "
-            "out (None: off with the adapted preconditioner)."
+            "NoiseOptions(correction=True) needs the noise covariance in fixed whitened "
+            "coordinates, which AdaptationOptions(preconditioner=True) rescales during "
+            "warm-up; leave the correction out (None: off with the adapted preconditioner)."
         )
     adapts = supports_adaptation and adapt_preconditioner is not False
     if step_size is None and not preconditioning and not adapts:
         raise ValueError(
             "step_size=None needs preconditioning=True (the default rule works in "
-            "whitened coordinates) or the adapted preconditioner (adapt_preconditioner=None or "
-            "True); pass a step_size."
+            "whitened coordinates) or the adapted preconditioner (AdaptationOptions("
+            "preconditioner=None or True)); pass a step_size."
         )
     check_estimator_request(estimator, estimator_options, replace=replace,
                             kernel=(label, tuple(kernel_params)))
     if noise_correction and estimator in STATEFUL:
         raise ValueError(
-            f"noise_correction=True is not supported by estimator={estimator!r} (its gradient "
-            "noise changes with the chain's state, the correction assumes a fixed noise "
-            "covariance); leave it out."
+            f"NoiseOptions(correction=True) is not supported by estimator={estimator!r} (its "
+            "gradient noise changes with the chain's state, the correction assumes a fixed "
+            "noise covariance); leave it out."
         )
     if noise_correction and structured:
         raise ValueError(
-            "noise_correction=True needs the d × d noise covariance of the estimator, which "
-            "a structured proxy (proxy='diagonal', 'low-rank' or a StructuredProxy) does "
-            "not form; leave it out (None: off with a structured proxy) or use "
+            "NoiseOptions(correction=True) needs the d × d noise covariance of the estimator, "
+            "which a structured proxy (proxy='diagonal', 'low-rank' or a StructuredProxy) "
+            "does not form; leave it out (None: off with a structured proxy) or use "
             "proxy='laplace'."
         )
     return structured
@@ -168,23 +168,23 @@ def check_dimension(
 ) -> None:
     """Checks of a kernel's options that need the model's dimension ``dim``, before the proxy
     fit: ``zv_degree`` (0 without ``zv_stream``) with ``zv_covariates``, and an explicit
-    ``noise_correction=True`` (with preconditioning) with a structured proxy."""
+    ``NoiseOptions(correction=True)`` (with preconditioning) with a structured proxy."""
     if zv_degree == 1 and covariate_choice(zv_covariates, 1, dim) == "gradient":
         check_covariates(dim, 1)
     if zv_degree == 2:
         covariate_choice(zv_covariates, 2, dim)  # raises for 'linearised'
     if zv_degree == 2 and dim > MAX_ZV_DEGREE2_DIM:
         raise ValueError(
-            f"zv_degree=2 streams d(d+3)/2 = {dim * (dim + 3) // 2} covariates and their "
-            f"co-moments per chain for this model's d={dim} parameters, above "
+            f"ZVOptions(degree=2) streams d(d+3)/2 = {dim * (dim + 3) // 2} covariates and "
+            f"their co-moments per chain for this model's d={dim} parameters, above "
             f"MAX_ZV_DEGREE2_DIM={MAX_ZV_DEGREE2_DIM} (numpyro_subsample.sgmcmc.kernel); "
-            "use zv_degree=1."
+            "use ZVOptions(degree=1)."
         )
     if structured and noise_correction_requested:
         raise ValueError(
-            f"noise_correction=True needs the d × d noise covariance; proxy='laplace' is "
-            f"fitted as the structured proxy='low-rank' for d={dim} > MAX_DENSE_DIM="
-            f"{MAX_DENSE_DIM} (numpyro_subsample.sgmcmc.kernel). Leave noise_correction "
+            f"NoiseOptions(correction=True) needs the d × d noise covariance; proxy='laplace' "
+            f"is fitted as the structured proxy='low-rank' for d={dim} > MAX_DENSE_DIM="
+            f"{MAX_DENSE_DIM} (numpyro_subsample.sgmcmc.kernel). Leave the correction "
             "out, or pass a fitted dense Proxy."
         )
 
@@ -263,7 +263,8 @@ def whitening(proxy: Proxy | StructuredProxy | None, potential: Potential, *,
         tril = eye(centre.dtype)
     init_tril = proxy_scale(proxy) if proxy is not None else eye(centre.dtype)
     passes = proxy.num_data_passes if proxy is not None else 0.0
-    return Whitening(proxy, centre, tril, init_tril, float(passes))
+    return Whitening(proxy=proxy, centre=centre, scale_tril=tril, init_tril=init_tril,
+                     data_passes=float(passes))
 
 
 def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: bool) -> float:
@@ -323,17 +324,17 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     if given["estimator_options"]:
         needs.append(f"no estimator options (got {sorted(given['estimator_options'])})")
     if given["step_size"] is None and not adapted:
-        needs.append("a step_size or the adapted preconditioner (adapt_preconditioner=None "
-                     "or True; got False)")
+        needs.append("a step_size or the adapted preconditioner (AdaptationOptions("
+                     "preconditioner=None or True); got False)")
     if given["zv_stream"]:
-        needs.append("zv_stream=False")
+        needs.append("zv=None")
     if not (isinstance(given["proxy"], str) and given["proxy"] == "laplace"):
         needs.append("no proxy (got proxy=" + (repr(given["proxy"]) if isinstance(
             given["proxy"], str) else type(given["proxy"]).__name__) + ")")
     if given["proxy_kwargs"]:
         needs.append(f"no proxy_kwargs (got {sorted(given['proxy_kwargs'])})")
     if given["noise_correction"]:
-        needs.append("noise_correction left out (got True)")
+        needs.append("the noise correction left out (got NoiseOptions(correction=True))")
     if needs:
         raise ValueError(
             f"{label}: the model has local latent sites {list(potential.local_sites)} inside "
@@ -376,11 +377,13 @@ def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: Grad
     dtype = wh.centre.dtype
     passes = wh.data_passes + estimator.data_passes
     params = SamplerParams(
-        wh.centre, wh.scale_tril, device_array(step_size, dtype), estimator.params,
-        wh.init_tril, device_array(passes, dtype),
+        centre=wh.centre, scale_tril=wh.scale_tril, step_size=device_array(step_size, dtype),
+        estimator=estimator.params, init_tril=wh.init_tril, data_passes=device_array(passes, dtype),
     )
-    return Preprocessed(potential, wh.proxy, estimator, float(step_size), float("nan"),
-                        wh.centre, wh.scale_tril, time.perf_counter() - started, passes, params)
+    return Preprocessed(potential=potential, proxy=wh.proxy, estimator=estimator,
+                        step_size=float(step_size), noise=float("nan"), centre=wh.centre,
+                        scale_tril=wh.scale_tril, seconds=time.perf_counter() - started,
+                        data_passes=passes, params=params)
 
 
 def check_given_start(pre: Preprocessed, params: SamplerParams, w: jax.Array,

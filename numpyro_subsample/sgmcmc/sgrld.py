@@ -25,7 +25,7 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import suggest_keywords
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG
-from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
+from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning
 from numpyro_subsample.estimators.selection import SamplingDesign, uniform_design
 from numpyro_subsample.estimators.stratified import (
@@ -34,6 +34,7 @@ from numpyro_subsample.estimators.stratified import (
     make_strata,
     stratified_design,
 )
+from numpyro_subsample.sgmcmc.options import check_record, legacy_records
 from numpyro_subsample.sgmcmc.simplex import (
     SGRLDConfig,
     SGRLDParams,
@@ -174,13 +175,17 @@ class SGRLD(SubsampleKernel):
         Data per vmapped evaluation in the full-data passes.
     seed
         Seed of the preprocessing's model trace.
-    local_update, local_steps
-        Local latent sites (continuous sites inside the plate, e.g. LDA's per-document topic
-        proportions; :mod:`~numpyro_subsample.estimators.local`) are moved given π before
-        each gradient, by ``local_update(rng_key, rows, values, idx, *model_args,
-        **model_kwargs) -> rows`` (an exact conditional; ``values`` the simplex values π) or
-        by ``local_steps`` MALA steps (default). Such models need an explicit ``step_size``
-        and, for ``"stratified"``, ``features``; the draws hold π only.
+    local
+        A :class:`~numpyro_subsample.estimators.local.LocalConfig`: local latent sites
+        (continuous sites inside the plate, e.g. LDA's per-document topic proportions;
+        :mod:`~numpyro_subsample.estimators.local`) are moved given π before each gradient,
+        by its ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows`` (an
+        exact conditional; ``values`` the simplex values π) or by its ``steps`` MALA steps
+        (default ``LocalConfig()``). Such models need an explicit ``step_size`` and, for
+        ``"stratified"``, ``features``; the draws hold π only.
+    **deprecated
+        ``local_update`` and ``local_steps`` of the previous release, accepted with a
+        ``DeprecationWarning`` (pass ``local=LocalConfig(update=..., steps=...)``).
 
     References
     ----------
@@ -190,8 +195,9 @@ class SGRLD(SubsampleKernel):
 
     sample_field = "pi"
     default_fields = ("pi", "diverging")
+    supports_local = True
 
-    @suggest_keywords
+    @suggest_keywords(deprecated=("local_update", "local_steps"))
     def __init__(
         self,
         model: Callable,
@@ -209,9 +215,13 @@ class SGRLD(SubsampleKernel):
         strata_seed: int = 0,
         chunk_size: int = DEFAULT_CHUNK,
         seed: int = 0,
-        local_update: Callable | None = None,
-        local_steps: int = DEFAULT_LOCAL_STEPS,
+        local: LocalConfig | None = None,
+        **deprecated: Any,
     ) -> None:
+        local = legacy_records("SGRLD", deprecated, local=local)["local"]
+        check_record("SGRLD", "local", local)
+        local = local or LocalConfig()
+        local = local._replace(steps=int(local.steps))
         if schedule not in ("polynomial", "constant"):
             raise ValueError(f"SGRLD: schedule must be 'polynomial' or 'constant', got "
                              f"{schedule!r}.")
@@ -222,11 +232,8 @@ class SGRLD(SubsampleKernel):
         check_positive("max_variance_inflation", max_variance_inflation)
         check_positive("decay_offset", decay_offset)
         check_positive("decay_power", decay_power, zero=True)
-        if local_update is not None and not callable(local_update):
-            raise ValueError(f"SGRLD: local_update must be a function or None, got "
-                             f"{type(local_update).__name__}.")
         for name, v in (("num_strata", num_strata), ("kmeans_iters", kmeans_iters),
-                        ("chunk_size", chunk_size), ("local_steps", local_steps)):
+                        ("chunk_size", chunk_size)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"SGRLD: {name} must be a positive integer, got {v!r}.")
         super().__init__(model, seed=seed)
@@ -238,7 +245,7 @@ class SGRLD(SubsampleKernel):
         self.num_strata, self.kmeans_iters = int(num_strata), int(kmeans_iters)
         self.features, self.strata_seed = features, int(strata_seed)
         self.chunk_size = int(chunk_size)
-        self.local = LocalConfig(steps=int(local_steps), update=local_update)
+        self.local = local
 
     @property
     def step_size(self) -> float:
@@ -258,9 +265,6 @@ class SGRLD(SubsampleKernel):
 
     def get_diagnostics_str(self, state: SGRLDState) -> str:
         return f"step size {float(np.asarray(state.step_size).max()):.2e}"
-
-    def _supports_local(self) -> bool:
-        return True
 
     def potential_for(self, data: ModelData) -> Potential:
         if data.signature() not in self._potentials:
@@ -402,13 +406,13 @@ class SGRLD(SubsampleKernel):
 
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup
-        cfg = SGRLDConfig(pre.potential, pre.design.draw, pre.design.size,
-                          "threefry2x32" if traced else STEP_RNG, self.local)
+        cfg = SGRLDConfig(potential=pre.potential, draw=pre.design.draw, size=pre.design.size,
+                          rng_impl="threefry2x32" if traced else STEP_RNG, local=self.local)
         init_one, step = sgrld_programs(cfg)
         return init_one, step, pre.params
 
     def _state_axes(self) -> SGRLDState:
-        return SGRLDState(*([0] * len(SGRLDState._fields)))._replace(params=None)
+        return SGRLDState(**dict.fromkeys(SGRLDState._fields, 0))._replace(params=None)
 
     def postprocess_fn(self, model_args, model_kwargs) -> Callable[[dict], dict]:
         return self.draw_fn(draw_values, model_args, model_kwargs)

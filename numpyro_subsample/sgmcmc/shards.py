@@ -131,7 +131,7 @@ def shard_layout(
     else:
         taus = np.full(S, int(trajectory_length), np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return ShardLayout(sizes, offsets, q, taus)
+    return ShardLayout(sizes=sizes, offsets=offsets, frequencies=q, trajectory_lengths=taus)
 
 
 # -- selection laws ---------------------------------------------------------------------------
@@ -193,7 +193,8 @@ def shard_design(layout: ShardLayout, n: int, replace: bool = True, dtype=None) 
         jnp.asarray(layout.offsets, jnp.int32),
         _shard_weights(layout, n, dtype),
     )
-    return SamplingDesign(_two_stage_draw(sizes, int(n), bool(replace)), int(n), sum(sizes), params)
+    return SamplingDesign(draw=_two_stage_draw(sizes, int(n), bool(replace)), size=int(n),
+                          num_data=sum(sizes), params=params)
 
 
 # -- the shard-local potential ------------------------------------------------------------------
@@ -245,7 +246,7 @@ class _Shards(NamedTuple):
     chunk_size: int
 
 
-_STATE_AXES = SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+_STATE_AXES = SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
 
 
 def _axis(cfg: _Shards) -> str:
@@ -259,13 +260,15 @@ def _data_specs(data: ModelData, leaves: tuple[int, ...], axis: str) -> ModelDat
 
 def _param_specs(cfg: _Shards, params: SamplerParams) -> SamplerParams:
     axis, sp = _axis(cfg), params.estimator
-    cv = None if sp.cv is None else ControlVariate(P(), P(), P(axis))
+    cv = None if sp.cv is None else ControlVariate(centre=P(), sum_grads=P(), datum_grads=P(axis))
     data = _data_specs(sp.data, cfg.potential.data_leaves, axis)
-    return SamplerParams(P(), P(), P(), ShardParams(data, P(), P(), cv), P(), P())
+    shard = ShardParams(data=data, weights=P(), trajectory_lengths=P(), cv=cv)
+    return SamplerParams(centre=P(), scale_tril=P(), step_size=P(), estimator=shard,
+                         init_tril=P(), data_passes=P())
 
 
 def _chain_specs(cfg: _Shards) -> SGMCMCState:
-    return SGMCMCState(*([P(_axis(cfg))] * len(SGMCMCState._fields)))._replace(params=None)
+    return SGMCMCState(**dict.fromkeys(SGMCMCState._fields, P(_axis(cfg))))._replace(params=None)
 
 
 def _local_data(cfg: _Shards, data: ModelData) -> ModelData:

@@ -339,9 +339,10 @@ def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
         ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(pi)]))
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
         return SGRLDState(
-            state.i + 1, jax.tree.map(keep, pi, state.pi),
-            jax.tree.map(keep, theta, state.theta), eps, mirrored, ~ok,
-            jnp.asarray(size, jnp.int32), state.data_passes + size * inv_n, key, p, local,
+            i=state.i + 1, pi=jax.tree.map(keep, pi, state.pi),
+            theta=jax.tree.map(keep, theta, state.theta), step_size=eps, mirrored=mirrored,
+            diverging=~ok, subsample_size=jnp.asarray(size, jnp.int32),
+            data_passes=state.data_passes + size * inv_n, rng_key=key, params=p, local=local,
         )
 
     def init_one(rng_key, init_params, data, params: SGRLDParams) -> SGRLDState:
@@ -362,10 +363,12 @@ def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
         local = (init_local_state(pot.local, pot.num_data, dtype, cfg.local.init_step)
                  if pot.local else None)
         return SGRLDState(
-            jnp.zeros((), jnp.int32), to_simplex(theta), theta,
-            step_size_at(params.schedule, jnp.zeros((), jnp.int32)),
-            jnp.zeros((), jnp.int32), jnp.zeros((), bool), jnp.asarray(size, jnp.int32),
-            params.data_passes.astype(dtype), raw_key(key), params, local,
+            i=jnp.zeros((), jnp.int32), pi=to_simplex(theta), theta=theta,
+            step_size=step_size_at(params.schedule, jnp.zeros((), jnp.int32)),
+            mirrored=jnp.zeros((), jnp.int32), diverging=jnp.zeros((), bool),
+            subsample_size=jnp.asarray(size, jnp.int32),
+            data_passes=params.data_passes.astype(dtype), rng_key=raw_key(key), params=params,
+            local=local,
         )
 
     return init_one, step

@@ -211,7 +211,7 @@ def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: Mod
 
 
 def _state_axes() -> SGMCMCState:
-    return SGMCMCState(*([0] * len(SGMCMCState._fields)))._replace(params=None)
+    return SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
 
 
 @lru_cache(maxsize=32)
@@ -305,7 +305,8 @@ def adapt_proxy(
             warnings.warn(
                 f"All {num_chains} pilot chains failed in window {k + 1} of the proxy's "
                 f"adaptation (a step was non-finite or exploded); the proxy stays "
-                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or adapt_proxy=False.",
+                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or "
+                f"adaptation=AdaptationOptions(proxy=False).",
                 ProxyAdaptationWarning, stacklevel=4,
             )
             return start if k == 0 else proxy
