@@ -128,6 +128,8 @@ _SGMCMC: dict[str, Option] = {
     "replace": _flag("whether subsample indices are drawn with replacement"),
     "proxy_kwargs": _PROXY_KWARGS,
     "chunk_size": _CHUNK,
+    "bias_probe": _flag("whether the step's bias is probed by coupled runs at h and h/2 "
+                         "after the step is chosen"),
     "store_datum_grads": _flag("whether the N×d table of ∇f_i(θ̂) is kept"),
     "noise_correction": Option(
         "bool", "whether the injected noise is reduced by the estimator's own", none=True,
