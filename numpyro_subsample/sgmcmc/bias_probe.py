@@ -86,6 +86,9 @@ BURN_IN_BATCHES = 8
 #: The probe warns only where the series of the flagged function has at least this effective
 #: sample size (of ``PROBE_PAIRS · (BATCHES − BURN_IN_BATCHES)`` batch means).
 MIN_ESS = 20.0
+#: Below this many datum-coordinate products (3 · pairs · steps · n · d) the probe's program is
+#: compiled with XLA's optimisations off (compiling faster, running slower).
+FAST_COMPILE_WORK = 2e8
 #: The probe warns when an estimated bias (of a mean, in posterior sds; of an sd, relative) is
 #: at least this and significant (:func:`significance`).
 FLAG_BIAS = 0.2
@@ -375,10 +378,18 @@ def probe_bias(
     sd = np.sqrt(np.sum(tril * tril, axis=1))  # sqrt(diag(L Lᵀ))
     bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
     key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
-    sums, ok = _probe_program(
-        estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
-        centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scale_h,
-        scale_half, device_array(w0, dtype), device_array(xi0, dtype), key, data)
+    # a short probe compiles with XLA's optimisations off: its compilation is most of its cost
+    fast = 3 * pairs * steps * n * d <= FAST_COMPILE_WORK
+    before = bool(jax.config.read("jax_disable_most_optimizations"))
+    jax.config.update("jax_disable_most_optimizations", before or fast)
+    try:
+        sums, ok = _probe_program(
+            estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
+            centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scale_h,
+            scale_half, device_array(w0, dtype), device_array(xi0, dtype), key, data)
+        sums, ok = np.asarray(sums), np.asarray(ok)
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
     evaluations = 3 * pairs * steps
     passes = evaluations * n / potential.num_data
     ok = np.asarray(ok)
@@ -387,7 +398,7 @@ def probe_bias(
         return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
                          True, pairs, steps, evaluations, float(passes),
                          time.perf_counter() - t0, nan)
-    mean_bias, mean_se, sd_bias, sd_se, ess = _estimates(np.asarray(sums))
+    mean_bias, mean_se, sd_bias, sd_se, ess = _estimates(sums)
     worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
     flagged = flagged and bool(ess[worst] >= MIN_ESS)
     return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
