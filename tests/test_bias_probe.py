@@ -86,6 +86,7 @@ def test_a_too_large_sgld_step_warns_with_the_bias_and_the_remedy():
     probe = kernel.preprocessed.bias_probe
     assert probe.flagged and probe.kind == "sd" and probe.step_size == 0.6
     assert 0.15 < probe.bias < 0.4 and probe.bias > 3.5 * probe.bias_se
+    assert kernel.with_step_size(0.3).preprocessed.bias_probe is None  # it was of h = 0.6
     drawn_sd = np.asarray(mcmc.get_samples()["beta"]).std(0)
     assert np.all(drawn_sd > 1.1 * sd)  # the run is as wrong as the probe says
 

@@ -320,8 +320,8 @@ class SGMCMCKernel(SubsampleKernel):
             raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
         new = copy.copy(self)
         new._step_size, new._step = h, None
-        if self._pre is not None:
-            new._pre = with_time_step(self._pre, h, new._diffusion)
+        if self._pre is not None:  # the bias probe was of the old step
+            new._pre = with_time_step(self._pre, h, new._diffusion)._replace(bias_probe=None)
         return new
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
