@@ -120,6 +120,7 @@ def test_default_runs_of_a_linear_regression_are_silent(cls):
     probe = kernel.preprocessed.bias_probe
     assert probe is not None and not probe.flagged
     assert mcmc.run_check.probe is probe
+    assert mcmc.run_check.attrs()["bias_probe_flagged"] == 0
     assert not any("probe" in m for m in mcmc.run_check.messages)
     assert np.all(np.abs(probe.mean_bias) < 0.1) and np.all(np.abs(probe.sd_bias) < 0.1)
 
