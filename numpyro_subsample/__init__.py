@@ -31,6 +31,7 @@ from numpyro_subsample.proxies.covariance import StructuredCovariance
 from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.variational import fit_variational
+from numpyro_subsample.sgmcmc.bias_probe import BiasProbe, StepBiasWarning
 from numpyro_subsample.sgmcmc.distributed import (
     DistributedSGLD,
     ShardLayout,
@@ -61,6 +62,8 @@ __all__ = [
     "LocalConfig",
     "SGMCMCState",
     "Preprocessed",
+    "BiasProbe",
+    "StepBiasWarning",
     "DistributedSGLD",
     "ShardLayout",
     "shard_layout",

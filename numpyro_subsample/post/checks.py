@@ -4,7 +4,9 @@
 coordinate of every latent site, ArviZ's rank-normalised bulk and tail ESS and, with two or more
 chains, split R-hat (Vehtari, Gelman, Simpson, Carpenter and Bürkner 2021). It also reports
 chains that stopped (a package kernel stops a chain whose state became non-finite or exploded,
-:mod:`numpyro_subsample.sgmcmc.chain`), coordinates that never moved, and, on request, the
+:mod:`numpyro_subsample.sgmcmc.chain`), coordinates that never moved, the bias that the
+kernel's default Richardson-Romberg probe found in its step
+(:mod:`numpyro_subsample.sgmcmc.bias_probe`), and, on request, the
 step-halving check: a second run at half the step size, whose shift in posterior mean and sd
 (in posterior sd units, against its Monte Carlo standard error) measures the discretisation
 bias of a stochastic-gradient chain.
@@ -102,6 +104,10 @@ class RunCheck(NamedTuple):
         One line per failed check.
     bias
         The step-halving check, or None.
+    probe
+        The kernel's default probe of the step's bias
+        (:class:`~numpyro_subsample.sgmcmc.bias_probe.BiasProbe`, made in its preprocessing),
+        or None.
 
     References
     ----------
@@ -119,6 +125,7 @@ class RunCheck(NamedTuple):
     max_mcse_sd: float
     messages: tuple[str, ...]
     bias: BiasCheck | None = None
+    probe: Any = None
 
     @property
     def ok(self) -> bool:
@@ -132,6 +139,12 @@ class RunCheck(NamedTuple):
             "ess_threshold": self.ess_threshold, "max_mcse_sd": self.max_mcse_sd,
             "num_divergent": self.divergences, "run_warnings": "\n".join(self.messages),
         }
+        if self.probe is not None:
+            p = self.probe
+            out.update({"bias_probe_step_size": p.step_size, "bias_probe_kind": p.kind,
+                        "bias_probe_bias": p.bias, "bias_probe_bias_se": p.bias_se,
+                        "bias_probe_coordinate": int(p.worst),
+                        "bias_probe_flagged": int(p.flagged)})
         if self.bias is not None:
             out.update({
                 f"step_halving_{k}": ", ".join(v) if isinstance(v, tuple) else v
@@ -199,6 +212,22 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     return ", or ".join(tips)
 
 
+def _bias_probe(mcmc) -> Any:
+    """The kernel's default probe of its step's bias (package SG kernels), or None."""
+    pre = getattr(mcmc.sampler, "_pre", None)
+    return getattr(pre, "bias_probe", None)
+
+
+def _probe_message(mcmc, probe) -> str:
+    try:
+        site = coordinate_names(mcmc.sampler.potential)[probe.worst] + " (unconstrained)"
+    except Exception:  # noqa: BLE001  (labels are a courtesy)
+        site = f"θ[{probe.worst}]"
+    return (f"the kernel's probe found that {probe.message.format(site=site)}: pass "
+            f"step_size={probe.step_size / 2:.3g} or smaller, or a smaller "
+            "max_variance_inflation")
+
+
 def _step_size(mcmc) -> float | None:
     try:
         return float(mcmc.sampler.step_size)
@@ -237,7 +266,10 @@ def check_run(
     check_bias
         Also run :func:`step_halving_check` (a second run at half the step size; package
         stochastic-gradient kernels only) and warn when the posterior mean of a coordinate moves
-        by more than ``bias_tolerance`` posterior sds, beyond three Monte Carlo standard errors.
+        by more than ``bias_tolerance`` posterior sds, beyond three Monte Carlo standard errors:
+        the full check. The kernel's default probe of its step
+        (:mod:`~numpyro_subsample.sgmcmc.bias_probe`, made in its preprocessing) is a short
+        one; it is in ``RunCheck.probe``, and a bias it found is listed in the warning.
     bias_tolerance
         Posterior sds of mean shift that ``check_bias`` tolerates.
     stacklevel
@@ -275,6 +307,9 @@ def check_run(
             f"{', '.join(names[k] for k in order)}: the chains disagree; run longer or check "
             "for several modes"
         )
+    probe = _bias_probe(mcmc)
+    if probe is not None and probe.flagged:
+        messages.append(_probe_message(mcmc, probe))
     bias = None
     if check_bias:
         bias = step_halving_check(mcmc)
@@ -285,6 +320,7 @@ def check_run(
         min_ess_bulk=min_bulk, min_ess_tail=min_tail, max_rhat=max_r, worst_sites=tuple(worst),
         divergences=divergences, num_draws=chains * draws, num_chains=chains,
         ess_threshold=threshold, max_mcse_sd=max_mcse, messages=tuple(messages), bias=bias,
+        probe=probe,
     )
     if warn and messages:
         warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),

@@ -37,11 +37,18 @@ class Dynamics(NamedTuple):
 
     ``init_momentum(xi, w)`` gives the auxiliary variables' starting values from a standard
     normal draw ``xi`` of w's shape; SGLD has none and carries a zero-length momentum.
+
+    ``step_noise(noise, w, momentum, thermostat, grad_w, step_size, noise_scale=None)`` is
+    ``step`` with its standard normal draw ξ given as ``noise`` (w's shape) instead of drawn
+    from a key: ``step(key, ...)`` equals ``step_noise(jax.random.normal(key, w.shape), ...)``.
+    Coupled chains share their draws through it (the Richardson-Romberg probe,
+    :mod:`~numpyro_subsample.sgmcmc.bias_probe`).
     """
 
     name: str
     init_momentum: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
     step: Callable
+    step_noise: Callable | None = None
 
 
 @cache
@@ -55,7 +62,12 @@ def sgld_dynamics() -> Dynamics:
     def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
         return integrator(key, w, grad_w, step_size), momentum, thermostat
 
-    return Dynamics(name="sgld", init_momentum=init_momentum, step=step)
+    def step_noise(noise, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
+        w = w + step_size * grad_w + jnp.sqrt(2.0 * step_size) * noise
+        return w, momentum, thermostat
+
+    return Dynamics(name="sgld", init_momentum=init_momentum, step=step,
+                    step_noise=step_noise)
 
 
 # -- SGHMC / SGNHT ------------------------------------------------------------------------------
@@ -91,7 +103,13 @@ def sghmc_dynamics(friction: float = 1.0) -> Dynamics:
         _, p = integrator(key, w, momentum, grad_w, step_size)
         return w + step_size * p, p, thermostat
 
-    return Dynamics(name="sghmc", init_momentum=init_momentum, step=step)
+    def step_noise(noise, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
+        p = ((1.0 - friction * step_size) * momentum + step_size * grad_w
+             + jnp.sqrt(2.0 * friction * step_size) * noise)
+        return w + step_size * p, p, thermostat
+
+    return Dynamics(name="sghmc", init_momentum=init_momentum, step=step,
+                    step_noise=step_noise)
 
 
 @cache
@@ -112,7 +130,14 @@ def sgnht_dynamics(friction: float = 1.0) -> Dynamics:
         _, p, xi = integrator(key, w, momentum, thermostat, grad_w, step_size)
         return w + step_size * p, p, xi
 
-    return Dynamics(name="sgnht", init_momentum=init_momentum, step=step)
+    def step_noise(noise, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
+        p = ((1.0 - thermostat * step_size) * momentum + step_size * grad_w
+             + jnp.sqrt(2.0 * friction * step_size) * noise)
+        xi = thermostat + step_size * (jnp.vdot(p, p) / p.shape[0] - 1.0)
+        return w + step_size * p, p, xi
+
+    return Dynamics(name="sgnht", init_momentum=init_momentum, step=step,
+                    step_noise=step_noise)
 
 
 # -- noise-corrected dynamics -------------------------------------------------------------------
@@ -154,7 +179,11 @@ def corrected_dynamics(name: str, friction: float = 1.0) -> Dynamics:
     init_momentum = base().init_momentum if name == "sgld" else base(friction).init_momentum
 
     def step(key, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
-        noise = noise_scale @ jax.random.normal(key, w.shape, w.dtype)
+        return step_noise(jax.random.normal(key, w.shape, w.dtype), w, momentum, thermostat,
+                          grad_w, step_size, noise_scale)
+
+    def step_noise(xi, w, momentum, thermostat, grad_w, step_size, noise_scale=None):
+        noise = noise_scale @ xi
         if name == "sgld":
             return w + step_size * grad_w + noise, momentum, thermostat
         damping = friction if name == "sghmc" else thermostat
@@ -163,4 +192,5 @@ def corrected_dynamics(name: str, friction: float = 1.0) -> Dynamics:
             thermostat = thermostat + step_size * (jnp.vdot(p, p) / p.shape[0] - 1.0)
         return w + step_size * p, p, thermostat
 
-    return Dynamics(name=f"{name}-corrected", init_momentum=init_momentum, step=step)
+    return Dynamics(name=f"{name}-corrected", init_momentum=init_momentum, step=step,
+                    step_noise=step_noise)

@@ -152,6 +152,9 @@ class Preprocessed(NamedTuple):
         Standard errors of the noise eigenvalues, or None.
     noise_corrected
         Whether the injected noise is N(0, 2h I − h²V).
+    bias_probe
+        The default probe of the step's bias
+        (:class:`~numpyro_subsample.sgmcmc.bias_probe.BiasProbe`), or None where it did not run.
 
     References
     ----------
@@ -173,6 +176,7 @@ class Preprocessed(NamedTuple):
     noise_draws: int = 0  # proxy draws that noise (and noise_cov) average
     noise_errors: Any = None  # standard errors of its eigenvalues (NumPy, ascending order)
     noise_corrected: bool = False  # the dynamics inject N(0, 2ch I − h²V)
+    bias_probe: Any = None  # sgmcmc.bias_probe.BiasProbe of the step, if it ran
 
 
 class Whitening(NamedTuple):

@@ -1,0 +1,479 @@
+"""The step's bias, probed by default: coupled Richardson-Romberg pairs in the preprocessing.
+
+A stochastic-gradient chain at time step h samples π_h, whose expectations differ from the
+posterior's by a bias that is first order in h for the Euler-type steps of SGLD, SGHMC and SGNHT
+(including the part the gradient noise adds, h·V): π_h(f) − π(f) = C(f)·h + O(h²). Durmus,
+Şimşekli, Moulines, Badeau and Richard (2016) run the chain at h and at h/2 side by side and
+combine them, 2π_{h/2}(f) − π_h(f) = π(f) + O(h²) (their Richardson-Romberg
+estimator, Sect. 3), with the two chains' Brownian increments synchronously coupled: the chain at
+h takes the standard normal draw (ξ_{2k−1} + ξ_{2k})/√2 where the chain at h/2 takes ξ_{2k−1}
+and ξ_{2k} (Sect. 3). The same difference measures the bias of the run:
+
+    π_h(f) − π(f) ≈ 2 (π_h(f) − π_{h/2}(f)) = −2 D(f),   D(f) = π_{h/2}(f) − π_h(f).
+
+The coupling keeps the two chains a distance O(h) apart, so D(f) is estimated with a standard
+error of the same order as D itself from a few hundred steps: its signal-to-noise ratio does
+not fall as h falls.
+
+:func:`probe_bias` runs, after the step h is chosen, ``PROBE_PAIRS`` such pairs (vectorised,
+one compiled loop in which the estimator is traced once), started at the pilot's last draws (or
+at proxy draws), in the kernel's whitened coordinates, with its dynamics (their given-noise
+step, :attr:`~numpyro_subsample.sgmcmc.dynamics.Dynamics.step_noise`) and its gradient
+estimator; the chain at h takes the first of the two subsamples of the chain at h/2. For each
+coordinate θ_j it estimates the bias at h of the mean, in posterior sds, and of the sd,
+relative, with standard errors from the pairs' series of batch means and their effective
+sample size. :func:`warn_if_biased` raises a :class:`StepBiasWarning` when one of them is at
+least :data:`FLAG_BIAS` and beyond :func:`significance` standard errors, or when the chains at
+h became non-finite or exploded. Its cost, ``3 · PROBE_PAIRS`` gradient estimates of the run's
+subsample size per probe step (:func:`probe_steps`: at most 0.27 × those of a run of 4 chains
+× 11,000 steps), is recorded in :class:`BiasProbe` and added to the preprocessing's data
+passes and seconds.
+
+Measured (2026-11-27; ``tests/test_bias_probe.py`` and the centred hierarchical normal model
+of ``benchmarks/_hier_models.py`` against its full-data NUTS reference, 4 chains × 11,000
+steps): SGLD at h = 0.6 on a conjugate linear regression, whose sd is 19 % too large, is
+flagged (+0.27 ± 0.03 relative); on the hierarchical model SGHMC at h = 0.6 (run off by 0.47 sd
+in σ_a, ESS and R-hat passing) is flagged (+0.60 ± 0.06 sd in log σ_a), SGLD at h = 0.35 (off
+by 0.52 sd) too (+0.47 ± 0.06), SGLD at h = 0.2 (off by 0.26 sd) is not (+0.22, not
+significant); the default steps of both, and default runs of the test models (SGLD, SGHMC,
+SGNHT; ``"cv"`` and ``"uniform"``), stay silent. With a noise-limited
+step (``"uniform"``, h ≈ 0.01) the subsamples of the two chains differ enough that the
+estimates' standard errors reach 0.1-0.25 sd: the probe is then inconclusive and silent unless
+the bias is large.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.linalg import solve_triangular
+
+from numpyro_subsample.core.data import ModelData, device_array
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import STEP_RNG as PROBE_RNG
+from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec
+from numpyro_subsample.sgmcmc.chain import MAX_PROXY_SD
+from numpyro_subsample.sgmcmc.dynamics import Dynamics, injected_noise_scale
+
+__all__ = [
+    "BIAS_TOLERANCE",
+    "FLAG_BIAS",
+    "PROBE_PAIRS",
+    "BiasProbe",
+    "StepBiasWarning",
+    "probe_bias",
+    "probe_steps",
+    "probed",
+    "significance",
+    "skip_reason",
+    "warn_if_biased",
+]
+
+#: Coupled pairs run side by side (vectorised).
+PROBE_PAIRS = 4
+#: The probe's steps: about ``RELAXATION_STEPS / h`` (``h`` the time step: the whitened
+#: posterior relaxes in a time of order 1), between ``MIN_STEPS`` and ``MAX_STEPS``, a whole
+#: number of ``BATCHES``.
+RELAXATION_STEPS = 30.0
+MIN_STEPS = 200
+MAX_STEPS = 1000
+#: Batches per pair for the batch-means standard errors; the first ``BURN_IN_BATCHES`` are left
+#: out (the coupled difference starts at 0 and grows to its stationary value).
+BATCHES = 40
+BURN_IN_BATCHES = 8
+#: The probe warns only where the series of the flagged function has at least this effective
+#: sample size (of ``PROBE_PAIRS · (BATCHES − BURN_IN_BATCHES)`` batch means).
+MIN_ESS = 20.0
+#: Below this many datum-coordinate products (3 · pairs · steps · n · d) the probe's program is
+#: compiled with XLA's optimisations off (compiling faster, running slower).
+FAST_COMPILE_WORK = 2e8
+#: The probe warns when an estimated bias (of a mean, in posterior sds; of an sd, relative) is
+#: at least this and significant (:func:`significance`).
+FLAG_BIAS = 0.2
+#: The bias the probe is built to find (in posterior sds): it warns from :data:`FLAG_BIAS`.
+BIAS_TOLERANCE = 0.3
+
+
+class StepBiasWarning(UserWarning):
+    """The default Richardson-Romberg probe found that the time step biases the posterior:
+    the message names the site, the estimated bias in posterior sds ± its standard error, the
+    step and the remedy (:mod:`~numpyro_subsample.sgmcmc.bias_probe`)."""
+
+
+class BiasProbe(NamedTuple):
+    """What :func:`probe_bias` measured.
+
+    Parameters
+    ----------
+    step_size
+        The time step h probed (against h/2).
+    mean_bias, mean_bias_se
+        Per flat unconstrained coordinate: the estimated bias of the posterior mean at h,
+        −2 D(θ_j) / sd_j, in posterior sds, and its standard error.
+    sd_bias, sd_bias_se
+        Per coordinate: the estimated relative bias of the posterior sd at h,
+        sd_h/sd − 1 ≈ −D(var θ_j) / sd_j², and its standard error.
+    worst, kind
+        The flat coordinate of the largest bias (:func:`worst_coordinate`), and whether it is
+        that of its ``"mean"`` or of its ``"sd"``; ``"diverged-h"`` or ``"diverged"`` when the
+        chains at h (or at h and h/2) failed (:func:`probe_bias`).
+    flagged
+        Whether the probe warns (:func:`warn_if_biased`).
+    pairs, steps
+        Coupled pairs and probe steps (each: one step at h and two at h/2 per pair).
+    gradient_evaluations
+        Gradient estimates made (3 · pairs · steps), each of the run's subsample size.
+    data_passes
+        Their data evaluations / N.
+    seconds
+        Wall time of the probe, compilation included.
+    ess
+        Per coordinate: the smaller effective sample size of the two differences' series of
+        batch means (the probe warns only from :data:`MIN_ESS`).
+
+    References
+    ----------
+    Durmus, Şimşekli, Moulines, Badeau and Richard (2016), Sect. 3 (the Richardson-Romberg
+    pair of chains at h and h/2 with coupled Gaussian increments).
+    """
+
+    step_size: float
+    mean_bias: np.ndarray
+    mean_bias_se: np.ndarray
+    sd_bias: np.ndarray
+    sd_bias_se: np.ndarray
+    worst: int
+    kind: str
+    flagged: bool
+    pairs: int
+    steps: int
+    gradient_evaluations: int
+    data_passes: float
+    seconds: float
+    ess: np.ndarray | None = None
+
+    @property
+    def bias(self) -> float:
+        """The estimated bias at :attr:`worst` (posterior sds for a mean, relative for an sd)."""
+        arr = self.mean_bias if self.kind == "mean" else self.sd_bias
+        return float(arr[self.worst])
+
+    @property
+    def bias_se(self) -> float:
+        """The standard error of :attr:`bias`."""
+        arr = self.mean_bias_se if self.kind == "mean" else self.sd_bias_se
+        return float(arr[self.worst])
+
+    @property
+    def message(self) -> str:
+        """What the probe found, in words (for the warnings)."""
+        h = self.step_size
+        if self.kind.startswith("diverged"):
+            who = ("the chains at h (not those at h/2)" if self.kind == "diverged-h"
+                   else "the chains at h and h/2")
+            return (f"the time step h = {h:.3g} is too large: in coupled runs at h and h/2 "
+                    f"{who} became non-finite or exploded")
+        what = "posterior mean" if self.kind == "mean" else "posterior sd"
+        unit = "posterior sd" if self.kind == "mean" else "(relative)"
+        return (f"the time step h = {h:.3g} biases the {what} of {{site}} by about "
+                f"{self.bias:+.2f} ± {self.bias_se:.2f} {unit} (coupled runs at h and h/2, "
+                "Richardson-Romberg, Durmus et al. 2016)")
+
+
+def probe_steps(step_size: float) -> int:
+    """Probe steps for time step h = ``step_size``: ``RELAXATION_STEPS / h`` (the whitened
+    posterior relaxes in a time of order 1) within [``MIN_STEPS``, ``MAX_STEPS``], rounded up
+    to a whole number of ``BATCHES``. At ``MAX_STEPS`` the probe's 3 · ``PROBE_PAIRS`` gradient
+    estimates per step are 0.27 × those of a default run of 4 chains × 11,000 steps, each of
+    the run's subsample size."""
+    steps = min(max(RELAXATION_STEPS / max(float(step_size), 1e-12), MIN_STEPS), MAX_STEPS)
+    return BATCHES * int(math.ceil(steps / BATCHES))
+
+
+def significance(dim: int) -> float:
+    """The number of standard errors an estimated bias must exceed: (2 log 4d)^(1/2) + 1, a
+    Bonferroni-like bound over the 2d functions (means and sds of d coordinates), as the
+    pilot's window test (:mod:`~numpyro_subsample.sgmcmc.warmup`), and at least 3.5."""
+    return max(3.5, math.sqrt(2.0 * math.log(4.0 * max(int(dim), 1))) + 1.0)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, est_params,
+                   centre, tril: Scale, sd, h, scale_h, scale_half, start_w, start_xi, key,
+                   data: ModelData):
+    """The coupled pairs' ``num_batches × batch_len`` steps; returns per batch and pair the
+    means of m(Z), m(Z)², m(Z) − m(Y), m(Z)² − m(Y)² (m = (θ − θ̂)/sd; Z at h/2, Y at h) and
+    whether the chains at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds.
+
+    One loop over half-steps, so that the estimator is traced once. Pair p's half-step j has
+    parity r = (j + p) mod 2 (half of the pairs out of phase with the other half): at r = 0
+    the gradient is evaluated at Z and at Y with one subsample key, at r = 1 at Z only with a
+    second key; Z moves by h/2 with the pair's draw ξ_r at every half-step, Y by h at r = 1
+    with the gradient of r = 0 and (ξ_0 + ξ_1)/√2. Each half-step thus evaluates P Z's and P/2
+    Y's: 3P/2 gradient estimates, 3 per pair and step as the unrolled scheme."""
+    pairs = start_w.shape[0]
+    half = pairs // 2
+    phase = jnp.arange(pairs) % 2
+    order = jnp.argsort(phase, stable=True)  # pairs of phase 0 first, then phase 1
+    mom, therm = jax.vmap(dynamics.init_momentum)(start_xi, start_w)
+    vstep = jax.vmap(dynamics.step_noise, in_axes=(0, 0, 0, 0, 0, None, None))
+
+    def grad_at(w, k):
+        g, _ = estimate(est_params, k, centre + whiten_matvec(tril, w), data)
+        return whiten_rmatvec(tril, -g)
+
+    vgrad = jax.vmap(grad_at)
+    vscaled = jax.vmap(lambda w: whiten_matvec(tril, w) / sd)
+
+    def where(c, new, old):
+        return jax.tree.map(lambda a, b: jnp.where(c.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
+                            new, old)
+
+    def healthy(w):  # as the sampling chain's test (sgmcmc.chain.MAX_PROXY_SD)
+        return jnp.all(jnp.isfinite(w) & (jnp.abs(w) < MAX_PROXY_SD))
+
+    def half_step(j, carry):
+        y, z, g_saved, xi_saved, acc, ok = carry
+        r = (j - phase) % 2
+        active = j >= phase  # pairs of phase 1 start one half-step later
+        k_noise, k_est = jax.random.split(jax.random.fold_in(key, j))
+        xi = jax.random.normal(k_noise, start_w.shape, start_w.dtype)
+        keys = jax.random.split(k_est, pairs)
+        # pair p's subsample key at its r = 0 half-step serves both its Y and its Z
+        ys = jax.lax.dynamic_slice_in_dim(order, (j % 2) * half, half)  # pairs with r = 0
+        g = vgrad(jnp.concatenate([y[0][ys], z[0]]), jnp.concatenate([keys[ys], keys]))
+        g_saved = g_saved.at[ys].set(g[:half])
+        xi_saved = jnp.where(((r == 0) & active)[:, None], xi, xi_saved)
+        z = where(active, vstep(xi, *z, g[half:], 0.5 * h, scale_half), z)
+        moved = vstep((xi_saved + xi) / jnp.sqrt(2.0), *y, g_saved, h, scale_h)
+        done = (r == 1) & active  # Y and Z at the same time point
+        y = where(done, moved, y)
+        my, mz = vscaled(y[0]), vscaled(z[0])
+        out = jnp.stack([mz, mz * mz, mz - my, mz * mz - my * my], axis=1)  # (pairs, 4, d)
+        batch = jnp.clip((j - phase) // (2 * batch_len), 0, num_batches - 1)
+        acc = acc.at[jnp.arange(pairs), batch].add(
+            jnp.where(done[:, None, None], out, 0.0) / batch_len)
+        ok = ok & jnp.stack([healthy(y[0]), healthy(z[0])])
+        return y, z, g_saved, xi_saved, acc, ok
+
+    start = (start_w, mom, therm)
+    acc = jnp.zeros((pairs, num_batches, 4, start_w.shape[1]), start_w.dtype)
+    carry = (start, start, jnp.zeros_like(start_w), jnp.zeros_like(start_w), acc,
+             jnp.ones((2,), bool))
+    carry = jax.lax.fori_loop(0, 2 * num_batches * batch_len + 1, half_step, carry)
+    return carry[4], carry[5]  # (pairs, batches, 4, d); chains at h, h/2 stayed healthy
+
+
+def _start(proxy: Any, centre: np.ndarray, tril: np.ndarray, pairs: int,
+           rng: np.random.Generator) -> np.ndarray:
+    """Whitened start positions (pairs, d): the pilot's last draws (``proxy.info["draws"]``)
+    where there are enough, else standard normal draws (proxy draws)."""
+    draws = (getattr(proxy, "info", None) or {}).get("draws") if proxy is not None else None
+    if draws is not None and np.shape(draws)[0] >= pairs:
+        theta = np.asarray(draws, np.float64)
+        pick = theta[np.linspace(0, theta.shape[0] - 1, pairs).astype(int)]
+        return solve_triangular(tril, (pick - centre).T, lower=True).T
+    return rng.standard_normal((pairs, centre.shape[0]))
+
+
+def _estimates(sums: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Bias estimates, their standard errors and effective sample sizes from the batch means
+    ``sums`` (pairs, batches, 4, d), the burn-in batches left out.
+
+    The standard error of each function's mean over the batch means is its sd over
+    sqrt(ESS), the ESS of the pairs' series of batch means (NumPyro's estimator, the pairs as
+    chains): a series that drifts or mixes slowly over the probe gets a small ESS and a large
+    standard error, rather than the batch means' naive one."""
+    from numpyro.diagnostics import effective_sample_size
+
+    s = np.asarray(sums, np.float64)[:, BURN_IN_BATCHES:]  # (P, B, 4, d)
+    mz, mz2, d1, d2 = (s[:, :, i] for i in range(4))  # (P, B, d) each
+    mean_z = mz.mean((0, 1))
+    var_z = np.maximum(mz2.mean((0, 1)) - mean_z**2, 1e-12)
+    mean_y = (mz - d1).mean((0, 1))  # the chain at h
+    dvar = d2 - (mean_z + mean_y) * d1  # var_{h/2} − var_h, linearised per batch mean
+
+    def mean_se_ess(x):
+        ess = np.asarray(effective_sample_size(x), np.float64)
+        ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, x.shape[0] * x.shape[1])
+        return x.mean((0, 1)), x.reshape(-1, x.shape[-1]).std(0, ddof=1) / np.sqrt(ess), ess
+
+    m1, se1, ess1 = mean_se_ess(d1)
+    m2, se2, ess2 = mean_se_ess(dvar)
+    sd_z = np.sqrt(var_z)
+    return (-2.0 * m1 / sd_z, 2.0 * se1 / sd_z, -m2 / var_z, se2 / var_z,
+            np.minimum(ess1, ess2))
+
+
+def probe_bias(
+    potential: Potential,
+    data: ModelData,
+    *,
+    estimate: Any,
+    estimator_params: Any,
+    dynamics: Dynamics,
+    centre: jax.Array,
+    scale_tril: Scale,
+    step_size: float,
+    diffusion: float,
+    noise_cov: Any = None,
+    proxy: Any = None,
+    seed: int = 0,
+    pairs: int = PROBE_PAIRS,
+    steps: int | None = None,
+) -> BiasProbe:
+    """Run the coupled Richardson-Romberg pairs at h = ``step_size`` and h/2 (module docstring).
+
+    Parameters
+    ----------
+    potential, data
+        The model's potential and data.
+    estimate, estimator_params
+        The kernel's (stateless) gradient estimator ``estimate(params, key, θ, data)``.
+    dynamics
+        The kernel's dynamics (with ``step_noise``); a noise-corrected one injects S_h ξ with
+        S_h S_hᵀ = 2ch I − h²V for V = ``noise_cov`` and c = ``diffusion``, at each of h and h/2.
+    centre, scale_tril
+        The whitening θ = θ̂ + L w.
+    step_size
+        The kernel's time step h.
+    proxy
+        The proxy, whose covariance gives the sd units and whose pilot draws (``info["draws"]``)
+        start the pairs.
+    seed
+        Seed of the probe's draws.
+    pairs, steps
+        Coupled pairs, probe steps (default :func:`probe_steps`).
+
+    Returns
+    -------
+    BiasProbe
+        Flagged with ``kind="diverged-h"`` when a chain at h became non-finite or left
+        ``MAX_PROXY_SD`` proxy sds while those at h/2 did not, ``"diverged"`` when a chain at
+        h/2 failed too (the run's chains at h would fail as well); the estimates are then NaN.
+
+    References
+    ----------
+    Durmus, Şimşekli, Moulines, Badeau and Richard (2016), Sect. 3 (the
+    Richardson-Romberg estimator and the coupling of the two chains' Gaussian increments).
+    """
+    t0 = time.perf_counter()
+    h = float(step_size)
+    dtype = centre.dtype
+    d = potential.dim
+    n = int(potential.plate.subsample_size)
+    steps = int(steps or probe_steps(h))
+    batch_len = max(steps // BATCHES, 1)
+    steps = batch_len * BATCHES
+    rng = np.random.default_rng([int(seed), 0xB1A5])
+    tril = np.asarray(scale_tril, np.float64)
+    w0 = _start(proxy, np.asarray(centre, np.float64), tril, pairs, rng)
+    xi0 = rng.standard_normal((pairs, d))
+    scale_h = scale_half = None
+    if dynamics.name.endswith("-corrected"):
+        scale_h = device_array(injected_noise_scale(noise_cov, h, diffusion)[0], dtype)
+        scale_half = device_array(injected_noise_scale(noise_cov, 0.5 * h, diffusion)[0], dtype)
+    sd = np.sqrt(np.sum(tril * tril, axis=1))  # sqrt(diag(L Lᵀ))
+    bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
+    key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
+    # a short probe compiles with XLA's optimisations off: its compilation is most of its cost
+    fast = 3 * pairs * steps * n * d <= FAST_COMPILE_WORK
+    before = bool(jax.config.read("jax_disable_most_optimizations"))
+    jax.config.update("jax_disable_most_optimizations", before or fast)
+    try:
+        sums, ok = _probe_program(
+            estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
+            centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scale_h,
+            scale_half, device_array(w0, dtype), device_array(xi0, dtype), key, data)
+        sums, ok = np.asarray(sums), np.asarray(ok)
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+    evaluations = 3 * pairs * steps
+    passes = evaluations * n / potential.num_data
+    ok = np.asarray(ok)
+    if not ok.all():  # a chain became non-finite or exploded: no estimate
+        nan = np.full(d, np.nan)
+        return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
+                         True, pairs, steps, evaluations, float(passes),
+                         time.perf_counter() - t0, nan)
+    mean_bias, mean_se, sd_bias, sd_se, ess = _estimates(sums)
+    worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
+    flagged = flagged and bool(ess[worst] >= MIN_ESS)
+    return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
+                     steps, evaluations, float(passes), time.perf_counter() - t0, ess)
+
+
+def worst_coordinate(mean_bias, mean_se, sd_bias, sd_se) -> tuple[int, str, bool]:
+    """The coordinate and kind (``"mean"`` or ``"sd"``) of the largest bias that is
+    significant (beyond :func:`significance` standard errors), else of the largest |bias|;
+    and whether it is flagged: at least :data:`FLAG_BIAS` and significant."""
+    z = significance(len(mean_bias))
+    mb, ms = np.abs(np.asarray(mean_bias)), np.asarray(mean_se)
+    sb, ss = np.abs(np.asarray(sd_bias)), np.asarray(sd_se)
+    # the lower confidence bound of each |bias|: the largest one is the worst
+    low = np.concatenate([mb - z * ms, sb - z * ss])
+    low = np.nan_to_num(low, nan=-np.inf)
+    k = int(np.argmax(low))
+    d = len(mb)
+    kind, j = ("mean", k) if k < d else ("sd", k - d)
+    value = (mb if kind == "mean" else sb)[j]
+    se = (ms if kind == "mean" else ss)[j]
+    flagged = bool(value >= FLAG_BIAS and value > z * se)
+    return j, kind, flagged
+
+
+def warn_if_biased(probe: BiasProbe | None, names: list[str], kernel: str, *,
+                   stacklevel: int = 2) -> None:
+    """A :class:`StepBiasWarning` when ``probe`` is flagged, naming the coordinate (``names``:
+    the flat coordinates' labels), the bias ± its standard error, the step and the remedy."""
+    if probe is None or not probe.flagged:
+        return
+    site = names[probe.worst] if 0 <= probe.worst < len(names) else f"θ[{probe.worst}]"
+    warnings.warn(
+        f"{kernel}: {probe.message.format(site=site)}; pass "
+        f"step_size={probe.step_size / 2:.3g} or smaller, or a smaller max_variance_inflation "
+        "(bias_probe=False turns this check off).",
+        StepBiasWarning, stacklevel=stacklevel,
+    )
+
+
+def skip_reason(pre: Any, dynamics: Dynamics) -> str | None:
+    """Why the probe cannot run on the preprocessing ``pre``, or None: a stateful estimator
+    (SAGA's table, SVRG's anchor move with each chain), a structured proxy (the sd units would
+    need the diagonal of Σ̂ = L Lᵀ, not formed), dynamics without ``step_noise``."""
+    if pre.estimator.update is not None:
+        return f"the estimator {pre.estimator.name!r} keeps a state per chain"
+    if not (isinstance(pre.scale_tril, jax.Array) and pre.scale_tril.ndim == 2):
+        return "the proxy is structured"
+    if dynamics.step_noise is None:
+        return f"the dynamics {dynamics.name!r} take no given noise"
+    return None
+
+
+def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, seed: int,
+           kernel: str, stacklevel: int = 2) -> Any:
+    """``pre`` (a :class:`~numpyro_subsample.sgmcmc.chain.Preprocessed`) with the probe of its
+    step in ``bias_probe`` and its cost added to ``data_passes`` and ``seconds``; warns
+    (:func:`warn_if_biased`). Unchanged where :func:`skip_reason` gives a reason."""
+    from numpyro_subsample.core.sites import coordinate_names
+
+    if skip_reason(pre, dynamics) is not None:
+        return pre
+    probe = probe_bias(
+        pre.potential, data, estimate=pre.estimator.estimate,
+        estimator_params=pre.estimator.params, dynamics=dynamics, centre=pre.centre,
+        scale_tril=pre.scale_tril, step_size=pre.step_size, diffusion=diffusion,
+        noise_cov=pre.noise_cov, proxy=pre.proxy, seed=seed,
+    )
+    warn_if_biased(probe, coordinate_names(pre.potential), kernel, stacklevel=stacklevel + 1)
+    passes = pre.data_passes + probe.data_passes
+    params = pre.params._replace(data_passes=device_array(passes, pre.centre.dtype))
+    return pre._replace(bias_probe=probe, data_passes=passes, params=params,
+                        seconds=pre.seconds + probe.seconds)

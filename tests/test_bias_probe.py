@@ -1,0 +1,184 @@
+"""The default Richardson-Romberg probe of the step's bias (numpyro_subsample.sgmcmc.bias_probe).
+
+(a) the dynamics' given-noise steps are BlackJAX's steps; (b) a run biased by a too large step
+warns; (c) default runs of the test models stay silent, under the package's and NumPyro's MCMC;
+(d) the probe's cost is recorded and bounded.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from models import (
+    linreg_data,
+    linreg_exact,
+    linreg_model,
+    logistic_data,
+    logistic_hier_model,
+    logistic_model,
+    nuts_reference,
+    standardised_errors,
+)
+from numpyro.infer import MCMC as NumPyroMCMC
+
+from numpyro_subsample import MCMC, SGHMC, SGLD, SGNHT, StepBiasWarning
+from numpyro_subsample.sgmcmc import bias_probe
+from numpyro_subsample.sgmcmc.dynamics import (
+    corrected_dynamics,
+    sghmc_dynamics,
+    sgld_dynamics,
+    sgnht_dynamics,
+)
+
+pytestmark = pytest.mark.fast_compile  # short programs: compiling them is most of their cost
+
+D = 5
+#: A default run of the benchmarks: 4 chains × (1000 warm-up + 10^4) steps, one gradient
+#: estimate per step and chain.
+DEFAULT_RUN_ESTIMATES = 4 * (1000 + 10_000)
+
+
+@pytest.mark.parametrize("make", [
+    sgld_dynamics, lambda: sghmc_dynamics(0.7), lambda: sgnht_dynamics(0.5),
+    lambda: corrected_dynamics("sgld"), lambda: corrected_dynamics("sghmc", 0.7),
+    lambda: corrected_dynamics("sgnht", 0.5),
+], ids=["sgld", "sghmc", "sgnht", "sgld-corrected", "sghmc-corrected", "sgnht-corrected"])
+def test_step_with_given_noise_is_the_blackjax_step(make):
+    """step(key, ...) == step_noise(normal(key), ...): BlackJAX's diffusions draw
+    jax.random.normal(key, w.shape) for a flat position."""
+    dyn = make()
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    w, p, g = (jax.random.normal(kk, (D,)) for kk in k[:3])
+    if dyn.name.startswith("sgld"):
+        p = jnp.zeros((0,))
+    therm = jnp.asarray(0.8)
+    a = jax.random.normal(jax.random.PRNGKey(5), (D, D))
+    scale = jnp.linalg.cholesky(0.2 * jnp.eye(D) + 0.01 * a @ a.T)
+    xi = jax.random.normal(k[3], (D,))
+    for h in (0.01, 0.3):
+        got = dyn.step(k[3], w, p, therm, g, h, scale)
+        given = dyn.step_noise(xi, w, p, therm, g, h, scale)
+        for x, y in zip(got, given, strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def _preprocess(kernel, *args):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pre = kernel.preprocess(args)
+    return pre, [w for w in caught if issubclass(w.category, StepBiasWarning)]
+
+
+def test_a_too_large_sgld_step_warns_with_the_bias_and_the_remedy():
+    """SGLD at h = 0.6 on a conjugate linear regression (whitened Gaussian target): the
+    stationary variance is (1 − h/2)^(-1) ≥ 1.43 times the posterior's, so the sd is at least
+    19 % too large (the drawn sd is checked against the exact one)."""
+    X, y = linreg_data(N=2000, d=3)
+    _, sd = linreg_exact(X, y)
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(linreg_model, step_size=0.6, progress_bar=False)
+    mcmc = NumPyroMCMC(kernel, num_warmup=100, num_samples=4000, progress_bar=False)
+    with pytest.warns(StepBiasWarning, match=r"h = 0\.6 biases the posterior sd of beta\[\d\] "
+                      r"by about \+0\.\d\d ± 0\.\d\d.*step_size=0\.3"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    probe = kernel.preprocessed.bias_probe
+    assert probe.flagged and probe.kind == "sd" and probe.step_size == 0.6
+    assert 0.15 < probe.bias < 0.4 and probe.bias > 3.5 * probe.bias_se
+    assert kernel.with_step_size(0.3).preprocessed.bias_probe is None  # it was of h = 0.6
+    drawn_sd = np.asarray(mcmc.get_samples()["beta"]).std(0)
+    assert np.all(drawn_sd > 1.1 * sd)  # the run is as wrong as the probe says
+
+
+@pytest.mark.slow
+def test_a_too_large_step_on_a_scale_model_warns_and_the_run_is_off():
+    """SGLD at h = 0.6 on the logistic regression with a HalfNormal prior scale: the run's
+    means are ≥ 0.3 posterior sd away from full-data NUTS's (measured: tau 11 sd, beta[1]
+    2.3 sd with 4 chains × 11,000 steps), and the probe warns."""
+    X, y = logistic_data(N=5000, d=4)
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(logistic_hier_model, step_size=0.6, progress_bar=False)
+    mcmc = NumPyroMCMC(kernel, num_warmup=1000, num_samples=10_000, num_chains=2,
+                       chain_method="vectorized", progress_bar=False)
+    with pytest.warns(StepBiasWarning, match="h = 0.6"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert kernel.preprocessed.bias_probe.flagged
+    err, _ = standardised_errors(mcmc.get_samples(), nuts_reference("logistic_hier", X, y))
+    assert np.max(np.abs(err)) >= 0.3
+
+
+@pytest.mark.parametrize("cls", [SGLD, SGHMC, SGNHT])
+def test_default_runs_of_a_linear_regression_are_silent(cls):
+    X, y = linreg_data(N=10_000, d=4)
+    kernel = cls(linreg_model, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=4000, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepBiasWarning)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    probe = kernel.preprocessed.bias_probe
+    assert probe is not None and not probe.flagged
+    assert mcmc.run_check.probe is probe
+    assert mcmc.run_check.attrs()["bias_probe_flagged"] == 0
+    assert not any("probe" in m for m in mcmc.run_check.messages)
+    assert np.all(np.abs(probe.mean_bias) < 0.1) and np.all(np.abs(probe.sd_bias) < 0.1)
+
+
+_LOGISTIC_CASES = [(cls, est, model) for cls in (SGLD, SGHMC, SGNHT) for est in ("cv", "uniform")
+                   for model in (logistic_model, logistic_hier_model)]
+_FAST_CASES = [(SGLD, "cv", logistic_hier_model), (SGHMC, "uniform", logistic_model),
+               (SGNHT, "cv", logistic_hier_model)]
+
+
+@pytest.mark.parametrize("cls,estimator,model", [
+    pytest.param(*case, marks=() if case in _FAST_CASES else pytest.mark.slow)
+    for case in _LOGISTIC_CASES])
+def test_default_preprocessing_of_logistic_models_is_silent(cls, estimator, model):
+    X, y = logistic_data(N=5000, d=4)
+    pre, caught = _preprocess(cls(model, estimator=estimator, progress_bar=False), X, y)
+    assert not caught, caught[0].message
+    assert pre.bias_probe is not None and not pre.bias_probe.flagged
+
+
+def test_plain_numpyro_mcmc_is_silent_on_a_default_logistic_run():
+    X, y = logistic_data(N=5000, d=4)
+    kernel = SGHMC(logistic_model, progress_bar=False)
+    mcmc = NumPyroMCMC(kernel, num_warmup=200, num_samples=1000, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepBiasWarning)
+        mcmc.run(jax.random.PRNGKey(1), X, y)
+    assert kernel.preprocessed.bias_probe is not None
+
+
+def test_probe_cost_is_recorded_and_bounded():
+    """At most 0.3 × the gradient estimates of a default run (4 chains × 11,000 steps), for any
+    step; recorded in the preprocessing and counted in its data passes."""
+    for h in (1e-4, 0.01, 0.1, 1.0):
+        steps = bias_probe.probe_steps(h)
+        assert 3 * bias_probe.PROBE_PAIRS * steps <= 0.3 * DEFAULT_RUN_ESTIMATES
+    X, y = logistic_data(N=5000, d=4)
+    off = SGLD(logistic_model, progress_bar=False, bias_probe=False)
+    on = SGLD(logistic_model, progress_bar=False)
+    pre_off, pre_on = off.preprocess((X, y)), on.preprocess((X, y))
+    probe = pre_on.bias_probe
+    assert pre_off.bias_probe is None
+    assert probe.gradient_evaluations == 3 * probe.pairs * probe.steps
+    assert probe.gradient_evaluations <= 0.3 * DEFAULT_RUN_ESTIMATES
+    assert probe.data_passes == pytest.approx(probe.gradient_evaluations * 100 / 5000)
+    assert pre_on.data_passes == pytest.approx(pre_off.data_passes + probe.data_passes)
+    assert float(pre_on.params.data_passes) == pytest.approx(pre_on.data_passes, rel=1e-5)
+    assert pre_on.step_size == pre_off.step_size  # the probe does not change the run
+
+
+def test_probe_is_skipped_where_it_cannot_apply():
+    X, y = logistic_data(N=2000, d=3)
+    kernel = SGLD(logistic_model, estimator="svrg", progress_bar=False)
+    assert kernel.preprocess((X, y)).bias_probe is None  # a state per chain
+    kernel = SGLD(logistic_model, adapt_preconditioner=True, progress_bar=False)
+    assert kernel.preprocess((X, y)).bias_probe is None  # scale adapted in the warm-up
+
+
+def test_bias_probe_option_is_validated():
+    with pytest.raises(TypeError, match="bias_probe"):
+        SGLD(logistic_model, bias_probe="yes")
