@@ -34,8 +34,8 @@ def linreg():
     return X, y, linreg_exact(X, y)
 
 
-def _run(kernel, X, y, seed):
-    mcmc = MCMC(kernel, num_warmup=300, num_samples=4000, num_chains=2,
+def _run(kernel, X, y, seed, num_samples=4000):
+    mcmc = MCMC(kernel, num_warmup=300, num_samples=num_samples, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(seed), X, y)
     return mcmc
@@ -176,7 +176,9 @@ def test_cv_preferential_with_variational_proxy(linreg, cv_run):
         linreg_model, estimator="cv-preferential", proxy="variational",
         proxy_kwargs={"guide": info["guide"], "guide_params": info["guide_params"]},
     )
-    mcmc = _run(kernel, X, y, 1)
+    # the pilot updates this start in every window and the step is about 0.066: 12,000 draws
+    # keep the Monte Carlo error of the mean (about 0.035 sd) well inside the 0.1-sd tolerance
+    mcmc = _run(kernel, X, y, 1, num_samples=12_000)
     # the same start; the proxies adapted on pilot chains agree within the pilots' error
     np.testing.assert_allclose(kernel.proxy.centre, cv_run[0].proxy.centre,
                                atol=0.5 * float(np.min(exact[1])))
