@@ -20,8 +20,8 @@ pilot chains (vectorized) in windows w = 1, …, W:
    Σ_i ∇f_i(θ̂_{w+1}), the new control variates. Baker et al. (2019, Sect. 3.2) show that the
    control-variate noise grows with ‖θ − θ̂‖², so a centre at the posterior mean, rather than
    at a mode far from the bulk, minimises the noise over the posterior;
-4. where the window rescaled the covariance and its draws are too few for a dense one, the
-   correlations come from the potential's Hessian at θ̂_{w+1} and the scales from the draws
+4. where the window's draws are too few for a dense covariance, its correlations come from
+   the potential's Hessian at θ̂_{w+1} and its scales from the draws
    (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`, one more data pass).
 
 The next window starts each chain where the last one stopped. The adapted proxy then replaces
@@ -339,12 +339,9 @@ def adapt_proxy(
             chol = np.linalg.cholesky(0.5 * (cov + cov.T))
             proxy = proxy._replace(cov=device_array(cov.astype(dtype)),
                                    scale_tril=device_array(chol.astype(dtype)), kind="adapted")
-        if rescaled:  # a window whose variances agree with the proxy keeps its covariance
-            proxy, hessian_data = hessian_whitened(proxy, potential, data, window_draws,
-                                                   chunk_size=chunk_size)
-            passes += 0.0 if hessian_data is None else 1.0
-        else:
-            hessian_data = None  # measured_curvature computes it at the new centre
+        proxy, hessian_data = hessian_whitened(proxy, potential, data, window_draws,
+                                                chunk_size=chunk_size)
+        passes += 0.0 if hessian_data is None else 1.0
     adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": h,
                   "draws": last_draws, "hessian_data": hessian_data}
     if proxy is start:  # no window disagreed with it
