@@ -28,14 +28,11 @@ def window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarra
     chains). Both count as different for a start that is not ``trusted`` (a fallback or a fit
     that did not converge): chains drifting from a poor start have few effective draws, so
     their standard errors would hide the drift."""
-    from numpyro.diagnostics import effective_sample_size
-
     steps, chains, d = ws.shape
     flat = ws.reshape(-1, d)
     mean = flat.mean(0)
     var = flat.var(0) + 1e-300
-    ess = np.asarray(effective_sample_size(np.transpose(ws, (1, 0, 2))), np.float64)
-    ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
+    ess = np.clip(_effective_sizes(ws), 1.0, steps * chains)
     z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
     moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
     rescaled = not trusted or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
@@ -59,8 +56,23 @@ def window_covariance(ws: np.ndarray, ess: np.ndarray) -> np.ndarray:
     if n_eff >= DENSE_ESS_PER_DIM * d:
         thin = max(1, int(np.ceil(steps * chains / n_eff / chains)))
         return shrunk_covariance(ws[::thin].reshape(-1, d))
-    log_var = np.log(ws.reshape(-1, d).var(0) + 1e-300)
-    return np.diag(np.exp(ess / (ess + 2.0) * log_var))
+    return np.diag(_shrunk_variances(ws, ess))
+
+
+def _effective_sizes(ws: np.ndarray) -> np.ndarray:
+    """Each coordinate's effective sample size of draws ``ws`` (steps, chains, d) (NumPyro's
+    estimator over the chains), 1 where it is undefined."""
+    from numpyro.diagnostics import effective_sample_size
+
+    ess = effective_sample_size(np.transpose(ws, (1, 0, 2)))
+    return np.nan_to_num(np.asarray(ess, np.float64), nan=1.0)
+
+
+def _shrunk_variances(ws: np.ndarray, ess: np.ndarray) -> np.ndarray:
+    """Each coordinate's variance of draws ``ws`` (..., d), its log shrunk towards 0 with weight
+    ESS_j / (ESS_j + 2) (the sampling variance of a log variance is about 2 / ESS_j)."""
+    log_var = np.log(ws.reshape(-1, ws.shape[-1]).var(0) + 1e-300)
+    return np.exp(ess / (ess + 2.0) * log_var)
 
 
 def shrunk_covariance(draws: np.ndarray) -> np.ndarray:
@@ -85,14 +97,11 @@ def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
     :data:`DENSE_ESS_PER_DIM` · d) or where H is not positive definite. Also returns the data
     part of H, which :func:`~numpyro_subsample.sgmcmc.curvature.measured_curvature` reuses, or
     None where no Hessian was computed (the data pass it costs)."""
-    from numpyro.diagnostics import effective_sample_size
-
     steps, chains, d = draws.shape
     centre = np.asarray(proxy.centre, np.float64)
     w_old = np.linalg.solve(np.asarray(proxy.scale_tril, np.float64),
                             (draws - centre).reshape(-1, d).T).T.reshape(draws.shape)
-    ess_old = np.asarray(effective_sample_size(np.transpose(w_old, (1, 0, 2))), np.float64)
-    if np.median(np.nan_to_num(ess_old, nan=1.0)) >= DENSE_ESS_PER_DIM * d:
+    if np.median(_effective_sizes(w_old)) >= DENSE_ESS_PER_DIM * d:
         return proxy, None
     total, prior = full_hessian(potential, proxy.centre, data, chunk_size)
     try:
@@ -101,11 +110,8 @@ def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
         return proxy, total - prior
     l_h = np.linalg.inv(chol_h).T  # H = C Cᵀ: L_H = C⁻ᵀ, L_H⁻¹ = Cᵀ
     w = ((draws - centre).reshape(-1, d) @ chol_h).reshape(draws.shape)
-    ess = np.asarray(effective_sample_size(np.transpose(w, (1, 0, 2))), np.float64)
-    ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, steps * chains)
-    log_var = np.log(w.reshape(-1, d).var(0) + 1e-300)
-    scale = np.exp(0.5 * ess / (ess + 2.0) * log_var)
-    cov = (l_h * scale**2) @ l_h.T
+    ess = np.clip(_effective_sizes(w), 1.0, steps * chains)
+    cov = (l_h * _shrunk_variances(w, ess)) @ l_h.T
     chol = np.linalg.cholesky(0.5 * (cov + cov.T))
     dtype = proxy.centre.dtype
     return proxy._replace(cov=device_array(cov.astype(dtype)),
