@@ -92,12 +92,18 @@ def test_indefinite_hessian_error_names_the_sites():
     assert "'a' (" in message and "'b' (" in message and "proxy='variational'" in message
 
 
-def test_centred_hierarchical_scale_at_zero_names_tau():
+def _centred_groups_potential():
+    """``centred_groups`` on 1000 rows in 5 groups whose effects barely differ (group sd
+    0.1): the group scale's posterior sits near zero."""
     rng = np.random.default_rng(0)
     g = rng.integers(0, 5, 1000)
     y = (rng.uniform(size=1000) < 1 / (1 + np.exp(-rng.normal(0, 0.1, 5)[g]))).astype(np.float32)
-    pot, data = _potential(centred_groups, jnp.asarray(g, jnp.int32), jnp.asarray(y),
-                           num_groups=5)
+    return _potential(centred_groups, jnp.asarray(g, jnp.int32), jnp.asarray(y),
+                      num_groups=5)
+
+
+def test_centred_hierarchical_scale_at_zero_names_tau():
+    pot, data = _centred_groups_potential()
     with pytest.raises(ValueError, match="boundary of the support of 'tau'") as err:
         fit_laplace(pot, data, jax.random.PRNGKey(1))
     assert "hierarchical scale at zero" in str(err.value)
@@ -181,11 +187,7 @@ def test_variational_funnel_warns_far_from_posterior_naming_tau():
     guide satisfies its own stationarity conditions but collapses into the funnel (NUTS:
     log tau 3 sds higher, sds 15 times wider); the importance weights' Pareto k̂ (> 1) says
     so, naming tau."""
-    rng = np.random.default_rng(0)
-    g = rng.integers(0, 5, 1000)
-    y = (rng.uniform(size=1000) < 1 / (1 + np.exp(-rng.normal(0, 0.1, 5)[g]))).astype(np.float32)
-    pot, data = _potential(centred_groups, jnp.asarray(g, jnp.int32), jnp.asarray(y),
-                           num_groups=5)
+    pot, data = _centred_groups_potential()
     with pytest.warns(ProxyFitWarning, match="far from the posterior") as record:
         proxy = fit_variational(pot, data, jax.random.PRNGKey(1))
     message = next(str(w.message) for w in record if "far from" in str(w.message))
