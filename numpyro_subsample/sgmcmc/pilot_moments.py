@@ -24,17 +24,20 @@ def window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarra
     chains, d) in the current whitened coordinates, and whether each differs from the proxy's
     (0, I) by more than its Monte Carlo error: some |mean_j| above z·se_j, or some |log var_j|
     above z·(2/ESS_j)^(1/2), with z = (2 log 2d)^(1/2) + 1 (a Bonferroni-like bound over the d
-    coordinates) and ESS_j the draws' effective sample size (NumPyro's estimator over the
-    chains). Both count as different for a start that is not ``trusted`` (a fallback or a fit
-    that did not converge): chains drifting from a poor start have few effective draws, so
-    their standard errors would hide the drift."""
+    coordinates), ESS_j the draws' effective sample size (NumPyro's estimator over the
+    chains) and se_j = (max(var_j, 1) / ESS_j)^(1/2): the proxy's variance 1 is a floor, since
+    chains that barely left their start draws have a sample variance with the few degrees of
+    freedom of their number, which alone would make a right centre look moved. Both count
+    as different for a start that is not ``trusted`` (a fallback or a fit that did not
+    converge): chains drifting from a poor start have few effective draws, so their standard
+    errors would hide the drift."""
     steps, chains, d = ws.shape
     flat = ws.reshape(-1, d)
     mean = flat.mean(0)
     var = flat.var(0) + 1e-300
     ess = np.clip(_effective_sizes(ws), 1.0, steps * chains)
     z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
-    moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(var / ess)))
+    moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(np.maximum(var, 1.0) / ess)))
     rescaled = not trusted or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
     cov = window_covariance(ws, ess) if rescaled else np.eye(d)
     return mean, cov, moved, rescaled
