@@ -97,10 +97,10 @@ def test_to_arviz_reads_energy_conserving_hmc_through_the_protocol():
 
 def _spy_blocks(monkeypatch):
     """Record the number of draws of every chunk of the log-likelihood pass."""
-    import numpyro_subsample.post.arviz as arviz_mod
+    import numpyro_subsample.post.log_likelihood as ll_mod
 
     calls = []
-    original = arviz_mod._log_likelihood_rows
+    original = ll_mod._log_likelihood_rows
 
     def spy(potential, latent, data, chunk):
         first = next(iter(latent.values()))
@@ -108,7 +108,7 @@ def _spy_blocks(monkeypatch):
             calls.append((first.shape[0], chunk))
         return original(potential, latent, data, chunk)
 
-    monkeypatch.setattr(arviz_mod, "_log_likelihood_rows", spy)
+    monkeypatch.setattr(ll_mod, "_log_likelihood_rows", spy)
     return calls
 
 

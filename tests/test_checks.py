@@ -181,7 +181,7 @@ def test_a_chain_stopped_at_its_start_is_named_so():
     """fail_step 1 is the first step, which evaluates the gradient at the initial position."""
     from types import SimpleNamespace
 
-    from numpyro_subsample.post.checks import _failures
+    from numpyro_subsample.post.check_messages import _failures
 
     state = SimpleNamespace(fail_step=np.asarray([1, -1, 7]), fail_coord=np.asarray([2, -1, 0]))
     lines = _failures(SimpleNamespace(last_state=state, sampler=None))

@@ -17,7 +17,7 @@ import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
@@ -161,12 +161,8 @@ def xla_fast_compile(on: bool = True) -> Iterator[None]:
     Compilation is much faster and the compiled code slower: right for short runs whose
     time is mostly compilation, wrong for timing comparisons.
     """
-    before = bool(jax.config.read("jax_disable_most_optimizations"))
-    jax.config.update("jax_disable_most_optimizations", bool(on) or before)
-    try:
+    with _most_optimizations_disabled(lambda before: bool(on) or before):
         yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
 
 
 @contextlib.contextmanager
@@ -174,8 +170,16 @@ def xla_optimized() -> Iterator[None]:
     """Compile with XLA's optimisations inside the block, even within
     :func:`xla_fast_compile` (restored afterwards): for a long loop, such as the NUTS
     reference's, whose run time outweighs its compilation."""
+    with _most_optimizations_disabled(lambda before: False):
+        yield
+
+
+@contextlib.contextmanager
+def _most_optimizations_disabled(value: Callable[[bool], bool]) -> Iterator[None]:
+    """Set ``jax_disable_most_optimizations`` to ``value(its current value)`` inside the
+    block, and back afterwards."""
     before = bool(jax.config.read("jax_disable_most_optimizations"))
-    jax.config.update("jax_disable_most_optimizations", False)
+    jax.config.update("jax_disable_most_optimizations", value(before))
     try:
         yield
     finally:

@@ -32,12 +32,7 @@ at the mode:
   complement reaches μ_max/c, μ_max the largest discarded Ritz value
   (``info["ritz_values"][info["rank"]]``), the μ of the kernels' step-size rules.
 
-Curvature floors (never requiring a positive definite Hessian): a diagonal entry h_i is raised
-to τ_i = p_i, the prior's Hessian diagonal, where p_i > 0 (in the Gauss-Newton view the data's
-curvature is ≥ 0, so this only replaces negative data curvature by 0), else to
-``curvature_floor`` · max_j max(h_j, p_j); the eigenvalues μ_j and c of the scaled matrix
-are raised to max(``curvature_floor``, min_i p_i⁺/δ_i), a lower bound of the scaled curvature
-of a diagonal prior. The counts are in ``info["clipped"]``.
+Curvature floors: :mod:`.structured_precision`.
 
 ``curvature="gauss-newton"`` is not offered: a potential exposes only the per-datum terms
 f_i(θ), not the model's outputs and the likelihood's curvature in them that the generalised
@@ -62,26 +57,15 @@ from numpyro_subsample.core.datapass import (
 )
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.checks import MAX_DECREMENT, prior_grad, warn_proxy
-from numpyro_subsample.proxies.covariance import (
-    StructuredCovariance,
-    cov_matvec,
-    structured_covariance,
-)
-from numpyro_subsample.proxies.curvature import (
-    fisher_diagonal,
-    hessian_diagonal,
-    hutchinson_diagonal,
-    prior_hessian_diagonal,
-)
-from numpyro_subsample.proxies.lbfgs import find_mode
-from numpyro_subsample.proxies.lowrank import low_rank_precision
+from numpyro_subsample.proxies.covariance import StructuredCovariance, cov_matvec
+from numpyro_subsample.proxies.lbfgs import ModeResult, find_mode
 from numpyro_subsample.proxies.structured_args import (
     StructuredArguments,
     checked_arguments,
 )
+from numpyro_subsample.proxies.structured_precision import precision_at_mode
 
 __all__ = ["StructuredProxy", "fit_structured"]
-
 
 
 class StructuredProxy(NamedTuple):
@@ -107,46 +91,6 @@ class StructuredProxy(NamedTuple):
     seconds: float
     kind: str
     info: dict
-
-
-def _floored_diagonal(h: np.ndarray, p: np.ndarray, floor: float):
-    """δ = max(h, τ), τ_i = p_i where p_i > 0, else ``floor`` · max(h, p) (module docstring)."""
-    top = max(float(np.max(h, initial=0.0)), float(np.max(p, initial=0.0)))
-    if not top > 0:
-        raise ValueError(
-            "The curvature has no positive diagonal entry at the mode (its largest is "
-            f"{float(np.max(h)):.3g}) and the prior none either: the posterior is flat or the "
-            "optimiser stopped at a maximum. Check the model, or pass init_theta."
-        )
-    tau = np.where(p > 0, p, floor * top)
-    return np.maximum(h, tau), int(np.sum(h < tau))
-
-
-def _curvature_diagonal(potential, data, theta, g, key, curvature, diagonal, num_probes,
-                        chunk_size, block, store_datum_grads, passes):
-    """The diagonal h of C at θ̂, Σ_i ∇f_i(θ̂) and the (N, d) per-datum gradients or None."""
-    datum_grads = fisher_sum = None
-    if store_datum_grads:
-        _, datum_grads = datum_values_and_grads(potential, theta, data, chunk_size)
-        passes["datum_grads"] = 1.0
-        sum_grads = jnp.sum(datum_grads, axis=0)
-        if curvature == "fisher":
-            fisher_sum = jnp.sum(datum_grads**2, axis=0)
-    prior_diag = np.asarray(prior_hessian_diagonal(potential, theta, data, block), np.float64)
-    if curvature == "fisher":
-        if fisher_sum is None:
-            fisher_sum, sum_grads = fisher_diagonal(potential, theta, data, chunk_size)
-            passes["diagonal"] = 1.0
-        return np.asarray(fisher_sum, np.float64) + prior_diag, prior_diag, sum_grads, datum_grads
-    if diagonal == "exact":
-        h = hessian_diagonal(potential, theta, data, chunk_size, block)
-    else:
-        h = hutchinson_diagonal(potential, theta, data, key, num_probes, chunk_size, block)
-    passes["diagonal"] = 1.0
-    if not store_datum_grads:  # Σ_i ∇f_i(θ̂) = ∇f(θ̂) − ∇f0(θ̂), no further pass
-        g0 = np.asarray(prior_grad(potential, theta, data), np.float64)
-        sum_grads = jnp.asarray((g - g0).astype(theta.dtype))
-    return np.asarray(h, np.float64), prior_diag, sum_grads, datum_grads
 
 
 MAX_POLISH = 3  # quasi-Newton steps with the fitted Σ̂ after the optimiser
@@ -273,51 +217,56 @@ def fit_structured(
         ritz_tol=ritz_tol, curvature_floor=curvature_floor, init_theta=init_theta,
         num_epochs=num_epochs, learning_rate=learning_rate, max_iterations=max_iterations,
         gtol=gtol, memory_size=memory_size, chunk_size=chunk_size, block_size=block_size)
-    theta, dtype, chunk_size = a.init_theta, a.init_theta.dtype, a.chunk_size
     key_adam, key_lanczos, key_probe = jax.random.split(rng_key, 3)
     block = min(a.block_size, potential.dim)
-    mode = find_mode(potential, data, theta, key_adam, subsample_size=subsample_size,
+    mode = _finite_mode(potential, data, a, key_adam, subsample_size, block, progress)
+    passes = mode.passes
+    pre = precision_at_mode(potential, data, mode.theta, mode.grad, key_probe, key_lanczos, a,
+                            block, store_datum_grads, passes)
+    op, datum_grads, sum_grads = pre.cov_op, pre.datum_grads, pre.sum_grads
+    theta, f, g, moved = _polish(potential, data, mode.theta, mode.value, mode.grad, op,
+                                 a.chunk_size, passes)
+    if moved:  # Σ_i ∇f_i at the new centre (the curvature is kept from the optimiser's end)
+        datum_grads, sum_grads = _recentred_sums(potential, data, theta, g, datum_grads,
+                                                 a.chunk_size, passes)
+    decrement = _decrement(op, g, theta.dtype)
+    messages = _mode_warning(mode.stop, decrement) + pre.messages
+    for message in messages:
+        warn_proxy(message)
+    info = _fit_info(a, mode, f, decrement, pre.curvature_diagonal, pre.clipped, passes,
+                     messages, pre.info)
+    return StructuredProxy(centre=theta, cov_op=op, datum_grads=datum_grads, sum_grads=sum_grads,
+                           num_data_passes=float(sum(passes.values())),
+                           seconds=time.perf_counter() - t0, kind="structured", info=info)
+
+
+def _finite_mode(potential: Potential, data: ModelData, a: StructuredArguments, key: jax.Array,
+                 subsample_size: int | None, block: int, progress: bool) -> ModeResult:
+    """The mode by Adam and L-BFGS (:func:`~numpyro_subsample.proxies.lbfgs.find_mode`); a
+    ``ValueError`` if f or ∇f is not finite there."""
+    mode = find_mode(potential, data, a.init_theta, key, subsample_size=subsample_size,
                      num_epochs=a.num_epochs, learning_rate=a.learning_rate,
                      max_iterations=a.max_iterations, gtol=a.gtol,
-                     memory_size=a.memory_size, chunk_size=chunk_size, block=block,
+                     memory_size=a.memory_size, chunk_size=a.chunk_size, block=block,
                      progress=progress)
-    theta, f, g, passes = mode.theta, mode.value, mode.grad, mode.passes
-    if not (np.isfinite(f) and np.all(np.isfinite(g))):
+    if not (np.isfinite(mode.value) and np.all(np.isfinite(mode.grad))):
         raise ValueError(
             "The potential or its gradient is not finite at the optimiser's end point; check "
             "the model's support and the data, pass a smaller learning_rate or an init_theta."
         )
-    h, prior_diag, sum_grads, datum_grads = _curvature_diagonal(
-        potential, data, theta, g, key_probe, a.curvature, a.diagonal, a.num_probes,
-        chunk_size, block, store_datum_grads, passes,
-    )
-    delta, clipped_diag = _floored_diagonal(h, prior_diag, a.curvature_floor)
-    op, info_lr, clipped_lr, messages = _covariance_operator(
-        potential, data, theta, key_lanczos, a, h, prior_diag, delta, passes)
-    theta, f, g, moved = _polish(potential, data, theta, f, g, op, chunk_size, passes)
-    if moved:  # Σ_i ∇f_i at the new centre (the curvature is kept from the optimiser's end)
-        datum_grads, sum_grads = _recentred_sums(potential, data, theta, g, datum_grads,
-                                                 chunk_size, passes)
-    decrement = _decrement(op, g, dtype)
-    if decrement > MAX_DECREMENT:
-        messages.insert(0, (
-            f"The structured proxy's fit did not reach the mode: L-BFGS {mode.stop}, and the "
-            f"Newton decrement √(gᵀΣ̂g) is {decrement:.3g} proxy sds (> {MAX_DECREMENT}). Pass "
-            "more max_iterations or num_epochs, a smaller gtol, or another init_theta."
-        ))
-    for message in messages:
-        warn_proxy(message)
-    clipped = {"diagonal": clipped_diag, **clipped_lr}
-    return StructuredProxy(
-        centre=theta,
-        cov_op=op,
-        datum_grads=datum_grads,
-        sum_grads=sum_grads,
-        num_data_passes=float(sum(passes.values())),
-        seconds=time.perf_counter() - t0,
-        kind="structured",
-        info=_fit_info(a, mode, f, decrement, h, clipped, passes, messages, info_lr),
-    )
+    return mode
+
+
+def _mode_warning(stop: str, decrement: float) -> list[str]:
+    """The warning (a one-item list) when the Newton decrement √(gᵀΣ̂g) at the centre exceeds
+    :data:`~numpyro_subsample.proxies.checks.MAX_DECREMENT` proxy sds, else none."""
+    if decrement <= MAX_DECREMENT:
+        return []
+    return [
+        f"The structured proxy's fit did not reach the mode: L-BFGS {stop}, and the "
+        f"Newton decrement √(gᵀΣ̂g) is {decrement:.3g} proxy sds (> {MAX_DECREMENT}). Pass "
+        "more max_iterations or num_epochs, a smaller gtol, or another init_theta."
+    ]
 
 
 def _fit_info(a: StructuredArguments, mode, f: float, decrement: float, h: np.ndarray,
@@ -346,34 +295,6 @@ def _fit_info(a: StructuredArguments, mode, f: float, decrement: float, h: np.nd
         "warnings": messages,
         **info_lr,
     }
-
-
-def _covariance_operator(potential: Potential, data: ModelData, theta: jax.Array, key,
-                         a: StructuredArguments, h: np.ndarray, prior_diag: np.ndarray,
-                         delta: np.ndarray, passes: dict) -> tuple:
-    """``(Σ̂, low-rank info, clipped counts, warnings)``: the diagonal Σ̂ = diag(δ), or the
-    low-rank precision from m = min(2k + oversample, d) Lanczos iterations (m data passes,
-    added to ``passes``), with a warning when fewer than k Ritz pairs converged."""
-    dtype, k, d = theta.dtype, a.rank, potential.dim
-    if k == 0:
-        return (structured_covariance(jnp.asarray(delta, dtype)), {},
-                {"eigenvalues": 0, "complement": 0}, [])
-    m = min(2 * k + a.oversample, d)
-    eig_floor = max(a.curvature_floor, float(np.min(np.maximum(prior_diag, 0) / delta)))
-    op, info_lr, clipped_lr = low_rank_precision(
-        potential, data, theta, key, delta, float(np.sum(h / delta)), eig_floor,
-        rank=k, num_iter=m, complement=a.complement, ritz_tol=a.ritz_tol,
-        curvature=a.curvature, chunk_size=a.chunk_size,
-    )
-    passes["lanczos"] = float(m)
-    messages = []
-    if info_lr["rank"] < k:
-        messages.append(
-            f"Only {info_lr['rank']} of the rank={k} Ritz pairs of the scaled curvature "
-            f"converged (residual ≤ ritz_tol={a.ritz_tol:g} · |μ|) in {m} Lanczos "
-            "iterations; the proxy keeps those. Pass a larger oversample or ritz_tol."
-        )
-    return op, info_lr, clipped_lr, messages
 
 
 def _recentred_sums(potential: Potential, data: ModelData, theta: jax.Array, g: np.ndarray,

@@ -54,17 +54,16 @@ from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, SGMCMCSt
 from numpyro_subsample.sgmcmc.kernel import SGLD
 from numpyro_subsample.sgmcmc.options import NoiseOptions, check_record, legacy_records
 from numpyro_subsample.sgmcmc.preprocess import check_given_start
+from numpyro_subsample.sgmcmc.shard_selection import local_draw, shard_weights
 from numpyro_subsample.sgmcmc.shards import (
     ShardLayout,
     ShardParams,
     _cycle,
     _datum_grad_tables,
     _init_chains,
-    _local_draw,
     _place,
     _shard_estimates,
     _shard_noise,
-    _shard_weights,
     _Shards,
     shard_design,
     shard_layout,
@@ -265,7 +264,7 @@ class DistributedSGLD(SGLD):
     def _shards(self, potential: Potential, layout: ShardLayout) -> _Shards:
         """The static configuration of the sharded programs."""
         n, sizes = potential.plate.subsample_size, tuple(int(x) for x in layout.sizes)
-        design = SamplingDesign(draw=_local_draw(sizes, n, self.replace), size=n,
+        design = SamplingDesign(draw=local_draw(sizes, n, self.replace), size=n,
                                 num_data=potential.num_data)
         estimate = make_estimator(potential, design).estimate
         return _Shards(potential=potential, estimate=estimate, mesh=self.mesh, sizes=sizes,
@@ -306,7 +305,7 @@ class DistributedSGLD(SGLD):
             ), ControlVariate(centre=centre, sum_grads=total)
             passes += 1.0
         taus = jnp.asarray(layout.trajectory_lengths, jnp.int32)
-        weights = jax.device_put(_shard_weights(layout, n, dtype), rep)
+        weights = jax.device_put(shard_weights(layout, n, dtype), rep)
         shard_params = ShardParams(data=sharded, weights=weights,
                                    trajectory_lengths=jax.device_put(taus, rep), cv=cv)
         centre, tril, h = jax.device_put((base.centre, base.scale_tril, jnp.zeros((), dtype)), rep)

@@ -1,0 +1,130 @@
+"""The lines of a run check's warning: stopped chains and frozen coordinates, an ESS too
+small (with the remedy for the kernel at hand) and a bias the kernel's probe found; for
+:func:`~numpyro_subsample.post.checks.check_run`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from numpyro_subsample.core.sites import coordinate_names
+
+__all__ = ["chain_failures", "ess_message", "kernel_probe", "probe_message"]
+
+_SMALLER_STEP = (
+    "pass a smaller step_size (e.g. half), or let the kernel choose a smaller one (a smaller "
+    "max_variance_inflation for SG kernels, a larger target_accept_prob for adapted HMC steps)"
+)
+
+
+def _failures(mcmc) -> list[str]:
+    """One line per chain that a package kernel stopped (``fail_step`` ≥ 0)."""
+    state = mcmc.last_state
+    if not hasattr(state, "fail_step"):
+        return []
+    steps = np.atleast_1d(np.asarray(state.fail_step))
+    coords = np.atleast_1d(np.asarray(state.fail_coord))
+    try:
+        names = coordinate_names(mcmc.sampler.potential)
+    except Exception:  # noqa: BLE001  (labels are a courtesy; the figures stand without them)
+        names = None
+    lines = []
+    for c, (s, k) in enumerate(zip(steps, coords, strict=True)):
+        site = names[k] if names is not None and 0 <= k < len(names) else f"θ[{k}]"
+        if s == 1:  # step 1 evaluates the first gradient estimate, at the chain's start
+            lines.append(f"chain {c} stopped at its start: the gradient estimate along {site} "
+                         "is not finite at the initial position; every draw repeats it")
+        elif s >= 0:
+            lines.append(f"chain {c} stopped at step {int(s)}: {site} became non-finite or "
+                         "exploded; its later draws repeat the last valid state")
+    if lines:
+        lines.append(_SMALLER_STEP)
+    return lines
+
+
+def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
+    """What to try when a run has not mixed, for the kernel at hand; ``factor``: the ratio of
+    the ESS needed to the ESS reached (the ESS grows about linearly with the steps)."""
+    kernel = mcmc.sampler
+    tips = [f"run about {math.ceil(factor)}× more steps" if 1 < factor < 1e3
+            else "run more steps"]
+    if type(kernel).__name__ == "SGLD":
+        tips.append("use SGHMC")
+    try:
+        kind = getattr(kernel.proxy, "kind", None)
+    except Exception:  # noqa: BLE001  (kernels without a fitted proxy)
+        kind = None
+    if kind in ("laplace", "variational") and getattr(kernel, "adapt_proxy", None) is False:
+        tips.append("leave AdaptationOptions.proxy at its default (pilot chains re-estimate "
+                    "the proxy, which a joint mode or a first SVI fit places poorly in "
+                    "hierarchical models)")
+    elif kind == "adapted":
+        tips.append("write hierarchical group effects in the other parameterisation (centred "
+                    "or non-centred, numpyro.infer.reparam.LocScaleReparam) where the groups' "
+                    "data are large (centred) or small (non-centred)")
+    elif kind == "structured":
+        tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
+                    "structured proxy that misses correlated directions whitens them poorly")
+    elif kind is not None:
+        tips.append("check the proxy (kernel.proxy)")
+    return ", or ".join(tips)
+
+
+def kernel_probe(mcmc) -> Any:
+    """The kernel's default probe of its step's bias (package SG kernels), or None."""
+    pre = getattr(mcmc.sampler, "_pre", None)
+    return getattr(pre, "bias_probe", None)
+
+
+def probe_message(mcmc, probe) -> str:
+    try:
+        site = coordinate_names(mcmc.sampler.potential)[probe.worst] + " (unconstrained)"
+    except Exception:  # noqa: BLE001  (labels are a courtesy)
+        site = f"θ[{probe.worst}]"
+    return (f"the kernel's probe found that {probe.message.format(site=site)}: pass "
+            f"step_size={probe.step_size / 2:.3g} or smaller, or a smaller "
+            "max_variance_inflation")
+
+
+def _step_size(mcmc) -> float | None:
+    try:
+        return float(mcmc.sampler.step_size)
+    except Exception:  # noqa: BLE001  (kernels without a scalar step size)
+        return None
+
+
+def chain_failures(mcmc, x: np.ndarray, names: list[str]) -> tuple[list[str], int, np.ndarray]:
+    """``(messages, divergences, frozen)``: the stopped chains of a package kernel, else the
+    divergent draws; and the coordinates that never moved in a chain ((chains, coordinates),
+    each named in a message, at most 12 messages in all)."""
+    chains, draws, _ = x.shape
+    messages = _failures(mcmc)
+    extra = mcmc.get_extra_fields()
+    divergences = int(np.sum(np.asarray(extra["diverging"]))) if "diverging" in extra else 0
+    if divergences and not messages:
+        messages.append(f"{divergences} of {chains * draws} draws diverged; {_SMALLER_STEP}")
+    frozen = np.ptp(x, axis=1) == 0  # (chains, coordinates)
+    for c, k in zip(*np.nonzero(frozen), strict=True):
+        if len(messages) < 12:
+            messages.append(f"{names[k]} never moved in chain {c}")
+    return messages, divergences, frozen
+
+
+def ess_message(mcmc, worst: list[str], min_bulk: float, min_tail: float, threshold: float,
+                 min_ess_per_chain: float, chains: int, draws: int, max_mcse: float) -> str:
+    """The message of an ESS below ``threshold``, with the worst coordinates, the step size,
+    the mean's Monte Carlo error and the remedy (:func:`_mixing_remedy`)."""
+    h = _step_size(mcmc)
+    step = "" if h is None else f" (step size {h:.3g})"
+    per_chain = "" if chains == 1 else f" ({min_ess_per_chain:g} per chain × {chains})"
+    mcse_note = "" if not np.isfinite(max_mcse) else (
+        f", so a posterior mean may be off by {max_mcse:.2f} sd (Monte Carlo standard "
+        "error)")
+    return (
+        f"min ESS {min_bulk:.0f} (bulk) / {min_tail:.0f} (tail) of {chains * draws} draws "
+        f"< {threshold:g}{per_chain} at {', '.join(worst)}{step}"
+        f"{mcse_note}: the chain has not mixed; "
+        f"{_mixing_remedy(mcmc, threshold / max(min(min_bulk, min_tail), 1e-12))}"
+    )
