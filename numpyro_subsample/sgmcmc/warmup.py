@@ -41,7 +41,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from functools import lru_cache, partial
 from typing import NamedTuple
 
 import jax
@@ -49,18 +48,12 @@ import numpy as np
 
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
-from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key
-from numpyro_subsample.estimators.registry import configure_estimator
+from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.laplace import LaplaceFitError, proxy_from_moments
-from numpyro_subsample.sgmcmc.adaptation import adaptation_window, adaptive_step_size
-from numpyro_subsample.sgmcmc.chain import (
-    SamplerParams,
-    SGMCMCConfig,
-    SGMCMCState,
-    chain_programs,
-)
+from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
+from numpyro_subsample.sgmcmc.pilot_chains import BLOCK, PilotSettings, run_window
 from numpyro_subsample.sgmcmc.pilot_moments import hessian_whitened, window_moments
 
 __all__ = [
@@ -90,9 +83,6 @@ MIN_WINDOW = 50
 #: Below this many datum evaluations (rows) in all, the pilot keeps its full windows: on small
 #: data sets a data pass costs less than the pilot's fixed overheads.
 MIN_PILOT_ROWS = 2_000_000
-#: Steps of one compiled block; every window is a whole number of blocks, so that all windows
-#: share one program.
-BLOCK = 50
 #: Pilot draws of the last window at which the whitened curvature is measured.
 CURVATURE_POINTS = 16
 
@@ -198,28 +188,37 @@ def _trusted(start: Proxy) -> bool:
             and not info.get("warnings") and not info.get("fallback_from"))
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: ModelData):
-    """``num_steps`` vectorized steps; returns the final states and the draws of w."""
-    vstep = jax.vmap(step, in_axes=(axes, None), out_axes=axes)
-
-    def body(s, _):
-        s = vstep(s, data)
-        return s, s.w
-
-    return jax.lax.scan(body, states, None, length=num_steps)
-
-
-def _state_axes() -> SGMCMCState:
-    return SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
+def _window_record(proxy: Proxy, length: int, mean_w: np.ndarray, cov_w: np.ndarray,
+                   failed: np.ndarray, moved: bool, rescaled: bool) -> PilotWindow:
+    """The :class:`PilotWindow` of a window's moments in the proxy's whitened coordinates."""
+    L = np.asarray(proxy.scale_tril, np.float64)
+    old_sd = np.sqrt(np.diag(np.asarray(proxy.cov, np.float64)))
+    return PilotWindow(
+        steps=int(length), shift=float(np.max(np.abs(L @ mean_w) / old_sd)),
+        log_sd_change=float(np.max(np.abs(np.log(np.sqrt(np.diag(L @ cov_w @ L.T))
+                                                  / old_sd)))),
+        failed_chains=int(failed.sum()), moved=moved, rescaled=rescaled,
+    )
 
 
-@lru_cache(maxsize=32)
-def _vinit(init_one: Callable, potential: Potential) -> Callable:
-    """The vectorized chain init at flat positions (P, d)."""
-    def at(key, theta, data, params, draws):
-        return init_one(key, potential.unravel(theta), data, params, draws)
-    return jax.jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
+def _next_proxy(pilot: PilotSettings, proxy: Proxy, centre: np.ndarray, cov: np.ndarray,
+                window_draws: np.ndarray, *, moved: bool, passes: float, elapsed: float):
+    """The proxy after a window that moved or rescaled it: recentred (one data pass for the
+    new control variates) or rescaled, then Hessian-whitened where the draws are too few for
+    a dense covariance (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`).
+    Returns the proxy, the data part of the Hessian (or None) and the passes so far."""
+    dtype = proxy.centre.dtype
+    if moved:
+        proxy = proxy_at(pilot.potential, pilot.data, centre, cov, chunk_size=pilot.chunk_size,
+                         kind="adapted", passes=passes, seconds=elapsed, info={})
+        passes = proxy.num_data_passes
+    else:
+        chol = np.linalg.cholesky(0.5 * (cov + cov.T))
+        proxy = proxy._replace(cov=device_array(cov.astype(dtype)),
+                               scale_tril=device_array(chol.astype(dtype)), kind="adapted")
+    proxy, hessian_data = hessian_whitened(proxy, pilot.potential, pilot.data, window_draws,
+                                           chunk_size=pilot.chunk_size)
+    return proxy, hessian_data, passes + (0.0 if hessian_data is None else 1.0)
 
 
 def adapt_proxy(
@@ -259,8 +258,9 @@ def adapt_proxy(
     """
     t0 = time.perf_counter()
     n = int(potential.plate.subsample_size)
-    h = adaptive_step_size(rule)
-    dtype = start.centre.dtype
+    pilot = PilotSettings(potential=potential, data=data, dynamics=dynamics,
+                   step_size=adaptive_step_size(rule), num_warmup=max(windows),
+                   num_chains=num_chains, chunk_size=chunk_size, replace=replace)
     proxy = start
     passes = float(start.num_data_passes)
     record: list[PilotWindow] = []
@@ -268,39 +268,9 @@ def adapt_proxy(
     keys = np.random.SeedSequence([int(b) for b in bits]).generate_state(
         2 * num_chains * (len(windows) + 1), np.uint32).reshape(len(windows) + 1, num_chains, 2)
     theta_start, hessian_data = None, None
-    axes = _state_axes()
     for k, length in enumerate(windows):
-        est = configure_estimator("cv", potential, data, proxy, replace=replace,
-                                  chunk_size=chunk_size)
-        cfg = SGMCMCConfig(
-            potential=potential, estimate=est.estimate, dynamics=dynamics, rng_impl=STEP_RNG,
-            init_strategy="proxy", precondition_draw=True, zv_degree=0, zv_fn=None,
-            num_warmup=max(windows), adapt_window=adaptation_window(max(windows)),
-        )
-        init_one, step = chain_programs(cfg)
-        params = SamplerParams(
-            centre=proxy.centre, scale_tril=proxy.scale_tril,
-            step_size=device_array(h, dtype), estimator=est.params,
-            init_tril=proxy.scale_tril, data_passes=device_array(0.0, dtype),
-        )
-        chain_keys = device_array(keys[k])
-        draws = host_normals(chain_keys, (2, potential.dim), dtype)
-        if theta_start is None:  # draws of the start proxy
-            theta_start = np.asarray(proxy.centre, np.float64) + draws[:, 0] @ np.asarray(
-                proxy.scale_tril, np.float64).T
-        states = _vinit(init_one, potential)(chain_keys, device_array(theta_start.astype(dtype)),
-                                             data, params, device_array(draws))
-        blocks = []
-        for _ in range(int(length) // BLOCK):
-            states, w_block = _window(step, BLOCK, axes, states, data)
-            blocks.append(np.asarray(w_block))
-        ws = np.concatenate(blocks)
-        passes += est.data_passes + float(length) * num_chains * n / potential.num_data
-        failed = np.asarray(states.fail_step) >= 0
-        ws = ws.astype(np.float64)[int(length) // 2:, ~failed]  # (steps, chains, d)
-        theta_last = np.asarray(proxy.centre)[None] + np.einsum(
-            "ij,cj->ci", np.asarray(proxy.scale_tril, np.float64),
-            np.asarray(states.w, np.float64))
+        states, ws, failed, est_passes = run_window(pilot, proxy, length, keys[k], theta_start)
+        passes += est_passes + float(length) * num_chains * n / potential.num_data
         if failed.all():
             warnings.warn(
                 f"All {num_chains} pilot chains failed in window {k + 1} of the proxy's "
@@ -317,32 +287,19 @@ def adapt_proxy(
         last_draws = np.asarray(proxy.centre, np.float64) + thin[:CURVATURE_POINTS] @ L.T
         centre = np.asarray(proxy.centre, np.float64) + (L @ mean_w if moved else 0.0)
         cov = L @ cov_w @ L.T if rescaled else np.asarray(proxy.cov, np.float64)
-        old_sd = np.sqrt(np.diag(np.asarray(proxy.cov, np.float64)))
-        record.append(PilotWindow(
-            steps=int(length), shift=float(np.max(np.abs(L @ mean_w) / old_sd)),
-            log_sd_change=float(np.max(np.abs(np.log(np.sqrt(np.diag(L @ cov_w @ L.T))
-                                                      / old_sd)))),
-            failed_chains=int(failed.sum()), moved=moved, rescaled=rescaled,
-        ))
-        healthy = theta_last[~failed]
-        theta_start = np.concatenate([healthy, np.repeat(centre[None], failed.sum(), 0)])
-        elapsed = time.perf_counter() - t0 + start.seconds
+        record.append(_window_record(proxy, length, mean_w, cov_w, failed, moved, rescaled))
+        theta_last = np.asarray(proxy.centre)[None] + np.einsum(
+            "ij,cj->ci", L, np.asarray(states.w, np.float64))
+        theta_start = np.concatenate([theta_last[~failed],
+                                      np.repeat(centre[None], failed.sum(), 0)])
         if not (moved or rescaled):
             if k >= 1:  # two windows agree with the proxy within their Monte Carlo error
                 break
             continue
-        if moved:
-            proxy = proxy_at(potential, data, centre, cov, chunk_size=chunk_size,
-                             kind="adapted", passes=passes, seconds=elapsed, info={})
-            passes = proxy.num_data_passes
-        else:
-            chol = np.linalg.cholesky(0.5 * (cov + cov.T))
-            proxy = proxy._replace(cov=device_array(cov.astype(dtype)),
-                                   scale_tril=device_array(chol.astype(dtype)), kind="adapted")
-        proxy, hessian_data = hessian_whitened(proxy, potential, data, window_draws,
-                                                chunk_size=chunk_size)
-        passes += 0.0 if hessian_data is None else 1.0
-    adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": h,
+        proxy, hessian_data, passes = _next_proxy(
+            pilot, proxy, centre, cov, window_draws, moved=moved, passes=passes,
+            elapsed=time.perf_counter() - t0 + start.seconds)
+    adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": pilot.step_size,
                   "draws": last_draws, "hessian_data": hessian_data}
     if proxy is start:  # no window disagreed with it
         return start._replace(info={**(start.info or {}), **adaptation},

@@ -1,0 +1,107 @@
+"""The pilot chains of the adapted proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): P chains of
+the kernel's own dynamics, vectorized, with the control-variate estimator at the current proxy,
+run in blocks of one compiled program so that every window shares it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache, partial
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from numpyro_subsample.core.data import ModelData, device_array
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.rng import STEP_RNG, host_normals
+from numpyro_subsample.estimators.registry import configure_estimator
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.sgmcmc.adaptation import adaptation_window
+from numpyro_subsample.sgmcmc.chain import (
+    SamplerParams,
+    SGMCMCConfig,
+    SGMCMCState,
+    chain_programs,
+)
+from numpyro_subsample.sgmcmc.dynamics import Dynamics
+
+__all__ = ["BLOCK", "PilotSettings", "run_window"]
+
+#: Steps of one compiled block; every window is a whole number of blocks, so that all windows
+#: share one program.
+BLOCK = 50
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: ModelData):
+    """``num_steps`` vectorized steps; returns the final states and the draws of w."""
+    vstep = jax.vmap(step, in_axes=(axes, None), out_axes=axes)
+
+    def body(s, _):
+        s = vstep(s, data)
+        return s, s.w
+
+    return jax.lax.scan(body, states, None, length=num_steps)
+
+
+def _state_axes() -> SGMCMCState:
+    return SGMCMCState(**dict.fromkeys(SGMCMCState._fields, 0))._replace(params=None)
+
+
+@lru_cache(maxsize=32)
+def _vinit(init_one: Callable, potential: Potential) -> Callable:
+    """The vectorized chain init at flat positions (P, d)."""
+    def at(key, theta, data, params, draws):
+        return init_one(key, potential.unravel(theta), data, params, draws)
+    return jax.jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
+
+
+class PilotSettings(NamedTuple):
+    """What stays fixed over the pilot's windows."""
+
+    potential: Potential
+    data: ModelData
+    dynamics: Dynamics
+    step_size: float
+    num_warmup: int
+    num_chains: int
+    chunk_size: int
+    replace: bool
+
+
+def run_window(pilot: PilotSettings, proxy: Proxy, length: int, keys: np.ndarray,
+                theta_start: np.ndarray | None):
+    """One window of ``length`` vectorized steps of the kernel's dynamics with the
+    control-variate estimator at ``proxy``, from ``theta_start`` (draws of the proxy where
+    None). Returns the final states, the second half of the draws of w (steps, P, d), which
+    chains failed, and the estimator's data passes."""
+    potential, data = pilot.potential, pilot.data
+    dtype = proxy.centre.dtype
+    est = configure_estimator("cv", potential, data, proxy, replace=pilot.replace,
+                              chunk_size=pilot.chunk_size)
+    cfg = SGMCMCConfig(
+        potential=potential, estimate=est.estimate, dynamics=pilot.dynamics,
+        rng_impl=STEP_RNG, init_strategy="proxy", precondition_draw=True, zv_degree=0,
+        zv_fn=None, num_warmup=pilot.num_warmup,
+        adapt_window=adaptation_window(pilot.num_warmup),
+    )
+    init_one, step = chain_programs(cfg)
+    params = SamplerParams(
+        centre=proxy.centre, scale_tril=proxy.scale_tril,
+        step_size=device_array(pilot.step_size, dtype), estimator=est.params,
+        init_tril=proxy.scale_tril, data_passes=device_array(0.0, dtype),
+    )
+    chain_keys = device_array(keys)
+    draws = host_normals(chain_keys, (2, potential.dim), dtype)
+    if theta_start is None:  # draws of the start proxy
+        theta_start = np.asarray(proxy.centre, np.float64) + draws[:, 0] @ np.asarray(
+            proxy.scale_tril, np.float64).T
+    states = _vinit(init_one, potential)(chain_keys, device_array(theta_start.astype(dtype)),
+                                         data, params, device_array(draws))
+    blocks = []
+    for _ in range(int(length) // BLOCK):
+        states, w_block = _window(step, BLOCK, _state_axes(), states, data)
+        blocks.append(np.asarray(w_block))
+    failed = np.asarray(states.fail_step) >= 0
+    ws = np.concatenate(blocks).astype(np.float64)[int(length) // 2:, ~failed]
+    return states, ws, failed, est.data_passes
