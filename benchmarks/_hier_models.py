@@ -36,6 +36,9 @@ class Problem:
     #: the model NUTS runs for the reference, where it differs (the same posterior written
     #: non-centred, which NUTS samples without divergences)
     reference_model: object = None
+    #: the same posterior with its group effects written centred, where ``model`` is not
+    #: (the input of ``centring_weights``)
+    centred_model: object = None
 
 
 def _group_sizes(rng, num_groups: int, num_data: int, smallest: int) -> np.ndarray:
@@ -178,7 +181,7 @@ def suite() -> dict[str, Problem]:
                                   ("mu", "sigma_a", "sigma_y", "beta", "a"), n_info),
         "normal-noncentred": Problem("normal-noncentred", normal_noncentred, normal, {},
                                      ("mu", "sigma_a", "sigma_y", "beta", "a"),
-                                     n_info),
+                                     n_info, centred_model=_normal_halfnormal),
         "logistic-varying": Problem("logistic-varying", logistic_varying, varying, {},
                                     ("mu_a", "mu_b", "tau_a", "tau_b", "c", "a", "b"), v_info),
         "sparse-gamma": Problem("sparse-gamma", sparse_gamma, sparse, {},

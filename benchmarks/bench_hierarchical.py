@@ -31,6 +31,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hier_models import suite  # noqa: E402
@@ -45,11 +46,19 @@ from _runs import (  # noqa: E402
 )
 from hier_refs import reference  # noqa: E402
 
-from numpyro_subsample import MCMC, SGHMC, SGLD  # noqa: E402
+from numpyro_subsample import (  # noqa: E402
+    MCMC,
+    SGHMC,
+    SGLD,
+    centring_weights,
+    partially_centred,
+)
 from numpyro_subsample.compare import flatten_draws  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KERNELS = {"sgld": SGLD, "sghmc": SGHMC}
+#: the same kernels on the model partially centred by `centring_weights` (its time is added)
+CENTRED = {"sgld-pc": SGLD, "sghmc-pc": SGHMC}
 PROXIES = {"laplace-proxy": "laplace", "variational-proxy": "variational"}
 
 
@@ -62,9 +71,26 @@ def run_problem(problem, methods, *, warmup: int, samples: int, chains: int, see
     ref_flat = flatten_draws(ref.samples, problem.sites)
     args = tuple(jnp.asarray(a) for a in problem.args)
     rows = []
+    pc_model, pc_seconds = None, 0.0
     for m in methods:
         log(f"{problem.name}: {m}")
-        if m in PROXIES:
+        if m in CENTRED and pc_model is None:
+            t0 = time.perf_counter()
+            centred = problem.centred_model or problem.model
+            weights = centring_weights(SGLD(centred, seed=seed, progress_bar=False), args,
+                                       problem.kwargs)
+            pc_model, pc_seconds = partially_centred(centred, weights), time.perf_counter() - t0
+            log(f"  centring weights in {pc_seconds:.1f} s: " + ", ".join(
+                f"{k} {np.min(c):.2f}-{np.max(c):.2f}" for k, c in weights.items()))
+        if m in CENTRED:
+            def build(cls=CENTRED[m]):
+                return cls(pc_model, seed=seed, progress_bar=False)
+
+            run = run_kernel(m, build, args, problem.kwargs, num_warmup=warmup,
+                             num_samples=samples, num_chains=chains, seed=seed,
+                             mcmc_class=MCMC)
+            run.wall_s += pc_seconds
+        elif m in PROXIES:
             run = run_proxy(m, PROXIES[m], problem.model, args, problem.kwargs,
                             num_draws=chains * samples, seed=seed)
         else:
@@ -136,7 +162,7 @@ def main(argv=None) -> int:
     names = [s for s in args.problems.split(",") if s]
     methods = [s for s in args.methods.split(",") if s]
     unknown = [n for n in names if n not in problems] + [
-        m for m in methods if m not in KERNELS and m not in PROXIES]
+        m for m in methods if m not in KERNELS and m not in PROXIES and m not in CENTRED]
     if unknown:
         p.error(f"unknown problems or methods: {unknown}")
     W = args.num_warmup or (500 if args.quick else 1000)

@@ -32,6 +32,7 @@ from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.variational import fit_variational
 from numpyro_subsample.sgmcmc.bias_probe import BiasProbe, StepBiasWarning
+from numpyro_subsample.sgmcmc.centring import centring_weights, partially_centred
 from numpyro_subsample.sgmcmc.distributed import (
     DistributedSGLD,
     ShardLayout,
@@ -67,6 +68,8 @@ __all__ = [
     "DistributedSGLD",
     "ShardLayout",
     "shard_layout",
+    "centring_weights",
+    "partially_centred",
     "shard_design",
     "EnergyConservingHMC",
     "HMCOptions",
