@@ -61,9 +61,10 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
                     "the proxy, which a joint mode or a first SVI fit places poorly in "
                     "hierarchical models)")
     elif kind == "adapted":
-        tips.append("write hierarchical group effects in the other parameterisation (centred "
-                    "or non-centred, numpyro.infer.reparam.LocScaleReparam) where the groups' "
-                    "data are large (centred) or small (non-centred)")
+        tips.append("write hierarchical group effects centred and sample them partially "
+                    "centred per group: partially_centred(model, "
+                    "centring_weights(kernel, args)) (numpyro_subsample; "
+                    "docs/adapted_proxy.md)")
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
                     "structured proxy that misses correlated directions whitens them poorly")
