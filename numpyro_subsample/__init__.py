@@ -45,7 +45,13 @@ from numpyro_subsample.sgmcmc.kernel import (
     SGMCMCKernel,
     SGMCMCState,
 )
-from numpyro_subsample.sgmcmc.options import AdaptationOptions, NoiseOptions, ZVOptions
+from numpyro_subsample.sgmcmc.options import (
+    AdaptationOptions,
+    NoiseOptions,
+    StepSchedule,
+    StrataOptions,
+    ZVOptions,
+)
 from numpyro_subsample.sgmcmc.sgrld import SGRLD
 from numpyro_subsample.sgmcmc.step_bias import BiasProbe, StepBiasWarning
 
@@ -58,6 +64,8 @@ __all__ = [
     "SGMCMCKernel",
     "AdaptationOptions",
     "NoiseOptions",
+    "StepSchedule",
+    "StrataOptions",
     "ZVOptions",
     "LocalConfig",
     "SGMCMCState",

@@ -235,9 +235,9 @@ def test_local_sites_errors(intercepts):
         MCMC(SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
                    local=LocalConfig(update=bad_update)),
              num_warmup=1, num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
-    with pytest.raises(ValueError, match="explicit step_size"):
+    with pytest.raises(ValueError, match=r"StrataOptions\(features=...\)"):
         counts, _ = synthetic_corpus(20, 5, 2, 10)
-        MCMC(SGRLD(lda_model), num_warmup=1, num_samples=1,
+        MCMC(SGRLD(lda_model, estimator="stratified"), num_warmup=1, num_samples=1,
              progress_bar=False).run(jax.random.PRNGKey(0), counts, to_tokens(counts), 2, 5)
 
 
