@@ -1,6 +1,6 @@
 """Issue 35, items 1-2: SGRLD and the SG kernels on local-latent models at default arguments.
 
-    python benchmarks/bench_defaults_simplex_local.py [--quick]
+    python benchmarks/bench_defaults_simplex_local.py [--quick] [--only lda|local-simplex]
 
 Each row is a kernel built with the model only (plus the options the row names), run by the
 package's ``MCMC`` with 4 vectorised chains, 1000 warm-up and 5000 sampling steps, against the
@@ -130,16 +130,85 @@ def local_rows(quick: bool):
                       mean, sd)
 
 
+def lda_rows():
+    """SGRLD(lda_model) and SGLD(lda_model) at default arguments on bench_lda.py's quick corpus:
+    held-out perplexity (document completion, the posterior predictive over the second half's
+    draws) against scikit-learn's online LDA at 10 passes."""
+    from lda import (
+        completion_probs,
+        draws_perplexity,
+        lda_model,
+        perplexity,
+        sklearn_online_lda,
+        split_documents,
+        synthetic_corpus,
+        to_tokens,
+    )
+
+    K, n = 10, 50
+    counts, true = synthetic_corpus(1400, 300, K, 80, seed=0)
+    train, tokens = counts[:1000], to_tokens(counts[:1000])
+    observed, held_out = split_documents(counts[1200:], 2)
+    beta, secs = sklearn_online_lda(train, K, n, 10)
+    ref = perplexity(completion_probs(beta, observed), held_out)
+    truth = perplexity(completion_probs(true, observed), held_out)
+    for label, build in (("SGRLD(lda_model)", lambda: SGRLD(lda_model)),
+                         ("SGLD(lda_model)", lambda: SGLD(lda_model))):
+        t0 = time.perf_counter()
+        kernel = build()
+        mcmc = MCMC(kernel, num_warmup=WARMUP, num_samples=SAMPLES, num_chains=1,
+                    progress_bar=False)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                mcmc.run(jax.random.PRNGKey(0), train, tokens, K, n)
+                b = np.asarray(mcmc.get_samples()["topics"])
+                ppl = f"{draws_perplexity(b[SAMPLES // 2::SAMPLES // 40], observed, held_out):.1f}"
+                pre = kernel.preprocessed
+                step = f"{pre.step_size:.3g}"
+            except Exception as err:  # noqa: BLE001 - report the refusal as the row
+                ppl, step = f"{type(err).__name__}: {str(err)[:80]}", "–"
+        texts = sorted({f"{w.category.__name__}: {str(w.message)[:90]}" for w in seen
+                        if issubclass(w.category, UserWarning)})
+        yield (f"| {label} LDA quick corpus (D=1000, V=300, K=10, n=50), 1 chain | "
+               f"{kernel.estimator_name} | {step} | perplexity {ppl} (online LDA 10 passes "
+               f"{ref:.1f} in {secs:.1f} s; true topics {truth:.1f}) | – | – | "
+               f"{time.perf_counter() - t0:.1f} | – | {'; '.join(texts) or 'none'} |")
+
+
+def local_simplex_rows():
+    """SGRLD(model) on a Dirichlet-categorical model with a per-row local site (the model of
+    tests/test_sgrld.py::test_default_step_with_local_sites_matches_the_exact_posterior)."""
+    def model(y, w, n=1000):
+        pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(3)))
+        with numpyro.plate("data", y.shape[0], subsample_size=n) as idx:
+            z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+            numpyro.sample("w", dist.Normal(z, 1.0), obs=w[idx])
+            numpyro.sample("y", dist.Categorical(probs=pi), obs=y[idx])
+
+    rng = np.random.default_rng(1)
+    y = rng.choice(3, size=2000, p=[0.5, 0.3, 0.2]).astype(np.int32)
+    w = (rng.normal(size=2000) * np.sqrt(2.0)).astype(np.float32)
+    a = 1.0 + np.bincount(y, minlength=3)
+    m = a / a.sum()
+    sd = np.sqrt(m * (1 - m) / (a.sum() + 1))
+    yield run("SGRLD(model) Dirichlet-categorical K=3 N=2000 n=1000 + local z_i",
+              SGRLD(model), (y, w), {}, "pi", m, sd)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rows")
+    p.add_argument("--only", choices=("lda", "local-simplex"), help="only these rows")
     add_device_option(p)
     args = p.parse_args()
     quick = args.quick
     print("| kernel, model | estimator | step | max abs mean error (sd) | sd ratio | min ESS "
           "| wall s incl. compile (preprocessing) | preprocessing data passes | warnings |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for rows in (dirichlet_rows(quick), mixture_rows(), local_rows(quick)):
+    groups = {"lda": [lda_rows()], "local-simplex": [local_simplex_rows()]}.get(args.only) or (
+        dirichlet_rows(quick), mixture_rows(), local_simplex_rows(), local_rows(quick), lda_rows())
+    for rows in groups:
         for row in rows:
             print(row, flush=True)
 

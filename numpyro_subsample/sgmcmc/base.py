@@ -142,9 +142,11 @@ class SGMCMCKernel(SubsampleKernel):
         ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows``, else
         ``steps`` MALA steps, move the subsample's sites before its gradient
         (:mod:`~numpyro_subsample.estimators.local`, ``docs/local_latents.md``; default
-        ``LocalConfig()``). Such models need ``estimator="uniform"`` and an explicit
-        ``step_size``; a proxy, ``proxy_kwargs``, the noise correction or ZV are refused (they
-        need p(x_i | θ)).
+        ``LocalConfig()``). Such models take ``estimator="cv"`` (default, control variates at
+        a stochastic-approximation pilot's end) or ``"uniform"``, and by default the step of
+        the adapted preconditioner
+        (:func:`~numpyro_subsample.sgmcmc.preprocess.local_preprocessing`); a proxy,
+        ``proxy_kwargs``, the noise correction or ZV are refused (they need p(x_i | θ)).
     bias_probe
         Probe the bias of the time step h after choosing it (default True): coupled pairs of
         chains at h and h/2 (Richardson-Romberg, Durmus et al. 2016, Sect. 3;
