@@ -32,6 +32,7 @@ from numpyro_subsample import (
     RunDiagnosticsWarning,
     StepBiasWarning,
 )
+from numpyro_subsample.post.checks import RunCheck
 from numpyro_subsample.sgmcmc import step_bias
 from numpyro_subsample.sgmcmc.dynamics import (
     corrected_dynamics,
@@ -217,6 +218,13 @@ def test_resolution_of_the_probe():
     assert probe(0.2).resolution == pytest.approx(z * 0.2)
     assert probe(0.2).resolution > step_bias.BIAS_TOLERANCE
     assert probe(np.nan, "diverged").resolution == np.inf
+    assert probe(0.001).inconclusive == "" and "resolves only" in probe(0.2).inconclusive
+    check = RunCheck(min_ess_bulk=500.0, min_ess_tail=500.0, max_rhat=1.0, worst_sites=(),
+                     divergences=0, num_draws=1000, num_chains=2, ess_threshold=200.0,
+                     max_mcse_sd=0.05, messages=(), step_bias=probe(0.2))
+    assert "resolves only" in check.attrs()["step_bias_inconclusive"]
+    check = check._replace(step_bias=probe(0.001))
+    assert "step_bias_inconclusive" not in check.attrs()
 
 
 def test_bias_probe_option_is_validated():

@@ -150,6 +150,8 @@ class RunCheck(NamedTuple):
                         "step_bias_coordinate": int(p.worst),
                         "step_bias_flagged": int(p.flagged),
                         "step_bias_resolution": p.resolution})
+            if p.inconclusive:
+                out["step_bias_inconclusive"] = p.inconclusive
         if self.step_bias_skipped:
             out["step_bias_skipped"] = self.step_bias_skipped
         if self.bias is not None:

@@ -172,6 +172,17 @@ class BiasProbe(NamedTuple):
         return max(FLAG_BIAS, significance(len(self.mean_bias)) * worst)
 
     @property
+    def inconclusive(self) -> str:
+        """Why the probe's silence does not clear the step ("" where it does): its
+        :attr:`resolution` is above :data:`BIAS_TOLERANCE`."""
+        r = self.resolution
+        if self.flagged or r <= BIAS_TOLERANCE:
+            return ""
+        return (f"the probe resolves only biases of {r:.2g} or more (posterior sd for a mean, "
+                f"relative for an sd), above the {BIAS_TOLERANCE} it is built to find; "
+                "check_bias=True runs the full check")
+
+    @property
     def message(self) -> str:
         """What the probe found, in words (for the warnings)."""
         h = self.step_size
