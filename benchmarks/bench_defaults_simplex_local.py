@@ -1,13 +1,17 @@
 """Issue 35, items 1-2: SGRLD and the SG kernels on local-latent models at default arguments.
 
-    python benchmarks/bench_defaults_simplex_local.py [--quick] [--only lda|local-simplex]
+    python benchmarks/bench_defaults_simplex_local.py [--quick] [--only GROUP]
+
+GROUP: lda, lda-sgld-steps or local-simplex.
 
 Each row is a kernel built with the model only (plus the options the row names), run by the
 package's ``MCMC`` with 4 vectorised chains, 1000 warm-up and 5000 sampling steps, against the
 exact posterior: Dirichlet-categorical data (the posterior is Dirichlet(α + counts)) at several
 K, N and n, a three-component mixture's weights (against 2·10⁴ full-data NUTS draws), and the
 per-row random effect y_i ~ N(μ + z_i, 1), z_i ~ N(0, 0.5²) (μ's posterior in closed form:
-y_i ~ N(μ, 1.25)). Columns: the estimator and step the kernel chose, the largest |mean error|
+y_i ~ N(μ, 1.25)), a Dirichlet-categorical model with a per-row local site (exact posterior),
+and LDA on ``bench_lda.py``'s quick corpus (1 chain; held-out perplexity against
+scikit-learn's online LDA in place of the error columns). Columns: the estimator and step the kernel chose, the largest |mean error|
 and the range of sd ratios over the coordinates (posterior sd units), the minimum bulk ESS
 over the coordinates (all chains), wall time including compilation (the preprocessing's
 share in brackets), data passes of the preprocessing, and the warnings of the run.
@@ -176,6 +180,32 @@ def lda_rows():
                f"{time.perf_counter() - t0:.1f} | – | {'; '.join(texts) or 'none'} |")
 
 
+def lda_sgld_step_rows():
+    """SGLD on the LDA quick corpus at the default step and at 1/2, 1/8 and 1/32 of it (the
+    adapted preconditioner kept): the step at which the chain stopped (non-finite or exploded
+    in NumPyro's stick-breaking coordinates of the sparse Dirichlet topics, η = 0.05)."""
+    from lda import lda_model, synthetic_corpus, to_tokens
+
+    from numpyro_subsample import AdaptationOptions
+
+    counts, _ = synthetic_corpus(1400, 300, 10, 80, seed=0)
+    train, tokens = counts[:1000], to_tokens(counts[:1000])
+    for h in (None, 0.0476, 0.0119, 0.003):
+        kernel = SGLD(lda_model, step_size=h,
+                      adaptation=AdaptationOptions(preconditioner=True) if h else None)
+        mcmc = MCMC(kernel, num_warmup=WARMUP, num_samples=SAMPLES, num_chains=1,
+                    progress_bar=False)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc.run(jax.random.PRNGKey(0), train, tokens, 10, 50)
+        fail = int(np.asarray(mcmc.last_state.fail_step).max())
+        yield (f"| SGLD(lda_model{'' if h is None else f', step_size={h}'}) LDA quick corpus "
+               f"| {kernel.estimator_name} | {kernel.step_size:.3g} | stopped at step "
+               f"{fail if fail >= 0 else 'never'} of {WARMUP + SAMPLES} | – | – | "
+               f"{time.perf_counter() - t0:.1f} | – | – |")
+
+
 def local_simplex_rows():
     """SGRLD(model) on a Dirichlet-categorical model with a per-row local site (the model of
     tests/test_sgrld.py::test_default_step_with_local_sites_matches_the_exact_posterior)."""
@@ -199,14 +229,16 @@ def local_simplex_rows():
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rows")
-    p.add_argument("--only", choices=("lda", "local-simplex"), help="only these rows")
+    p.add_argument("--only", choices=("lda", "lda-sgld-steps", "local-simplex"),
+                   help="only these rows")
     add_device_option(p)
     args = p.parse_args()
     quick = args.quick
     print("| kernel, model | estimator | step | max abs mean error (sd) | sd ratio | min ESS "
           "| wall s incl. compile (preprocessing) | preprocessing data passes | warnings |")
     print("|---|---|---|---|---|---|---|---|---|")
-    groups = {"lda": [lda_rows()], "local-simplex": [local_simplex_rows()]}.get(args.only) or (
+    groups = {"lda": [lda_rows()], "lda-sgld-steps": [lda_sgld_step_rows()],
+              "local-simplex": [local_simplex_rows()]}.get(args.only) or (
         dirichlet_rows(quick), mixture_rows(), local_simplex_rows(), local_rows(quick), lda_rows())
     for rows in groups:
         for row in rows:
