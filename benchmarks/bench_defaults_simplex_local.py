@@ -8,13 +8,14 @@ Each row is a kernel built with the model only (plus the options the row names),
 package's ``MCMC`` with 4 vectorised chains, 1000 warm-up and 5000 sampling steps, against the
 exact posterior: Dirichlet-categorical data (the posterior is Dirichlet(α + counts)) at several
 K, N and n, a three-component mixture's weights (against 2·10⁴ full-data NUTS draws), and the
-per-row random effect y_i ~ N(μ + z_i, 1), z_i ~ N(0, 0.5²) (μ's posterior in closed form:
-y_i ~ N(μ, 1.25)), a Dirichlet-categorical model with a per-row local site (exact posterior),
-and LDA on ``bench_lda.py``'s quick corpus (1 chain; held-out perplexity against
-scikit-learn's online LDA in place of the error columns). Columns: the estimator and step the kernel chose, the largest |mean error|
-and the range of sd ratios over the coordinates (posterior sd units), the minimum bulk ESS
-over the coordinates (all chains), wall time including compilation (the preprocessing's
-share in brackets), data passes of the preprocessing, and the warnings of the run.
+per-row random effect y_i ~ N(μ + z_i, 1), z_i ~ N(0, 0.5²) (μ's posterior in closed form: y_i
+~ N(μ, 1.25)), a Dirichlet-categorical model with a per-row local site (exact posterior), and
+LDA on ``bench_lda.py``'s quick corpus (1 chain; held-out perplexity against scikit-learn's
+online LDA in place of the error columns). Columns: the estimator and step the kernel chose,
+the largest |mean error| and the range of sd ratios over the coordinates (posterior sd units),
+the minimum bulk ESS over the coordinates (all chains), wall time including compilation (the
+preprocessing's share in brackets), data passes of the preprocessing, and the warnings of the
+run.
 """
 
 from __future__ import annotations

@@ -237,8 +237,9 @@ def test_local_sites_errors(intercepts):
              num_warmup=1, num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     with pytest.raises(ValueError, match=r"StrataOptions\(features=...\)"):
         counts, _ = synthetic_corpus(20, 5, 2, 10)
-        MCMC(SGRLD(lda_model, estimator="stratified"), num_warmup=1, num_samples=1,
-             progress_bar=False).run(jax.random.PRNGKey(0), counts, to_tokens(counts), 2, 5)
+        MCMC(SGRLD(lda_model, estimator="stratified", step_size=0.01), num_warmup=1,
+             num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), counts,
+                                                    to_tokens(counts), 2, 5)
 
 
 @pytest.mark.filterwarnings("ignore:This run may be wrong")  # 20 draws: not mixed

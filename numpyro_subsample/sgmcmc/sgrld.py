@@ -139,9 +139,12 @@ class SGRLD(SubsampleKernel):
         the noise max_k V_k / θ*_k of both designs at π* and takes the one with the larger
         default step; its strata are the distinct feature rows when there are at most
         ``MAX_AUTO_STRATA`` of them and at most n/2 (categorical data: no subsample noise),
-        else ``strata.num_strata`` k-means strata. It is ``"uniform"`` with local latent
-        sites (``"stratified"`` with your ``strata.features``) and when the default features
-        would exceed ``MAX_FEATURE_NUMBERS`` numbers.
+        else ``strata.num_strata`` k-means strata. With local latent sites the default
+        features are the drifts h_i(z_i), z_i drawn by their inner update
+        (:func:`~numpyro_subsample.sgmcmc.simplex_local.local_datum_drifts`); ``"auto"`` is
+        ``"stratified"`` with your ``strata.features``, and ``"uniform"`` when the default
+        features would exceed ``MAX_FEATURE_NUMBERS`` numbers or (local sites) a
+        ``step_size`` is given.
     replace
         Uniform subsample with replacement (default) or without.
     schedule
@@ -161,8 +164,8 @@ class SGRLD(SubsampleKernel):
         :mod:`~numpyro_subsample.estimators.local`) are moved given π before each gradient,
         by its ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows`` (an
         exact conditional; ``values`` the simplex values π) or by its ``steps`` MALA steps
-        (default ``LocalConfig()``). ``"stratified"`` then needs ``strata.features``; the
-        draws hold π only.
+        (default ``LocalConfig()``). ``"stratified"`` with a given ``step_size`` then needs
+        ``strata.features``; the draws hold π only.
     chunk_size
         Data per vmapped evaluation in the full-data passes.
     seed
@@ -260,12 +263,14 @@ class SGRLD(SubsampleKernel):
     def _preprocess(self, potential: Potential, data: ModelData) -> SGRLDPreprocessed:
         t0 = time.perf_counter()
         request = self._estimator_request
-        if potential.local and request == "stratified" and self.strata_options.features is None:
+        if potential.local and request == "stratified" and (
+                self.strata_options.features is None and self._step_size is not None):
             raise ValueError(
                 f"SGRLD: the model has local latent sites {list(potential.local_sites)} inside "
-                f"the subsample plate '{potential.plate.name}': estimator='stratified' needs "
-                "StrataOptions(features=...) (e.g. the documents' word frequencies), as the "
-                "default features need p(x_i | π), an integral over the local sites."
+                f"the subsample plate '{potential.plate.name}': estimator='stratified' with "
+                "a given step_size needs StrataOptions(features=...) (e.g. the documents' word "
+                "frequencies); without step_size the features are the drifts measured with "
+                "the local sites drawn by their inner update."
             )
         dtype = potential.init_theta.dtype
         alpha = dirichlet_concentrations(potential, data)

@@ -27,7 +27,7 @@ from numpyro_subsample.estimators.local import LocalConfig, LocalState, update_r
 from numpyro_subsample.estimators.selection import DesignMoments
 from numpyro_subsample.sgmcmc.simplex import DriftMoments, expanded_mean_grad
 
-__all__ = ["LOCAL_SWEEPS", "local_drift_moments"]
+__all__ = ["LOCAL_SWEEPS", "local_datum_drifts", "local_drift_moments"]
 
 #: Inner updates of every datum's local sites at π before its drift is read.
 LOCAL_SWEEPS = 3
@@ -102,3 +102,33 @@ def local_drift_moments(potential: Potential, cfg: LocalConfig, pi: dict, state:
     weight = jnp.broadcast_to(jnp.asarray(moments.group_weight, dtype), (groups,))
     rest = sums - counts[:, None] * shift
     return DriftMoments(total=total, fisher=fisher, noise=s1 - weight @ (rest * rest)), state
+
+
+@partial(jax.jit, static_argnums=(0, 1, 6, 7))
+def local_datum_drifts(potential: Potential, cfg: LocalConfig, pi: dict, state: LocalState,
+                       key: jax.Array, data: ModelData, chunk_size: int,
+                       sweeps: int = LOCAL_SWEEPS) -> tuple[jax.Array, LocalState]:
+    """The per-datum drifts h_i(z_i) at ``pi`` as an (N, d) table (the default features of the
+    stratified design with local sites), z_i after ``sweeps`` inner updates from ``state``;
+    and the local sites' new state. ``sweeps`` + 1 passes of the data."""
+    N = potential.num_data
+    chunk = min(int(chunk_size), N)
+    d = sum(int(np.prod(v.shape)) for v in pi.values())
+    dtype = jax.tree.leaves(pi)[0].dtype
+
+    def body(carry, c):
+        table, st = carry
+        idx = c * chunk + jax.lax.iota(jnp.int32, chunk)
+        mask = idx < N
+        idx = jnp.where(mask, idx, 0)
+        for k in jax.random.split(jax.random.fold_in(key, c), int(sweeps)):
+            rows, st = update_rows(
+                cfg, potential.local, k, st, idx,
+                lambda r: potential.local_joint_at(pi, r, idx, data), lambda: pi, data)
+        h = _drifts(potential, pi, rows, idx, data)
+        table = table.at[idx].set(jnp.where(mask[:, None], h, table[idx]))
+        return (table, st), None
+
+    (table, state), _ = jax.lax.scan(body, (jnp.zeros((N, d), dtype), state),
+                                     jnp.arange(-(-N // chunk), dtype=jnp.int32))
+    return table, state

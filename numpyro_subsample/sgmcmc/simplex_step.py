@@ -34,7 +34,11 @@ from numpyro_subsample.sgmcmc.simplex import (
     relaxation_rates,
     to_simplex,
 )
-from numpyro_subsample.sgmcmc.simplex_local import LOCAL_SWEEPS, local_drift_moments
+from numpyro_subsample.sgmcmc.simplex_local import (
+    LOCAL_SWEEPS,
+    local_datum_drifts,
+    local_drift_moments,
+)
 from numpyro_subsample.sgmcmc.simplex_model import reference_totals, site_values
 
 __all__ = [
@@ -104,12 +108,16 @@ def dirichlet_concentrations(potential: Potential, data: ModelData) -> dict:
 
 
 def _strata(potential: Potential, pi: dict, data: ModelData, opts: StrataOptions,
-            chunk_size: int, *, auto: bool) -> tuple[Strata, float]:
+            chunk_size: int, *, auto: bool, drifts: Any = None) -> tuple[Strata, float]:
     """The strata of the stratified design (the SGRLD docstring) and the data passes their
-    features cost."""
+    features cost; ``drifts``: the measurement with local sites (:func:`_local_measure`),
+    whose per-datum table h_i(z_i) are then the default features."""
     N, n = potential.num_data, potential.plate.subsample_size
     k, passes = opts.num_strata, 0.0
-    if opts.features is None:
+    if opts.features is None and drifts is not None:
+        feats = np.asarray(drifts.table(pi))
+        passes = LOCAL_PASSES - 1.0
+    elif opts.features is None:
         feats = np.asarray(datum_drifts(potential, pi, data, chunk_size))
         passes = 1.0
     else:
@@ -133,7 +141,9 @@ def _local_measure(potential: Potential, local: LocalConfig, data: ModelData, se
                    chunk_size: int) -> Any:
     """``measure(pi, moments)`` of the drift moments with the local sites drawn by their
     inner update (:func:`~numpyro_subsample.sgmcmc.simplex_local.local_drift_moments`), their
-    warm starts carried from call to call; ``measure.calls`` counts its calls."""
+    warm starts carried from call to call; ``measure.table(pi)``: the per-datum drifts
+    (:func:`~numpyro_subsample.sgmcmc.simplex_local.local_datum_drifts`); ``measure.calls``
+    counts the calls of both."""
     dtype = potential.init_theta.dtype
     carry = {"state": init_local_state(potential.local, potential.num_data, dtype,
                                        local.init_step)}
@@ -146,7 +156,14 @@ def _local_measure(potential: Potential, local: LocalConfig, data: ModelData, se
         measure.calls += 1
         return dm
 
-    measure.calls = 0
+    def table(pi):
+        out, carry["state"] = local_datum_drifts(
+            potential, local, pi, carry["state"], jax.random.fold_in(key, measure.calls),
+            data, chunk_size)
+        measure.calls += 1
+        return out
+
+    measure.calls, measure.table = 0, table
     return measure
 
 
@@ -174,8 +191,8 @@ def simplex_step(potential: Potential, data: ModelData, alpha: dict, *, request:
             measure=None if drifts is None else (lambda p, _: drifts(p, m)))
         passes += steps + 2.0 if drifts is None else (steps + 1.0) * LOCAL_PASSES
     names = ["uniform", "stratified"] if request == "auto" else [request]
-    if request == "auto" and strata.features is None and (
-            potential.local or N * d > MAX_FEATURE_NUMBERS or n < 2):
+    if request == "auto" and strata.features is None and (N * d > MAX_FEATURE_NUMBERS or n < 2
+                                                          or (potential.local and not measure)):
         names = ["uniform"]
     elif request == "auto" and strata.features is not None and potential.local:
         names = ["stratified"]
@@ -185,7 +202,7 @@ def simplex_step(potential: Potential, data: ModelData, alpha: dict, *, request:
             candidates.append((name, uniform, None, at_star))
             continue
         made, used = _strata(potential, pi_star, data, strata, chunk_size,
-                             auto=request == "auto")
+                             auto=request == "auto", drifts=drifts)
         design = stratified_design(made, dtype)
         dm = None
         if measure:
