@@ -2,7 +2,8 @@
 
     python benchmarks/bench_defaults_simplex_local.py [--quick] [--only GROUP]
 
-GROUP: lda, lda-sgld-steps or local-simplex.
+GROUP: lda, lda-rule, lda-sgld-steps or local-simplex (``lda-rule`` and ``lda-sgld-steps`` only
+with ``--only``).
 
 Each row is a kernel built with the model only (plus the options the row names), run by the
 package's ``MCMC`` with 4 vectorised chains, 1000 warm-up and 5000 sampling steps, against the
@@ -207,6 +208,43 @@ def lda_sgld_step_rows():
                f"{time.perf_counter() - t0:.1f} | – | – |")
 
 
+def lda_rule_rows():
+    """SGRLD's step rule on LDA measured at scikit-learn's topics (online LDA, 10 passes), the
+    documents' proportions drawn by the exact Gibbs update: the relaxation rate
+    max(1 + F_k/θ_k), the uniform design's noise max V_k/θ_k, the step a = 4δ/max(rate +
+    noise) and the noise-free one 4δ/max(rate) (δ = 0.05)."""
+    from lda import lda_local_gibbs, lda_model, sklearn_online_lda, synthetic_corpus, to_tokens
+
+    from numpyro_subsample import LocalConfig
+    from numpyro_subsample.core.data import ModelData
+    from numpyro_subsample.estimators.local import init_local_state
+    from numpyro_subsample.estimators.selection import uniform_design
+    from numpyro_subsample.sgmcmc.simplex import flatten_sites, relaxation_rates
+    from numpyro_subsample.sgmcmc.simplex_local import local_drift_moments
+    from numpyro_subsample.sgmcmc.simplex_model import reference_totals
+    from numpyro_subsample.sgmcmc.simplex_step import dirichlet_concentrations
+
+    counts, _ = synthetic_corpus(1400, 300, 10, 80, seed=0)
+    train, tokens = counts[:1000], to_tokens(counts[:1000])
+    beta, _ = sklearn_online_lda(train, 10, 50, 10)
+    kernel = SGRLD(lda_model, local=LocalConfig(update=lda_local_gibbs))
+    data = ModelData.from_args((train, tokens, 10, 50), {})
+    pot = kernel.potential_for(data)
+    ref = reference_totals(dirichlet_concentrations(pot, data))
+    design = uniform_design(1000, 50, True, jnp.float32)
+    state = init_local_state(pot.local, 1000, jnp.float32, 0.1)
+    pi = {"topics": jnp.asarray(beta / beta.sum(1, keepdims=True), jnp.float32)}
+    for rep in range(2):  # the second measurement from the first one's local draws
+        dm, state = local_drift_moments(pot, kernel.local, pi, state, jax.random.PRNGKey(rep),
+                                        data, design.moments(design.params), 2048)
+    theta = flatten_sites(ref) * flatten_sites(pi)
+    rate = relaxation_rates(np.asarray(dm.fisher, np.float64), theta, pi)
+    ratio = np.asarray(dm.noise, np.float64) / theta
+    yield (f"| SGRLD rule on LDA at online LDA's topics (Gibbs locals) | uniform | "
+           f"{0.2 / np.max(rate + ratio):.3g} | rate {rate.max():.3g}, noise {ratio.max():.3g},"
+           f" noise-free step {0.2 / rate.max():.3g} | – | – | – | – | – |")
+
+
 def local_simplex_rows():
     """SGRLD(model) on a Dirichlet-categorical model with a per-row local site (the model of
     tests/test_sgrld.py::test_default_step_with_local_sites_matches_the_exact_posterior)."""
@@ -230,7 +268,7 @@ def local_simplex_rows():
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rows")
-    p.add_argument("--only", choices=("lda", "lda-sgld-steps", "local-simplex"),
+    p.add_argument("--only", choices=("lda", "lda-rule", "lda-sgld-steps", "local-simplex"),
                    help="only these rows")
     add_device_option(p)
     args = p.parse_args()
@@ -238,7 +276,8 @@ def main() -> None:
     print("| kernel, model | estimator | step | max abs mean error (sd) | sd ratio | min ESS "
           "| wall s incl. compile (preprocessing) | preprocessing data passes | warnings |")
     print("|---|---|---|---|---|---|---|---|---|")
-    groups = {"lda": [lda_rows()], "lda-sgld-steps": [lda_sgld_step_rows()],
+    groups = {"lda": [lda_rows()], "lda-rule": [lda_rule_rows()],
+              "lda-sgld-steps": [lda_sgld_step_rows()],
               "local-simplex": [local_simplex_rows()]}.get(args.only) or (
         dirichlet_rows(quick), mixture_rows(), local_simplex_rows(), local_rows(quick), lda_rows())
     for rows in groups:
