@@ -428,11 +428,12 @@ def local_categorical_model(y, w, n=1000):
 
 
 def test_default_step_with_local_sites_matches_the_exact_posterior():
-    """SGRLD(model) at default arguments on a model with local latent sites: the step from
-    the noise measured with the local sites drawn by their MALA update
-    (sgmcmc.simplex_local), the stratified design on the drifts measured so (one stratum per
-    category here: z_i does not enter π's gradient) chosen over the uniform one, no warning, means within 0.2 sd (3.5 Monte Carlo standard
-    errors at the ESS ≥ 300 asked) and sds within 20 % of the exact Dirichlet posterior."""
+    """SGRLD(model) at default arguments on a model with local latent sites: the step from the noise
+    measured with the local sites drawn by their MALA update (sgmcmc.simplex_local), the
+    stratified design on the drifts measured so (one stratum per category here: z_i does not
+    enter π's gradient) chosen over the uniform one, no warning, means within 0.2 sd (3.5 Monte
+    Carlo standard errors at the ESS ≥ 300 asked) and sds within 20 % of the exact Dirichlet
+    posterior."""
     rng = np.random.default_rng(1)
     y = rng.choice(3, size=2000, p=[0.5, 0.3, 0.2]).astype(np.int32)
     w = (rng.normal(size=2000) * np.sqrt(2.0)).astype(np.float32)
