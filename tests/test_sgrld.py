@@ -439,7 +439,7 @@ def test_default_step_with_local_sites_matches_the_exact_posterior():
     w = (rng.normal(size=2000) * np.sqrt(2.0)).astype(np.float32)
     mean, sd = dirichlet_posterior(np.ones(3), np.bincount(y, minlength=3))
     kernel = SGRLD(local_categorical_model)
-    mcmc = MCMC(kernel, num_warmup=1000, num_samples=10_000, num_chains=4,
+    mcmc = MCMC(kernel, num_warmup=1000, num_samples=6000, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
