@@ -22,6 +22,7 @@ from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_subsample import SGRLD, NoiseOptions, StepSchedule, StrataOptions, to_arviz
 from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.post.checks import check_run
 from numpyro_subsample.proxies.guides import _setup_guide
 from numpyro_subsample.sgmcmc.simplex import drift_noise, expanded_mean_grad, likelihood_grad
 
@@ -447,6 +448,8 @@ def test_default_step_with_local_sites_matches_the_exact_posterior():
     pre = kernel.preprocessed
     assert pre.estimator == "stratified" and len(pre.strata.sizes) == 3
     assert np.isfinite(pre.noise)
+    attrs = check_run(mcmc, warn=False).attrs()
+    assert "no coupled-pair probe" in attrs["step_bias_skipped"]
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["pi"])
     assert np.all(effective_sample_size(draws) >= 300)
     flat = draws.reshape(-1, 3)

@@ -76,8 +76,8 @@ class SGRLDPreprocessed(NamedTuple):
     """Everything computed once per data set: the design of the subsample and its estimator's
     name (``"uniform"`` or ``"stratified"``), the Dirichlet concentrations α, the schedule
     (a, b, c), the strata (stratified estimator), the measured noise (max_k V_k / θ*_k of
-    :class:`SGRLD`'s step rule; NaN when not measured) and the arrays the step reads
-    (``params``)."""
+    :class:`SGRLD`'s step rule; NaN when not measured), the arrays the step reads
+    (``params``) and why the step's bias was not probed (for the run check's record)."""
 
     potential: Potential
     design: SamplingDesign
@@ -90,6 +90,7 @@ class SGRLDPreprocessed(NamedTuple):
     params: SGRLDParams
     estimator: str = "uniform"
     noise: float = float("nan")
+    step_bias_skipped: str = "SGRLD's simplex dynamics have no coupled-pair probe of the step"
 
 
 class SGRLD(SubsampleKernel):
