@@ -1,4 +1,4 @@
-"""The default bias probe (``numpyro_subsample.sgmcmc.bias_probe``): its cost and what it finds.
+"""The default bias probe (``numpyro_subsample.sgmcmc.step_bias``): its cost and what it finds.
 
     python benchmarks/bench_bias_probe.py cost     # default runs with and without the probe
     python benchmarks/bench_bias_probe.py hier [--ref-dir DIR] [KERNEL:step_size=H ...]
@@ -40,7 +40,7 @@ def _one_cost(model_name: str, kernel: str, probe: bool) -> None:
     mcmc.run(jax.random.PRNGKey(0), *args)
     jax.block_until_ready(mcmc.get_samples())
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    p = k.preprocessed.bias_probe
+    p = k.preprocessed.step_bias
     extra = ("| – | – | – |" if p is None else
              f"| {p.seconds:.1f} | {p.gradient_evaluations} | {p.kind} {p.bias:+.3f} ± "
              f"{p.bias_se:.3f}{' FLAGGED' if p.flagged else ''} |")
@@ -97,7 +97,7 @@ def hier(specs: list[str], ref_dir: str | None) -> None:
             e = np.abs(x.mean(0) - r.mean(0)) / r.std(0)
             if e.max() > worst:
                 worst, where = float(e.max()), f"{site}[{int(e.argmax())}]"
-        p = k.preprocessed.bias_probe
+        p = k.preprocessed.step_bias
         warned = any(issubclass(w.category, ns.StepBiasWarning) for w in caught)
         print(f"| {name} | {k.step_size:.3g} | {worst:.2f} | {where} | {p.kind}[{p.worst}] "
               f"{p.bias:+.2f} ± {p.bias_se:.2f} | {'yes' if warned else 'no'} |", flush=True)

@@ -41,7 +41,7 @@ from lda import (
     topic_recovery,
 )
 
-from numpyro_subsample import SGRLD, LocalConfig
+from numpyro_subsample import SGRLD, LocalConfig, StrataOptions
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -59,7 +59,8 @@ def sizes(quick: bool) -> dict:
 def sgrld_run(method: str, train, tokens, K: int, n: int, steps: int, a: float, *,
               local_update, estimator: str = "uniform", features=None, num_strata: int = 5,
               seed: int = 0):
-    kw = {} if features is None else {"features": features, "num_strata": num_strata}
+    kw = {} if features is None else {"strata": StrataOptions(features=features,
+                                                               num_strata=num_strata)}
     return run_kernel(
         method,
         lambda: SGRLD(lda_model, step_size=a, schedule="polynomial", estimator=estimator,

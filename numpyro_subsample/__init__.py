@@ -31,7 +31,6 @@ from numpyro_subsample.proxies.covariance import StructuredCovariance
 from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.variational import fit_variational
-from numpyro_subsample.sgmcmc.bias_probe import BiasProbe, StepBiasWarning
 from numpyro_subsample.sgmcmc.centring import centring_weights, partially_centred
 from numpyro_subsample.sgmcmc.distributed import (
     DistributedSGLD,
@@ -47,8 +46,15 @@ from numpyro_subsample.sgmcmc.kernel import (
     SGMCMCKernel,
     SGMCMCState,
 )
-from numpyro_subsample.sgmcmc.options import AdaptationOptions, NoiseOptions, ZVOptions
+from numpyro_subsample.sgmcmc.options import (
+    AdaptationOptions,
+    NoiseOptions,
+    StepSchedule,
+    StrataOptions,
+    ZVOptions,
+)
 from numpyro_subsample.sgmcmc.sgrld import SGRLD
+from numpyro_subsample.sgmcmc.step_bias import BiasProbe, StepBiasWarning
 
 __all__ = [
     # kernels
@@ -59,6 +65,8 @@ __all__ = [
     "SGMCMCKernel",
     "AdaptationOptions",
     "NoiseOptions",
+    "StepSchedule",
+    "StrataOptions",
     "ZVOptions",
     "LocalConfig",
     "SGMCMCState",

@@ -235,10 +235,11 @@ def test_local_sites_errors(intercepts):
         MCMC(SGHMC(intercepts_model, estimator="uniform", step_size=1e-6,
                    local=LocalConfig(update=bad_update)),
              num_warmup=1, num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
-    with pytest.raises(ValueError, match="explicit step_size"):
+    with pytest.raises(ValueError, match=r"StrataOptions\(features=...\)"):
         counts, _ = synthetic_corpus(20, 5, 2, 10)
-        MCMC(SGRLD(lda_model), num_warmup=1, num_samples=1,
-             progress_bar=False).run(jax.random.PRNGKey(0), counts, to_tokens(counts), 2, 5)
+        MCMC(SGRLD(lda_model, estimator="stratified", step_size=0.01), num_warmup=1,
+             num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), counts,
+                                                    to_tokens(counts), 2, 5)
 
 
 @pytest.mark.filterwarnings("ignore:This run may be wrong")  # 20 draws: not mixed
@@ -350,3 +351,37 @@ def test_random_intercepts_at_default_arguments(intercepts):
     assert effective_sample_size(s) > 150
     assert abs(s.mean() - mean) / sd < 0.2
     assert abs(np.log(s.std() / sd)) < 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel_class", [SGRLD, SGLD])
+def test_lda_at_defaults_is_right_or_loud(kernel_class):
+    """SGRLD(lda_model) and SGLD(lda_model) at default arguments on bench_lda.py's quick
+    corpus: either the held-out perplexity is within 10 % of scikit-learn's online LDA (10
+    passes) and the run is silent, or the run warns (noise-limited step, not mixed, a chain
+    stopped): never a silent wrong run."""
+    from lda import (
+        completion_probs,
+        draws_perplexity,
+        perplexity,
+        sklearn_online_lda,
+        split_documents,
+    )
+
+    counts, _ = synthetic_corpus(1400, 300, 10, 80, seed=0)
+    train, tokens = counts[:1000], to_tokens(counts[:1000])
+    observed, held_out = split_documents(counts[1200:], 2)
+    beta, _ = sklearn_online_lda(train, 10, 50, 10)
+    ref = perplexity(completion_probs(beta, observed), held_out)
+    mcmc = MCMC(kernel_class(lda_model), num_warmup=300, num_samples=1000, progress_bar=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.PRNGKey(0), train, tokens, 10, 50)
+        loud = [w for w in seen if issubclass(w.category, UserWarning)]
+        if not loud:  # plain NumPyro MCMC: the package's run check, as to_arviz runs it
+            from numpyro_subsample.post.checks import check_run
+            check_run(mcmc, warn=True)
+            loud = [w for w in seen if issubclass(w.category, UserWarning)]
+    b = np.asarray(mcmc.get_samples()["topics"])
+    ppl = draws_perplexity(b[500::50], observed, held_out)
+    assert loud or ppl < 1.1 * ref, (ppl, ref)

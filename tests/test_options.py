@@ -24,6 +24,8 @@ from numpyro_subsample import (
     LocalConfig,
     NoiseOptions,
     PreferentialOptions,
+    StepSchedule,
+    StrataOptions,
     ZVOptions,
 )
 from numpyro_subsample.sgmcmc.options import LEGACY_KEYWORDS
@@ -65,7 +67,7 @@ def test_old_keywords_warn_and_mean_the_record(old, new, spelling):
 
 def test_every_old_keyword_has_a_record_field():
     records = {"zv": ZVOptions(), "adaptation": AdaptationOptions(), "noise": NoiseOptions(),
-               "local": LocalConfig()}
+               "local": LocalConfig(), "schedule": StepSchedule(), "strata": StrataOptions()}
     for old, (name, field) in LEGACY_KEYWORDS.items():
         assert field == "" or hasattr(records[name], field), old
 

@@ -73,10 +73,11 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     return ", or ".join(tips)
 
 
-def kernel_probe(mcmc) -> Any:
-    """The kernel's default probe of its step's bias (package SG kernels), or None."""
+def kernel_probe(mcmc) -> tuple[Any, str]:
+    """The kernel's default probe of its step's bias (package SG kernels), or None, and why
+    it did not run ("" where it did or the kernel has none)."""
     pre = getattr(mcmc.sampler, "_pre", None)
-    return getattr(pre, "bias_probe", None)
+    return getattr(pre, "step_bias", None), str(getattr(pre, "step_bias_skipped", "") or "")
 
 
 def probe_message(mcmc, probe) -> str:

@@ -6,7 +6,7 @@ chains, split R-hat (Vehtari, Gelman, Simpson, Carpenter and Bürkner 2021). It 
 chains that stopped (a package kernel stops a chain whose state became non-finite or exploded,
 :mod:`numpyro_subsample.sgmcmc.chain`), coordinates that never moved, the bias that the
 kernel's default Richardson-Romberg probe found in its step
-(:mod:`numpyro_subsample.sgmcmc.bias_probe`), and, on request, the step-halving check
+(:mod:`numpyro_subsample.sgmcmc.step_bias`), and, on request, the step-halving check
 (:mod:`numpyro_subsample.post.step_halving`): a second run at half the step size, whose shift
 in posterior mean and sd (in posterior sd units, against its Monte Carlo standard error)
 measures the discretisation bias of a stochastic-gradient chain. The warning's lines are
@@ -76,10 +76,13 @@ class RunCheck(NamedTuple):
         One line per failed check.
     bias
         The step-halving check, or None.
-    probe
+    step_bias
         The kernel's default probe of the step's bias
-        (:class:`~numpyro_subsample.sgmcmc.bias_probe.BiasProbe`, made in its preprocessing),
+        (:class:`~numpyro_subsample.sgmcmc.step_bias.BiasProbe`, made in its preprocessing),
         or None.
+    step_bias_skipped
+        Why the kernel did not probe its step's bias ("" where it did, or where the kernel
+        has no probe).
 
     References
     ----------
@@ -97,7 +100,8 @@ class RunCheck(NamedTuple):
     max_mcse_sd: float
     messages: tuple[str, ...]
     bias: BiasCheck | None = None
-    probe: Any = None
+    step_bias: Any = None
+    step_bias_skipped: str = ""
 
     @property
     def ok(self) -> bool:
@@ -111,12 +115,17 @@ class RunCheck(NamedTuple):
             "ess_threshold": self.ess_threshold, "max_mcse_sd": self.max_mcse_sd,
             "num_divergent": self.divergences, "run_warnings": "\n".join(self.messages),
         }
-        if self.probe is not None:
-            p = self.probe
-            out.update({"bias_probe_step_size": p.step_size, "bias_probe_kind": p.kind,
-                        "bias_probe_bias": p.bias, "bias_probe_bias_se": p.bias_se,
-                        "bias_probe_coordinate": int(p.worst),
-                        "bias_probe_flagged": int(p.flagged)})
+        if self.step_bias is not None:
+            p = self.step_bias
+            out.update({"step_bias_step_size": p.step_size, "step_bias_kind": p.kind,
+                        "step_bias_bias": p.bias, "step_bias_bias_se": p.bias_se,
+                        "step_bias_coordinate": int(p.worst),
+                        "step_bias_flagged": int(p.flagged),
+                        "step_bias_resolution": p.resolution})
+            if p.inconclusive:
+                out["step_bias_inconclusive"] = p.inconclusive
+        if self.step_bias_skipped:
+            out["step_bias_skipped"] = self.step_bias_skipped
         if self.bias is not None:
             out.update({
                 f"step_halving_{k}": ", ".join(v) if isinstance(v, tuple) else v
@@ -158,8 +167,9 @@ def check_run(
         stochastic-gradient kernels only) and warn when the posterior mean of a coordinate moves
         by more than ``bias_tolerance`` posterior sds, beyond three Monte Carlo standard errors:
         the full check. The kernel's default probe of its step
-        (:mod:`~numpyro_subsample.sgmcmc.bias_probe`, made in its preprocessing) is a short
-        one; it is in ``RunCheck.probe``, and a bias it found is listed in the warning.
+        (:mod:`~numpyro_subsample.sgmcmc.step_bias`, made in its preprocessing) is a short
+        one; it is in ``RunCheck.step_bias`` (why it did not run in ``step_bias_skipped``),
+        and a bias it found is listed in the warning.
     bias_tolerance
         Posterior sds of mean shift that ``check_bias`` tolerates.
     stacklevel
@@ -197,7 +207,7 @@ def check_run(
             f"{', '.join(names[k] for k in order)}: the chains disagree; run longer or check "
             "for several modes"
         )
-    probe = kernel_probe(mcmc)
+    probe, skipped = kernel_probe(mcmc)
     if probe is not None and probe.flagged:
         messages.append(probe_message(mcmc, probe))
     bias = None
@@ -210,7 +220,7 @@ def check_run(
         min_ess_bulk=min_bulk, min_ess_tail=min_tail, max_rhat=max_r, worst_sites=tuple(worst),
         divergences=divergences, num_draws=chains * draws, num_chains=chains,
         ess_threshold=threshold, max_mcse_sd=max_mcse, messages=tuple(messages), bias=bias,
-        probe=probe,
+        step_bias=probe, step_bias_skipped=skipped,
     )
     if warn and messages:
         warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),

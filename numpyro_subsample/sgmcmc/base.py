@@ -41,7 +41,7 @@ from numpyro_subsample.estimators.registry import (
 from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.sgmcmc import adaptation, bias_probe, warmup
+from numpyro_subsample.sgmcmc import adaptation, step_bias, warmup
 from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
@@ -142,23 +142,27 @@ class SGMCMCKernel(SubsampleKernel):
         ``update(rng_key, rows, values, idx, *model_args, **model_kwargs) -> rows``, else
         ``steps`` MALA steps, move the subsample's sites before its gradient
         (:mod:`~numpyro_subsample.estimators.local`, ``docs/local_latents.md``; default
-        ``LocalConfig()``). Such models need ``estimator="uniform"`` and an explicit
-        ``step_size``; a proxy, ``proxy_kwargs``, the noise correction or ZV are refused (they
-        need p(x_i | θ)).
+        ``LocalConfig()``). Such models take ``estimator="cv"`` (default, control variates at
+        a stochastic-approximation pilot's end) or ``"uniform"``, and by default the step of
+        the adapted preconditioner
+        (:func:`~numpyro_subsample.sgmcmc.preprocess.local_preprocessing`); a proxy,
+        ``proxy_kwargs``, the noise correction or ZV are refused (they need p(x_i | θ)).
     bias_probe
         Probe the bias of the time step h after choosing it (default True): coupled pairs of
         chains at h and h/2 (Richardson-Romberg, Durmus et al. 2016, Sect. 3;
-        :mod:`~numpyro_subsample.sgmcmc.bias_probe`) estimate the bias of each coordinate's
+        :mod:`~numpyro_subsample.sgmcmc.step_bias`) estimate the bias of each coordinate's
         posterior mean and sd at h, and a
-        :class:`~numpyro_subsample.sgmcmc.bias_probe.StepBiasWarning` names the step and a
+        :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` names the step and a
         smaller one when a bias of 0.2 posterior sd (of a mean; 20 % of an sd) or more is
         significant, or when the chains at h diverge. It runs for a given ``step_size`` too,
         costs 3 × 4 pairs × 200-1000 gradient estimates of the run's subsample size once per
         data set (at most 0.27 × those of 4 chains × 11,000 steps; compiling it costs about
         as much as compiling the sampling loop) and is recorded in
-        ``kernel.preprocessed.bias_probe``. Skipped with the adapted preconditioner (whose
+        ``kernel.preprocessed.step_bias``. Skipped with the adapted preconditioner (whose
         scale is adapted in the warm-up), local latent sites, ``"saga"``/``"svrg"`` (a state
-        per chain) and structured proxies.
+        per chain) and structured proxies: the reason is then in
+        ``kernel.preprocessed.step_bias_skipped`` and the run check's record, without a
+        warning.
     **estimator_options
         Further options of the estimator (see its module). The keywords of the previous
         release (``zv_stream``, ``zv_degree``, ``zv_covariates``, ``zv_fn``,
@@ -321,7 +325,8 @@ class SGMCMCKernel(SubsampleKernel):
         new = copy.copy(self)
         new._step_size, new._step = h, None
         if self._pre is not None:  # the bias probe was of the old step
-            new._pre = with_time_step(self._pre, h, new._diffusion)._replace(bias_probe=None)
+            new._pre = with_time_step(self._pre, h, new._diffusion)._replace(
+                step_bias=None, step_bias_skipped="the step was changed after its probe")
         return new
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
@@ -408,7 +413,8 @@ class SGMCMCKernel(SubsampleKernel):
         if self._adapts(potential):
             step_size = self._step_size or adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu))
-            return prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
+            pre = prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
+            return step_bias.not_probed(pre, "the preconditioner is adapted in the warm-up")
         curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
         if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
             curvature, passes = measured_curvature(wh.proxy, potential, data,
@@ -421,8 +427,8 @@ class SGMCMCKernel(SubsampleKernel):
             chunk_size=self.chunk_size, started=t0,
         )
         if not self.bias_probe:
-            return pre
-        return bias_probe.probed(pre, data, dynamics=self._dynamics(corrected),
+            return step_bias.not_probed(pre, "bias_probe=False")
+        return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
                                  diffusion=self._diffusion, seed=self.seed,
                                  kernel=type(self).__name__, stacklevel=5)
 
@@ -433,12 +439,13 @@ class SGMCMCKernel(SubsampleKernel):
                      step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
                      proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
                      adapt_preconditioner=self._adapts(potential))
-        return prep.local_preprocessing(
+        pre = prep.local_preprocessing(
             type(self).__name__, potential, given, self.replace, self.local,
             self._is_structured(potential.dim),
             adapted_step=adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu)),
             data=data, rng_key=preprocess_keys(self.seed)[2], chunk_size=self.chunk_size)
+        return step_bias.not_probed(pre, "the model has local latent sites")
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

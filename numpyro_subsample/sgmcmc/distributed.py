@@ -330,6 +330,7 @@ class DistributedSGLD(SGLD):
             potential=potential, proxy=proxy, estimator=reference, step_size=float(step_size),
             noise=noise, centre=base.centre, scale_tril=base.scale_tril,
             seconds=time.perf_counter() - t0, data_passes=passes, params=params,
+            step_bias_skipped="DistributedSGLD's shard estimator has no coupled-pair probe",
         )
         return DistributedPreprocessed(
             core=core, shards=ShardFacts(layout=layout, noise_within=v_w, noise_between=v_b),

@@ -42,7 +42,7 @@ class Dynamics(NamedTuple):
     ``step`` with its standard normal draw ξ given as ``noise`` (w's shape) instead of drawn
     from a key: ``step(key, ...)`` equals ``step_noise(jax.random.normal(key, w.shape), ...)``.
     Coupled chains share their draws through it (the Richardson-Romberg probe,
-    :mod:`~numpyro_subsample.sgmcmc.bias_probe`).
+    :mod:`~numpyro_subsample.sgmcmc.step_bias`).
     """
 
     name: str

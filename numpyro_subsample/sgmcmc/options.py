@@ -9,6 +9,7 @@ with a ``DeprecationWarning`` naming the new spelling.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 from numpyro_subsample.core.options import OptionTypeError, check_options, warn_deprecated
 from numpyro_subsample.estimators.local import DEFAULT_LOCAL_STEPS, LocalConfig
 
-__all__ = ["AdaptationOptions", "NoiseOptions", "ZVOptions", "check_record", "legacy_records"]
+__all__ = ["AdaptationOptions", "NoiseOptions", "StepSchedule", "StrataOptions", "ZVOptions",
+           "check_record", "legacy_records"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +117,78 @@ class NoiseOptions:
                       max_variance_inflation=self.max_variance_inflation)
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepSchedule:
+    """SGRLD's step schedule ε_t = a (1 + t/b)^(−c), t the iteration (warm-up included).
+
+    Parameters
+    ----------
+    kind
+        ``"constant"`` (default; ε_t = a) or ``"polynomial"`` (Patterson and Teh's decaying
+        ε_t, which lowers the step's bias and slows the mixing by the same factor).
+    decay_offset
+        b of the polynomial schedule (default 1000).
+    decay_power
+        c of the polynomial schedule (default 0.55; in (0.5, 1] as Σε_t = ∞, Σε_t² < ∞ ask).
+
+    References
+    ----------
+    Patterson and Teh (2013), Sect. 4; Welling and Teh (2011), Eq. 2 (the conditions on ε_t).
+    """
+
+    kind: str = "constant"
+    decay_offset: float = 1000.0
+    decay_power: float = 0.55
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("polynomial", "constant"):
+            raise ValueError(f"StepSchedule: kind must be 'polynomial' or 'constant', got "
+                             f"{self.kind!r}.")
+        for name in ("decay_offset", "decay_power"):
+            v = getattr(self, name)
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and v == v
+            if not ok or v < 0 or (v == 0 and name == "decay_offset") or v == float("inf"):
+                raise ValueError(f"StepSchedule: {name} must be a positive number, got {v!r}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrataOptions:
+    """The strata of SGRLD's ``estimator="stratified"`` (and of ``"auto"``'s stratified
+    candidate): k-means clusters of per-datum features (Fu and Zhang 2023, Sect. 3).
+
+    Parameters
+    ----------
+    num_strata
+        k (default 10).
+    features
+        An (N, p) array to cluster; default: the per-datum θ ⊙ ∇_θ log p(x_i | π̄) at the
+        prior mean π̄ (one data pass, N × d numbers; pass smaller features, e.g. per-document
+        word frequencies, when d is large). Needed with local latent sites.
+    kmeans_iters
+        Lloyd iterations (default 5).
+    seed
+        Seed of the k-means (default 0).
+
+    References
+    ----------
+    Fu and Zhang (2023), Sect. 3-4 (CPSG-MCMC), Eq. 10 and 14.
+    """
+
+    num_strata: int = 10
+    features: Any = None
+    kmeans_iters: int = 5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_strata", "kmeans_iters"):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"StrataOptions: {name} must be a positive integer, got "
+                                 f"{v!r}.")
+        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
+            raise ValueError(f"StrataOptions: seed must be an integer, got {self.seed!r}.")
+
+
 #: old keyword → (its record keyword, the record's field); ``zv_stream`` switches ZV on.
 LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
     "zv_stream": ("zv", ""),
@@ -127,10 +201,17 @@ LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
     "max_variance_inflation": ("noise", "max_variance_inflation"),
     "local_update": ("local", "update"),
     "local_steps": ("local", "steps"),
+    "decay_offset": ("schedule", "decay_offset"),
+    "decay_power": ("schedule", "decay_power"),
+    "num_strata": ("strata", "num_strata"),
+    "features": ("strata", "features"),
+    "kmeans_iters": ("strata", "kmeans_iters"),
+    "strata_seed": ("strata", "seed"),
 }
 
 _RECORDS: dict[str, type] = {"zv": ZVOptions, "adaptation": AdaptationOptions,
-                             "noise": NoiseOptions, "local": LocalConfig}
+                             "noise": NoiseOptions, "local": LocalConfig,
+                             "schedule": StepSchedule, "strata": StrataOptions}
 
 
 def check_record(label: str, name: str, value: Any) -> None:

@@ -256,7 +256,8 @@ def relaxation_rates(fisher: np.ndarray, theta: np.ndarray, like: dict) -> np.nd
 
 def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: ModelData,
              moments: DesignMoments, iters: int = 10, chunk_size: int = DEFAULT_CHUNK,
-             tol: float = 0.02) -> tuple[dict, DriftMoments, int]:
+             tol: float = 0.02, measure: Callable | None = None
+             ) -> tuple[dict, DriftMoments, int]:
     """Scoring steps of the noise-free expanded-mean drift from ``pi`` (one data pass each),
     at most ``iters``, until no π_k changes by more than the fraction ``tol``; the point
     reached, the :class:`DriftMoments` there (under ``moments``, two passes) and the number
@@ -267,13 +268,16 @@ def em_point(potential: Potential, pi: dict, alpha: dict, totals: dict, data: Mo
     diag(θ)), then π = θ / Σθ. Its fixed point is the zero of the noise-free drift (for
     categorical counts the posterior mean (α + n) / (Σα + N), reached in one step when λ_r
     is measured there); a step shrinks the error by about (λ̂ − λ)/λ̂ when the measured λ̂
-    overestimates the rate λ. θ is floored at 10⁻³ α."""
+    overestimates the rate λ. θ is floored at 10⁻³ α. ``measure(pi, final)`` replaces
+    :func:`drift_noise` (e.g. with local sites,
+    :func:`~numpyro_subsample.sgmcmc.simplex_local.local_drift_moments`)."""
     a, s = flatten_sites(alpha), flatten_sites(totals)
     dtype = jax.tree.leaves(pi)[0].dtype
     done = 0
     while True:
         final = done == int(iters)
-        dm = drift_noise(potential, pi, data, moments, chunk_size, final)
+        dm = (drift_noise(potential, pi, data, moments, chunk_size, final) if measure is None
+              else measure(pi, final))
         if final:
             return pi, dm, done
         old = flatten_sites(pi)

@@ -152,9 +152,11 @@ class Preprocessed(NamedTuple):
         Standard errors of the noise eigenvalues, or None.
     noise_corrected
         Whether the injected noise is N(0, 2h I − h²V).
-    bias_probe
+    step_bias
         The default probe of the step's bias
-        (:class:`~numpyro_subsample.sgmcmc.bias_probe.BiasProbe`), or None where it did not run.
+        (:class:`~numpyro_subsample.sgmcmc.step_bias.BiasProbe`), or None where it did not run.
+    step_bias_skipped
+        Why the step's bias was not probed ("" where it was).
 
     References
     ----------
@@ -176,7 +178,8 @@ class Preprocessed(NamedTuple):
     noise_draws: int = 0  # proxy draws that noise (and noise_cov) average
     noise_errors: Any = None  # standard errors of its eigenvalues (NumPy, ascending order)
     noise_corrected: bool = False  # the dynamics inject N(0, 2ch I − h²V)
-    bias_probe: Any = None  # sgmcmc.bias_probe.BiasProbe of the step, if it ran
+    step_bias: Any = None  # sgmcmc.step_bias.BiasProbe of the step, if it ran
+    step_bias_skipped: str = ""  # why it did not run
 
 
 class Whitening(NamedTuple):

@@ -27,19 +27,11 @@ least :data:`FLAG_BIAS` and beyond :func:`significance` standard errors, or when
 h became non-finite or exploded. Its cost, ``3 · PROBE_PAIRS`` gradient estimates of the run's
 subsample size per probe step (:func:`probe_steps`: at most 0.27 × those of a run of 4 chains
 × 11,000 steps), is recorded in :class:`BiasProbe` and added to the preprocessing's data
-passes and seconds.
-
-Measured (2026-11-27; ``tests/test_bias_probe.py`` and the centred hierarchical normal model
-of ``benchmarks/_hier_models.py`` against its full-data NUTS reference, 4 chains × 11,000
-steps): SGLD at h = 0.6 on a conjugate linear regression, whose sd is 19 % too large, is
-flagged (+0.27 ± 0.03 relative); on the hierarchical model SGHMC at h = 0.6 (run off by 0.47 sd
-in σ_a, ESS and R-hat passing) is flagged (+0.60 ± 0.06 sd in log σ_a), SGLD at h = 0.35 (off
-by 0.52 sd) too (+0.47 ± 0.06), SGLD at h = 0.2 (off by 0.26 sd) is not (+0.22, not
-significant); the default steps of both, and default runs of the test models (SGLD, SGHMC,
-SGNHT; ``"cv"`` and ``"uniform"``), stay silent. With a noise-limited
-step (``"uniform"``, h ≈ 0.01) the subsamples of the two chains differ enough that the
-estimates' standard errors reach 0.1-0.25 sd: the probe is then inconclusive and silent unless
-the bias is large.
+passes and seconds. Where it cannot run (:func:`skip_reason`, the adapted preconditioner,
+local latent sites) or resolves only biases above :data:`BIAS_TOLERANCE`
+(:attr:`BiasProbe.resolution`, e.g. with a noise-limited step whose two chains' subsamples
+differ a lot) the run check's record says so (``step_bias_skipped``, ``step_bias_resolution``
+of its ArviZ attributes), without a warning.
 """
 
 from __future__ import annotations
@@ -47,19 +39,21 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG as PROBE_RNG
-from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec
-from numpyro_subsample.sgmcmc.chain import MAX_PROXY_SD
+from numpyro_subsample.proxies.whitening import Scale
+from numpyro_subsample.sgmcmc.coupled_pairs import (
+    BATCHES,
+    batch_estimates,
+    run_pairs,
+    start_positions,
+)
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, injected_noise_scale
 
 __all__ = [
@@ -70,6 +64,7 @@ __all__ = [
     "StepBiasWarning",
     "probe_bias",
     "probe_steps",
+    "not_probed",
     "probed",
     "significance",
     "skip_reason",
@@ -84,16 +79,9 @@ PROBE_PAIRS = 4
 RELAXATION_STEPS = 30.0
 MIN_STEPS = 200
 MAX_STEPS = 1000
-#: Batches per pair for the batch-means standard errors; the first ``BURN_IN_BATCHES`` are left
-#: out (the coupled difference starts at 0 and grows to its stationary value).
-BATCHES = 40
-BURN_IN_BATCHES = 8
 #: The probe warns only where the series of the flagged function has at least this effective
 #: sample size (of ``PROBE_PAIRS · (BATCHES − BURN_IN_BATCHES)`` batch means).
 MIN_ESS = 20.0
-#: Below this many datum-coordinate products (3 · pairs · steps · n · d) the probe's program is
-#: compiled with XLA's optimisations off (compiling faster, running slower).
-FAST_COMPILE_WORK = 2e8
 #: The probe warns when an estimated bias (of a mean, in posterior sds; of an sd, relative) is
 #: at least this and significant (:func:`significance`).
 FLAG_BIAS = 0.2
@@ -104,7 +92,7 @@ BIAS_TOLERANCE = 0.3
 class StepBiasWarning(UserWarning):
     """The default Richardson-Romberg probe found that the time step biases the posterior:
     the message names the site, the estimated bias in posterior sds ± its standard error, the
-    step and the remedy (:mod:`~numpyro_subsample.sgmcmc.bias_probe`)."""
+    step and the remedy (:mod:`~numpyro_subsample.sgmcmc.step_bias`)."""
 
 
 class BiasProbe(NamedTuple):
@@ -172,6 +160,29 @@ class BiasProbe(NamedTuple):
         return float(arr[self.worst])
 
     @property
+    def resolution(self) -> float:
+        """The smallest bias the probe would flag at its least precise coordinate (posterior
+        sds for a mean, relative for an sd): the largest of :data:`FLAG_BIAS` and
+        :func:`significance` standard errors; above :data:`BIAS_TOLERANCE` the probe's silence
+        does not rule out a bias it was built to find. Infinite after a divergence."""
+        if self.kind.startswith("diverged"):
+            return float("inf")
+        se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
+        worst = float(np.nanmax(se)) if se.size and np.isfinite(se).any() else float("inf")
+        return max(FLAG_BIAS, significance(len(self.mean_bias)) * worst)
+
+    @property
+    def inconclusive(self) -> str:
+        """Why the probe's silence does not clear the step ("" where it does): its
+        :attr:`resolution` is above :data:`BIAS_TOLERANCE`."""
+        r = self.resolution
+        if self.flagged or r <= BIAS_TOLERANCE:
+            return ""
+        return (f"the probe resolves only biases of {r:.2g} or more (posterior sd for a mean, "
+                f"relative for an sd), above the {BIAS_TOLERANCE} it is built to find; "
+                "check_bias=True runs the full check")
+
+    @property
     def message(self) -> str:
         """What the probe found, in words (for the warnings)."""
         h = self.step_size
@@ -202,114 +213,6 @@ def significance(dim: int) -> float:
     Bonferroni-like bound over the 2d functions (means and sds of d coordinates), as the
     pilot's window test (:mod:`~numpyro_subsample.sgmcmc.warmup`), and at least 3.5."""
     return max(3.5, math.sqrt(2.0 * math.log(4.0 * max(int(dim), 1))) + 1.0)
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, est_params,
-                   centre, tril: Scale, sd, h, scale_h, scale_half, start_w, start_xi, key,
-                   data: ModelData):
-    """The coupled pairs' ``num_batches × batch_len`` steps; returns per batch and pair the
-    means of m(Z), m(Z)², m(Z) − m(Y), m(Z)² − m(Y)² (m = (θ − θ̂)/sd; Z at h/2, Y at h) and
-    whether the chains at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds.
-
-    One loop over half-steps, so that the estimator is traced once. Pair p's half-step j has
-    parity r = (j + p) mod 2 (half of the pairs out of phase with the other half): at r = 0
-    the gradient is evaluated at Z and at Y with one subsample key, at r = 1 at Z only with a
-    second key; Z moves by h/2 with the pair's draw ξ_r at every half-step, Y by h at r = 1
-    with the gradient of r = 0 and (ξ_0 + ξ_1)/√2. Each half-step thus evaluates P Z's and P/2
-    Y's: 3P/2 gradient estimates, 3 per pair and step as the unrolled scheme."""
-    pairs = start_w.shape[0]
-    half = pairs // 2
-    phase = jnp.arange(pairs) % 2
-    order = jnp.argsort(phase, stable=True)  # pairs of phase 0 first, then phase 1
-    mom, therm = jax.vmap(dynamics.init_momentum)(start_xi, start_w)
-    vstep = jax.vmap(dynamics.step_noise, in_axes=(0, 0, 0, 0, 0, None, None))
-
-    def grad_at(w, k):
-        g, _ = estimate(est_params, k, centre + whiten_matvec(tril, w), data)
-        return whiten_rmatvec(tril, -g)
-
-    vgrad = jax.vmap(grad_at)
-    vscaled = jax.vmap(lambda w: whiten_matvec(tril, w) / sd)
-
-    def where(c, new, old):
-        return jax.tree.map(lambda a, b: jnp.where(c.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
-                            new, old)
-
-    def healthy(w):  # as the sampling chain's test (sgmcmc.chain.MAX_PROXY_SD)
-        return jnp.all(jnp.isfinite(w) & (jnp.abs(w) < MAX_PROXY_SD))
-
-    def half_step(j, carry):
-        y, z, g_saved, xi_saved, acc, ok = carry
-        r = (j - phase) % 2
-        active = j >= phase  # pairs of phase 1 start one half-step later
-        k_noise, k_est = jax.random.split(jax.random.fold_in(key, j))
-        xi = jax.random.normal(k_noise, start_w.shape, start_w.dtype)
-        keys = jax.random.split(k_est, pairs)
-        # pair p's subsample key at its r = 0 half-step serves both its Y and its Z
-        ys = jax.lax.dynamic_slice_in_dim(order, (j % 2) * half, half)  # pairs with r = 0
-        g = vgrad(jnp.concatenate([y[0][ys], z[0]]), jnp.concatenate([keys[ys], keys]))
-        g_saved = g_saved.at[ys].set(g[:half])
-        xi_saved = jnp.where(((r == 0) & active)[:, None], xi, xi_saved)
-        z = where(active, vstep(xi, *z, g[half:], 0.5 * h, scale_half), z)
-        moved = vstep((xi_saved + xi) / jnp.sqrt(2.0), *y, g_saved, h, scale_h)
-        done = (r == 1) & active  # Y and Z at the same time point
-        y = where(done, moved, y)
-        my, mz = vscaled(y[0]), vscaled(z[0])
-        out = jnp.stack([mz, mz * mz, mz - my, mz * mz - my * my], axis=1)  # (pairs, 4, d)
-        batch = jnp.clip((j - phase) // (2 * batch_len), 0, num_batches - 1)
-        acc = acc.at[jnp.arange(pairs), batch].add(
-            jnp.where(done[:, None, None], out, 0.0) / batch_len)
-        ok = ok & jnp.stack([healthy(y[0]), healthy(z[0])])
-        return y, z, g_saved, xi_saved, acc, ok
-
-    start = (start_w, mom, therm)
-    acc = jnp.zeros((pairs, num_batches, 4, start_w.shape[1]), start_w.dtype)
-    carry = (start, start, jnp.zeros_like(start_w), jnp.zeros_like(start_w), acc,
-             jnp.ones((2,), bool))
-    carry = jax.lax.fori_loop(0, 2 * num_batches * batch_len + 1, half_step, carry)
-    return carry[4], carry[5]  # (pairs, batches, 4, d); chains at h, h/2 stayed healthy
-
-
-def _start(proxy: Any, centre: np.ndarray, tril: np.ndarray, pairs: int,
-           rng: np.random.Generator) -> np.ndarray:
-    """Whitened start positions (pairs, d): the pilot's last draws (``proxy.info["draws"]``)
-    where there are enough, else standard normal draws (proxy draws)."""
-    draws = (getattr(proxy, "info", None) or {}).get("draws") if proxy is not None else None
-    if draws is not None and np.shape(draws)[0] >= pairs:
-        theta = np.asarray(draws, np.float64)
-        pick = theta[np.linspace(0, theta.shape[0] - 1, pairs).astype(int)]
-        return solve_triangular(tril, (pick - centre).T, lower=True).T
-    return rng.standard_normal((pairs, centre.shape[0]))
-
-
-def _estimates(sums: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Bias estimates, their standard errors and effective sample sizes from the batch means
-    ``sums`` (pairs, batches, 4, d), the burn-in batches left out.
-
-    The standard error of each function's mean over the batch means is its sd over
-    sqrt(ESS), the ESS of the pairs' series of batch means (NumPyro's estimator, the pairs as
-    chains): a series that drifts or mixes slowly over the probe gets a small ESS and a large
-    standard error, rather than the batch means' naive one."""
-    from numpyro.diagnostics import effective_sample_size
-
-    s = np.asarray(sums, np.float64)[:, BURN_IN_BATCHES:]  # (P, B, 4, d)
-    mz, mz2, d1, d2 = (s[:, :, i] for i in range(4))  # (P, B, d) each
-    mean_z = mz.mean((0, 1))
-    var_z = np.maximum(mz2.mean((0, 1)) - mean_z**2, 1e-12)
-    mean_y = (mz - d1).mean((0, 1))  # the chain at h
-    dvar = d2 - (mean_z + mean_y) * d1  # var_{h/2} − var_h, linearised per batch mean
-
-    def mean_se_ess(x):
-        ess = np.asarray(effective_sample_size(x), np.float64)
-        ess = np.clip(np.nan_to_num(ess, nan=1.0), 1.0, x.shape[0] * x.shape[1])
-        return x.mean((0, 1)), x.reshape(-1, x.shape[-1]).std(0, ddof=1) / np.sqrt(ess), ess
-
-    m1, se1, ess1 = mean_se_ess(d1)
-    m2, se2, ess2 = mean_se_ess(dvar)
-    sd_z = np.sqrt(var_z)
-    return (-2.0 * m1 / sd_z, 2.0 * se1 / sd_z, -m2 / var_z, se2 / var_z,
-            np.minimum(ess1, ess2))
 
 
 def probe_bias(
@@ -374,7 +277,7 @@ def probe_bias(
     steps = batch_len * BATCHES
     rng = np.random.default_rng([int(seed), 0xB1A5])
     tril = np.asarray(scale_tril, np.float64)
-    w0 = _start(proxy, np.asarray(centre, np.float64), tril, pairs, rng)
+    w0 = start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, rng)
     xi0 = rng.standard_normal((pairs, d))
     scale_h = scale_half = None
     if dynamics.name.endswith("-corrected"):
@@ -383,31 +286,23 @@ def probe_bias(
     sd = np.sqrt(np.sum(tril * tril, axis=1))  # sqrt(diag(L Lᵀ))
     bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
     key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
-    # a short probe compiles with XLA's optimisations off: its compilation is most of its cost
-    fast = 3 * pairs * steps * n * d <= FAST_COMPILE_WORK
-    before = bool(jax.config.read("jax_disable_most_optimizations"))
-    jax.config.update("jax_disable_most_optimizations", before or fast)
-    try:
-        sums, ok = _probe_program(
-            estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
-            centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scale_h,
-            scale_half, device_array(w0, dtype), device_array(xi0, dtype), key, data)
-        sums, ok = np.asarray(sums), np.asarray(ok)
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
+    sums, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre, scale_tril,
+                         sd, h, (scale_h, scale_half), (w0, xi0), key, data,
+                         work=3.0 * pairs * steps * n * d)
     evaluations = 3 * pairs * steps
     passes = evaluations * n / potential.num_data
-    ok = np.asarray(ok)
     if not ok.all():  # a chain became non-finite or exploded: no estimate
         nan = np.full(d, np.nan)
         return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
                          True, pairs, steps, evaluations, float(passes),
                          time.perf_counter() - t0, nan)
-    mean_bias, mean_se, sd_bias, sd_se, ess = _estimates(sums)
+    mean_bias, mean_se, sd_bias, sd_se, ess = batch_estimates(sums)
     worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
     flagged = flagged and bool(ess[worst] >= MIN_ESS)
     return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
                      steps, evaluations, float(passes), time.perf_counter() - t0, ess)
+
+
 
 
 def worst_coordinate(mean_bias, mean_se, sd_bias, sd_se) -> tuple[int, str, bool]:
@@ -457,15 +352,23 @@ def skip_reason(pre: Any, dynamics: Dynamics) -> str | None:
     return None
 
 
+def not_probed(pre: Any, reason: str) -> Any:
+    """``pre`` (a :class:`~numpyro_subsample.sgmcmc.chain.Preprocessed`) recording in
+    ``step_bias_skipped`` why its step's bias was not probed (for the run check's record)."""
+    return pre._replace(step_bias=None, step_bias_skipped=str(reason))
+
+
 def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, seed: int,
            kernel: str, stacklevel: int = 2) -> Any:
     """``pre`` (a :class:`~numpyro_subsample.sgmcmc.chain.Preprocessed`) with the probe of its
-    step in ``bias_probe`` and its cost added to ``data_passes`` and ``seconds``; warns
-    (:func:`warn_if_biased`). Unchanged where :func:`skip_reason` gives a reason."""
+    step in ``step_bias`` and its cost added to ``data_passes`` and ``seconds``; warns
+    (:func:`warn_if_biased`). Where :func:`skip_reason` gives a reason, ``pre`` with that
+    reason in ``step_bias_skipped`` (:func:`not_probed`)."""
     from numpyro_subsample.core.sites import coordinate_names
 
-    if skip_reason(pre, dynamics) is not None:
-        return pre
+    reason = skip_reason(pre, dynamics)
+    if reason is not None:
+        return not_probed(pre, reason)
     probe = probe_bias(
         pre.potential, data, estimate=pre.estimator.estimate,
         estimator_params=pre.estimator.params, dynamics=dynamics, centre=pre.centre,
@@ -475,5 +378,5 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
     warn_if_biased(probe, coordinate_names(pre.potential), kernel, stacklevel=stacklevel + 1)
     passes = pre.data_passes + probe.data_passes
     params = pre.params._replace(data_passes=device_array(passes, pre.centre.dtype))
-    return pre._replace(bias_probe=probe, data_passes=passes, params=params,
+    return pre._replace(step_bias=probe, step_bias_skipped="", data_passes=passes, params=params,
                         seconds=pre.seconds + probe.seconds)

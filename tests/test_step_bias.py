@@ -1,4 +1,4 @@
-"""The default Richardson-Romberg probe of the step's bias (numpyro_subsample.sgmcmc.bias_probe).
+"""The default Richardson-Romberg probe of the step's bias (numpyro_subsample.sgmcmc.step_bias).
 
 (a) the dynamics' given-noise steps are BlackJAX's steps; (b) a run biased by a too large step
 warns; (c) default runs of the test models stay silent, under the package's and NumPyro's MCMC;
@@ -23,8 +23,17 @@ from models import (
 )
 from numpyro.infer import MCMC as NumPyroMCMC
 
-from numpyro_subsample import MCMC, SGHMC, SGLD, SGNHT, StepBiasWarning
-from numpyro_subsample.sgmcmc import bias_probe
+from numpyro_subsample import (
+    MCMC,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    AdaptationOptions,
+    RunDiagnosticsWarning,
+    StepBiasWarning,
+)
+from numpyro_subsample.post.checks import RunCheck
+from numpyro_subsample.sgmcmc import step_bias
 from numpyro_subsample.sgmcmc.dynamics import (
     corrected_dynamics,
     sghmc_dynamics,
@@ -83,10 +92,10 @@ def test_a_too_large_sgld_step_warns_with_the_bias_and_the_remedy():
     with pytest.warns(StepBiasWarning, match=r"h = 0\.6 biases the posterior sd of beta\[\d\] "
                       r"by about \+0\.\d\d ± 0\.\d\d.*step_size=0\.3"):
         mcmc.run(jax.random.PRNGKey(0), X, y)
-    probe = kernel.preprocessed.bias_probe
+    probe = kernel.preprocessed.step_bias
     assert probe.flagged and probe.kind == "sd" and probe.step_size == 0.6
     assert 0.15 < probe.bias < 0.4 and probe.bias > 3.5 * probe.bias_se
-    assert kernel.with_step_size(0.3).preprocessed.bias_probe is None  # it was of h = 0.6
+    assert kernel.with_step_size(0.3).preprocessed.step_bias is None  # it was of h = 0.6
     drawn_sd = np.asarray(mcmc.get_samples()["beta"]).std(0)
     assert np.all(drawn_sd > 1.1 * sd)  # the run is as wrong as the probe says
 
@@ -103,7 +112,7 @@ def test_a_too_large_step_on_a_scale_model_warns_and_the_run_is_off():
                        chain_method="vectorized", progress_bar=False)
     with pytest.warns(StepBiasWarning, match="h = 0.6"):
         mcmc.run(jax.random.PRNGKey(0), X, y)
-    assert kernel.preprocessed.bias_probe.flagged
+    assert kernel.preprocessed.step_bias.flagged
     err, _ = standardised_errors(mcmc.get_samples(), nuts_reference("logistic_hier", X, y))
     assert np.max(np.abs(err)) >= 0.3
 
@@ -117,10 +126,12 @@ def test_default_runs_of_a_linear_regression_are_silent(cls):
     with warnings.catch_warnings():
         warnings.simplefilter("error", StepBiasWarning)
         mcmc.run(jax.random.PRNGKey(0), X, y)
-    probe = kernel.preprocessed.bias_probe
+    probe = kernel.preprocessed.step_bias
     assert probe is not None and not probe.flagged
-    assert mcmc.run_check.probe is probe
-    assert mcmc.run_check.attrs()["bias_probe_flagged"] == 0
+    assert mcmc.run_check.step_bias is probe
+    assert mcmc.run_check.attrs()["step_bias_flagged"] == 0
+    assert mcmc.run_check.attrs()["step_bias_resolution"] < step_bias.BIAS_TOLERANCE
+    assert "step_bias_skipped" not in mcmc.run_check.attrs()
     assert not any("probe" in m for m in mcmc.run_check.messages)
     assert np.all(np.abs(probe.mean_bias) < 0.1) and np.all(np.abs(probe.sd_bias) < 0.1)
 
@@ -138,7 +149,7 @@ def test_default_preprocessing_of_logistic_models_is_silent(cls, estimator, mode
     X, y = logistic_data(N=5000, d=4)
     pre, caught = _preprocess(cls(model, estimator=estimator, progress_bar=False), X, y)
     assert not caught, caught[0].message
-    assert pre.bias_probe is not None and not pre.bias_probe.flagged
+    assert pre.step_bias is not None and not pre.step_bias.flagged
 
 
 def test_plain_numpyro_mcmc_is_silent_on_a_default_logistic_run():
@@ -148,21 +159,21 @@ def test_plain_numpyro_mcmc_is_silent_on_a_default_logistic_run():
     with warnings.catch_warnings():
         warnings.simplefilter("error", StepBiasWarning)
         mcmc.run(jax.random.PRNGKey(1), X, y)
-    assert kernel.preprocessed.bias_probe is not None
+    assert kernel.preprocessed.step_bias is not None
 
 
 def test_probe_cost_is_recorded_and_bounded():
     """At most 0.3 × the gradient estimates of a default run (4 chains × 11,000 steps), for any
     step; recorded in the preprocessing and counted in its data passes."""
     for h in (1e-4, 0.01, 0.1, 1.0):
-        steps = bias_probe.probe_steps(h)
-        assert 3 * bias_probe.PROBE_PAIRS * steps <= 0.3 * DEFAULT_RUN_ESTIMATES
+        steps = step_bias.probe_steps(h)
+        assert 3 * step_bias.PROBE_PAIRS * steps <= 0.3 * DEFAULT_RUN_ESTIMATES
     X, y = logistic_data(N=5000, d=4)
     off = SGLD(logistic_model, progress_bar=False, bias_probe=False)
     on = SGLD(logistic_model, progress_bar=False)
     pre_off, pre_on = off.preprocess((X, y)), on.preprocess((X, y))
-    probe = pre_on.bias_probe
-    assert pre_off.bias_probe is None
+    probe = pre_on.step_bias
+    assert pre_off.step_bias is None
     assert probe.gradient_evaluations == 3 * probe.pairs * probe.steps
     assert probe.gradient_evaluations <= 0.3 * DEFAULT_RUN_ESTIMATES
     assert probe.data_passes == pytest.approx(probe.gradient_evaluations * 100 / 5000)
@@ -171,12 +182,49 @@ def test_probe_cost_is_recorded_and_bounded():
     assert pre_on.step_size == pre_off.step_size  # the probe does not change the run
 
 
-def test_probe_is_skipped_where_it_cannot_apply():
+def test_probe_is_skipped_where_it_cannot_apply_and_the_record_says_why():
     X, y = logistic_data(N=2000, d=3)
     kernel = SGLD(logistic_model, estimator="svrg", progress_bar=False)
-    assert kernel.preprocess((X, y)).bias_probe is None  # a state per chain
-    kernel = SGLD(logistic_model, adapt_preconditioner=True, progress_bar=False)
-    assert kernel.preprocess((X, y)).bias_probe is None  # scale adapted in the warm-up
+    pre = kernel.preprocess((X, y))
+    assert pre.step_bias is None and "keeps a state per chain" in pre.step_bias_skipped
+    kernel = SGLD(logistic_model, adaptation=AdaptationOptions(preconditioner=True),
+                  progress_bar=False)
+    pre = kernel.preprocess((X, y))
+    assert pre.step_bias is None and "adapted in the warm-up" in pre.step_bias_skipped
+    off = SGLD(logistic_model, bias_probe=False, progress_bar=False).preprocess((X, y))
+    assert off.step_bias_skipped == "bias_probe=False"
+    mcmc = MCMC(kernel, num_warmup=500, num_samples=500, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunDiagnosticsWarning)  # a short run: few ESS
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    attrs = mcmc.run_check.attrs()
+    assert "adapted in the warm-up" in attrs["step_bias_skipped"]
+    assert "step_bias_flagged" not in attrs
+    assert not any("probe" in m or "bias" in m for m in mcmc.run_check.messages)
+
+
+def test_resolution_of_the_probe():
+    """The smallest bias the probe would flag: FLAG_BIAS where its standard errors are small,
+    significance × the largest standard error otherwise, infinite after a divergence."""
+    d = 5
+    z = step_bias.significance(d)
+
+    def probe(se, kind="mean"):
+        arr = np.full(d, se)
+        return step_bias.BiasProbe(0.1, np.zeros(d), arr, np.zeros(d), arr / 2, 0, kind,
+                                   False, 4, 200, 2400, 1.0, 0.1)
+    assert probe(0.001).resolution == step_bias.FLAG_BIAS
+    assert probe(0.2).resolution == pytest.approx(z * 0.2)
+    assert probe(0.2).resolution > step_bias.BIAS_TOLERANCE
+    assert probe(np.nan, "diverged").resolution == np.inf
+    assert probe(0.001).inconclusive == "" and "resolves only" in probe(0.2).inconclusive
+    check = RunCheck(min_ess_bulk=500.0, min_ess_tail=500.0, max_rhat=1.0, worst_sites=(),
+                     divergences=0, num_draws=1000, num_chains=2, ess_threshold=200.0,
+                     max_mcse_sd=0.05, messages=(), step_bias=probe(0.2))
+    assert "resolves only" in check.attrs()["step_bias_inconclusive"]
+    check = check._replace(step_bias=probe(0.001))
+    assert "step_bias_inconclusive" not in check.attrs()
 
 
 def test_bias_probe_option_is_validated():
