@@ -204,8 +204,9 @@ def test_excursion_axes_keep_the_extreme_sds_in_high_dimension():
 
 
 def test_newton_pass_measures_the_excursions_in_the_same_program():
-    """f, ∇f, ∇²f equal value_grad_hessian's; with the excursions on, each rise is
-    f(θ + s e_k) − f(θ) (prior included), with them off zeros; one compiled program serves
+    """f, ∇f equal value_grad_hessian's, and ∇²f with the excursions off (with them on, the
+    data terms' Hessian is not computed: the prior's alone); with the excursions on, each rise
+    is f(θ + s e_k) − f(θ) (prior included), with them off zeros; one compiled program serves
     both (the switch is an argument)."""
     from numpyro_subsample.core.datapass import value_grad_hessian
     from numpyro_subsample.proxies.checks import excursion_points, newton_pass
