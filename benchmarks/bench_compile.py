@@ -4,7 +4,8 @@ For a logistic regression with d = 21 at each N, in a fresh process per N (cold 
 caches, an empty persistent compilation cache):
 
 1. ``SGLD(model)`` with every default, ``MCMC(num_warmup=1000, num_samples=10_000,
-   jit_model_args=True)``: wall time of the first ``run`` (everything a user waits for), the
+   jit_model_args=True)``: wall time of the first ``run`` (everything a user waits for), its
+   CPU seconds and the load average before it (the machine may be shared), the
    seconds JAX spent tracing, lowering and compiling (its own monitoring events), the
    preprocessing seconds (proxy fit, estimator, step size) and the sampling seconds;
 2. a second ``run`` of the same MCMC object on new data of the same shapes: wall time and the
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 WORKER = r'''
-import json, sys, time, warnings
+import json, os, sys, time, warnings
 warnings.simplefilter("ignore")
 import jax
 jax.config.update("jax_compilation_cache_dir", sys.argv[3])
@@ -60,11 +61,13 @@ X, y = data(0)
 jax.block_until_ready((X, y))
 kernel = SGLD(model, progress_bar=False)
 mcmc = MCMC(kernel, num_warmup=1000, num_samples=10_000, progress_bar=False, jit_model_args=True)
+out["load"] = os.getloadavg()[0]
 with CompileTimer() as ct:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     mcmc.run(jax.random.PRNGKey(0), X, y)
     draws = jax.block_until_ready(mcmc.get_samples()["beta"])
     out["cold_total_s"] = time.perf_counter() - t0
+    out["cold_cpu_s"] = time.process_time() - c0
 out["cold_compile_s"] = ct.seconds
 out["cold_programs"] = len(ct.per_program)
 out["cold_top_programs"] = sorted(ct.per_program.items(), key=lambda kv: -kv[1])[:8]
@@ -121,19 +124,17 @@ def main(argv=None) -> None:
     for N in args.sizes:
         rows.append(run_one(N, N in args.nuts_sizes))
         print(json.dumps(rows[-1]), flush=True)
-    head = ("| N | cold run total (s) | of which compile (s) | preprocessing (s) | sampling (s) "
-            "| rerun on new data (s) | rerun XLA compilations | NUTS 500+1000 (s) "
-            "| cold / NUTS |")
-    print("\n" + head + "\n|" + "---|" * 9)
+    head = ("| N | cold run total (s) | its CPU s | load | of which compile (s) "
+            "| preprocessing (s) | sampling (s) | rerun on new data (s) | rerun XLA compilations "
+            "| NUTS 500+1000 (s) | cold / NUTS |")
+    print("\n" + head + "\n|" + "---|" * 11)
     for r in rows:
         nuts = r.get("nuts_total_s")
         ratio = f"{r['cold_total_s'] / nuts:.3f}" if nuts else "–"
-        print(f"| {r['N']:,} | {r['cold_total_s']:.2f} | {r['cold_compile_s']:.2f} | "
-              f"{r['preprocess_s']:.2f} | {r['sampling_s']:.2f} | {r['rerun_total_s']:.2f} | "
-              f"{r['rerun_compilations']} | {nuts:.1f} | {ratio} |" if nuts else
-              f"| {r['N']:,} | {r['cold_total_s']:.2f} | {r['cold_compile_s']:.2f} | "
-              f"{r['preprocess_s']:.2f} | {r['sampling_s']:.2f} | {r['rerun_total_s']:.2f} | "
-              f"{r['rerun_compilations']} | – | – |")
+        print(f"| {r['N']:,} | {r['cold_total_s']:.2f} | {r['cold_cpu_s']:.2f} | {r['load']:.1f} "
+              f"| {r['cold_compile_s']:.2f} | {r['preprocess_s']:.2f} | {r['sampling_s']:.2f} | "
+              f"{r['rerun_total_s']:.2f} | {r['rerun_compilations']} | "
+              + (f"{nuts:.1f} | {ratio} |" if nuts else "– | – |"))
     for r in rows:
         top = ", ".join(f"{k} {v:.2f}" for k, v in r["cold_top_programs"])
         print(f"N={r['N']:,}: {r['cold_programs']} programs traced/compiled; slowest (s): {top}")

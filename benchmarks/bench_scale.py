@@ -7,10 +7,12 @@ by Newton in float64, checked by importance sampling: the sd of the log importan
 Each run is ``SGLD(model)`` or ``SGHMC(model)`` with every default under the package's ``MCMC``
 (``--warmup`` + ``--samples`` steps, the model's plate has ``subsample_size=--subsample``), in
 a fresh process, so that its peak memory (VmHWM) is its own. Columns: preprocessing (seconds,
-data passes), wall time of ``run`` including compilation, of which compilation, data passes of
-the whole run, the worst |mean error| and |log sd error| in exact posterior sds, min ESS, peak
-memory and its ratio to the data's bytes. Storage ``memory``: the data are a JAX array;
-``mmap``: ``np.load(path, mmap_mode="r")`` passed as is (on CPU, JAX aliases the mapping).
+data passes), wall time of ``run`` including compilation, of which compilation, the process's
+CPU seconds (2 cores: up to twice the wall time) and the load average at the run's start and
+end (the machine may be shared), data passes of the whole run, the worst |mean error| and
+|log sd error| in exact posterior sds, min ESS, peak memory and its ratio to the data's bytes.
+Storage ``memory``: the data are a JAX array; ``mmap``: ``np.load(path, mmap_mode="r")``
+passed as is (on CPU, JAX aliases the mapping).
 
 NUTS is not run at full size: its time is estimated as (seconds per full-data gradient,
 measured) × (leapfrog steps per draw of a NumPyro NUTS run on the first ``--nuts-rows`` rows)
@@ -168,10 +170,12 @@ def run_sg(cfg: dict) -> dict:
                    progress_bar=False)
     with warnings.catch_warnings(record=True) as caught, CompileTimer() as ct:
         warnings.simplefilter("always")
-        t0 = time.perf_counter()
+        t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()[0]
         mcmc.run(jax.random.PRNGKey(0), X, y)
         draws = np.asarray(jax.block_until_ready(mcmc.get_samples()["beta"]), np.float64)
         out["wall_s"] = time.perf_counter() - t0
+        out["cpu_s"] = time.process_time() - c0
+        out["load"] = (load0, os.getloadavg()[0])
     out["compile_s"] = ct.seconds
     out["warnings"] = sorted({" ".join(str(w.message).split())[:200] for w in caught})
     pre = kernel.preprocessed
@@ -226,9 +230,9 @@ def _spawn(cfg: dict, device: str | None) -> dict:
 
 def table(runs: list[dict], nuts: dict, refs: dict, data_gb: float) -> str:
     head = ("| model | kernel | data | device | preprocessing s (passes) | wall s (compile s) "
-            "| run passes | mean err (sd) | log-sd err | min ESS | peak GB (× data) "
-            "| NUTS est. s to same ESS | warnings |")
-    lines = [head, "|" + "---|" * 13]
+            "| CPU s | load | run passes | mean err (sd) | log-sd err | min ESS "
+            "| peak GB (× data) | NUTS est. s to same ESS | warnings |")
+    lines = [head, "|" + "---|" * 15]
     for r in runs:
         nu = nuts.get(r["model"])
         est = (f"{nu['grad_s'] * nu['steps'] * (1000 + r['min_ess'] / nu['ess_per_draw']):.0f}"
@@ -236,7 +240,9 @@ def table(runs: list[dict], nuts: dict, refs: dict, data_gb: float) -> str:
         lines.append(
             f"| {r['model']} | {r['kernel']} | {r['storage']} | {r['device']} | "
             f"{r['pre_s']:.1f} ({r['pre_passes']:.1f}) | {r['wall_s']:.1f} ({r['compile_s']:.1f}) "
-            f"| {r['passes']:.1f} | {r['mean_err']:.3f} | {r['logsd_err']:.3f} | "
+            f"| {r.get('cpu_s', float('nan')):.1f} | "
+            f"{'-'.join(f'{x:.1f}' for x in r.get('load', ()))} | {r['passes']:.1f} | "
+            f"{r['mean_err']:.3f} | {r['logsd_err']:.3f} | "
             f"{r['min_ess']:.0f} | {r['peak_gb']:.2f} ({r['peak_gb'] / data_gb:.2f}) | {est} | "
             f"{'; '.join(r['warnings']) or '–'} |")
     for m, nu in nuts.items():

@@ -53,6 +53,7 @@ def test_one_run_and_the_table(bench, tmp_path):
     assert out["mean_err"] < 0.5 and out["logsd_err"] < 0.5, out
     assert out["pre_passes"] > 1 and out["passes"] > out["pre_passes"]
     assert 0 < out["compile_s"] < out["wall_s"] and out["peak_gb"] > 0
+    assert out["cpu_s"] > 0 and len(out["load"]) == 2
     nuts = {"linear": {"grad_s": 0.01, "steps": 3.0, "ess_per_draw": 1.0}}
     text = bench.table([out], nuts, {"linear": check}, 5000 * 4 * 4 / 2**30)
     assert "| linear | SGLD | mmap |" in text and "reference: exact" in text

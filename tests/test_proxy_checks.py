@@ -204,8 +204,9 @@ def test_excursion_axes_keep_the_extreme_sds_in_high_dimension():
 
 
 def test_newton_pass_measures_the_excursions_in_the_same_program():
-    """f, ∇f, ∇²f equal value_grad_hessian's; with the excursions on, each rise is
-    f(θ + s e_k) − f(θ) (prior included), with them off zeros; one compiled program serves
+    """f, ∇f equal value_grad_hessian's, and ∇²f with the excursions off (with them on, the
+    data terms' Hessian is not computed: the prior's alone); with the excursions on, each rise
+    is f(θ + s e_k) − f(θ) (prior included), with them off zeros; one compiled program serves
     both (the switch is an argument)."""
     from numpyro_subsample.core.datapass import value_grad_hessian
     from numpyro_subsample.proxies.checks import excursion_points, newton_pass
@@ -222,10 +223,33 @@ def test_newton_pass_measures_the_excursions_in_the_same_program():
         off = newton_pass(*args, jnp.asarray(False), data, 256)
     assert "newton_pass" not in ct.programs
     f, g, h = value_grad_hessian(pot, theta, data, 256)
-    for a, b in ((on.value, f), (on.grad, g), (on.hessian, h), (off.hessian, h)):
+    for a, b in ((on.value, f), (on.grad, g), (off.value, f), (off.grad, g), (off.hessian, h)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(on.hessian, jax.hessian(pot.prior)(theta, data), rtol=1e-6)
     np.testing.assert_allclose(on.prior_grad, jax.grad(pot.prior)(theta, data), rtol=1e-6)
     assert on.rises.shape == (2, 2) and not np.any(np.asarray(off.rises))
     for j, (k, s) in enumerate(zip(coords, steps, strict=True)):
         moved = value_grad_hessian(pot, theta.at[k].add(s), data, 256, hessian=False)[0]
         np.testing.assert_allclose(on.rises.reshape(-1)[j], moved - f, rtol=2e-3, atol=2e-3)
+
+
+def test_curvature_reuses_the_laplace_hessian():
+    """A Laplace proxy carries ∇²f(θ̂) in ``info["hessian"]``; the step rule's curvature at
+    pilot draws then needs no data pass and equals the one measured by a Hessian pass."""
+    from numpyro_subsample.sgmcmc.curvature import measured_curvature
+
+    X, y = logistic_data(N=2000, d=4, seed=3)
+    pot, data = _potential(logistic_model, X, y)
+    proxy = fit_laplace(pot, data, jax.random.PRNGKey(0), store_datum_grads=False)
+    h = proxy.info["hessian"]
+    np.testing.assert_allclose(np.linalg.inv(h), proxy.cov, rtol=1e-3, atol=1e-7)
+    draws = np.asarray(proxy.centre) + 0.5 * np.random.default_rng(0).standard_normal(
+        (5, pot.dim)) @ np.asarray(proxy.scale_tril).T
+    wide = proxy._replace(scale_tril=2.0 * proxy.scale_tril)  # μ ≈ 4, above the floor of 1
+    given = wide._replace(info={**proxy.info, "draws": draws, "hessian_data": None})
+    measured = wide._replace(info={"draws": draws, "hessian_data": None})
+    mu_given, passes_given = measured_curvature(given, pot, data, chunk_size=256)
+    mu_measured, passes_measured = measured_curvature(measured, pot, data, chunk_size=256)
+    assert (passes_given, passes_measured) == (0.0, 1.0)
+    assert 3.0 < mu_measured < 5.0
+    np.testing.assert_allclose(mu_given, mu_measured, rtol=1e-4)

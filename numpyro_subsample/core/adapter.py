@@ -90,13 +90,17 @@ def _traced(tree: Any) -> bool:
 
 
 class DataRefs(NamedTuple):
-    """The run's data arrays held in JAX mutable references (``jax.new_ref``, no copy).
+    """The run's data arrays held in JAX mutable references (``jax.new_ref``).
 
     NumPyro's ``MCMC(jit_model_args=False)`` (its default) calls ``sample`` and
     ``postprocess_fn`` inside its compiled loop with the model arguments closed over: read
     there, the arrays would be compiled in as constants. A reference closed over by a
     compiled program is passed to it as an argument instead, and is not one of its outputs
     (a carried array would be copied by every call of NumPyro's per-step program).
+    ``jax.new_ref`` copies its initial value into a buffer the reference owns, which each
+    call aliases in place; the references therefore hold a second copy of the data for the
+    kernel's lifetime (a reference over the caller's own buffer would be copied by every call
+    where that buffer cannot be donated, as a NumPy or memory-mapped array's cannot).
     """
 
     refs: tuple

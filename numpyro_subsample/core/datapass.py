@@ -102,18 +102,32 @@ def full_data_sums(
     hessian: bool = True,
     extra: Callable | None = None,
     extra_init=None,
+    hessian_if: jax.Array | None = None,
 ):
     """f(θ), ∇f(θ), ∇²f(θ) (or None) of the full potential and the sum over chunks of
     ``extra(idx, mask)`` (a pytree like ``extra_init``; None without ``extra``), in one data
     pass, with the prior term's f0(θ) and ∇f0(θ) (:class:`FullDataSums`); traced, to be
-    called inside a compiled program (:func:`value_grad_hessian`)."""
+    called inside a compiled program (:func:`value_grad_hessian`). With ``hessian`` and a
+    traced bool ``hessian_if``, the data terms' Hessian is computed only where it is true
+    (else its sum is zero): one compiled program serves passes with and without it."""
     d = theta.shape[0]
 
     def chunk_value(t, idx, mask):
         return jnp.dot(mask.astype(t.dtype), potential.data_terms(t, idx, data))
 
     def chunk_fn(idx, mask):
-        v, g, h = value_grad_hessian_of(lambda t: chunk_value(t, idx, mask), theta, hessian)
+        def with_h():
+            return value_grad_hessian_of(lambda t: chunk_value(t, idx, mask), theta, hessian)
+
+        if hessian and hessian_if is not None:
+            def without_h():
+                v, g, _ = value_grad_hessian_of(lambda t: chunk_value(t, idx, mask), theta,
+                                                False)
+                return v, g, jnp.zeros((d, d), theta.dtype)
+
+            v, g, h = jax.lax.cond(hessian_if, with_h, without_h)
+        else:
+            v, g, h = with_h()
         h = h if hessian else jnp.zeros((0, 0), theta.dtype)
         return v, g, h, (extra(idx, mask) if extra is not None else None)
 

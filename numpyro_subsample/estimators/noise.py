@@ -172,10 +172,11 @@ def whitened_noise(
     L; pass the proxy's factor when the chain is not whitened).
 
     Exact (module docstring) when the estimator states its second moments, else a Monte
-    Carlo estimate from ``num_draws`` subsamples per point. With a structured L (and Lp) the
-    figure is matrix-free (module docstring; ``lanczos_iterations``, default
+    Carlo estimate from ``num_draws`` subsamples per point; the exact figure does not
+    evaluate the centre, left out of the mean, unless it is the only point. With a structured
+    L (and Lp) the figure is matrix-free (module docstring; ``lanczos_iterations``, default
     :data:`~numpyro_subsample.estimators.noise_matrix_free.NOISE_LANCZOS_ITERATIONS`, two
-    data passes each per draw) and the centre is not evaluated. Memory: O(d² + num_points · d)
+    data passes each per draw). Memory: O(d² + num_points · d)
     float64 numbers kept, and ``num_points`` · d² in the working dtype while it runs (dense);
     no d × d array (structured).
     """
@@ -193,9 +194,11 @@ def whitened_noise(
     P = int(num_points)
     thetas = noise_points(centre, tril_p, rng_key, P)
     exact = estimator.moments is not None
-    cov_at, passes = point_covariances(estimator, thetas, scale_tril, rng_key, data,
+    skip = int(P > 1 and exact)  # the centre, left out of the mean, is not evaluated
+    cov_at, passes = point_covariances(estimator, thetas[skip:], scale_tril, rng_key, data,
                                        exact=exact, chunk_size=chunk_size, num_draws=num_draws)
-    cov, lam, basis, along = _summarise(cov_at, range(1, P) if P > 1 else range(1))
+    cov, lam, basis, along = _summarise(
+        lambda p: cov_at(p - skip), range(1, P) if P > 1 else range(1))
     return WhitenedNoise(largest=float(lam[-1]), cov=cov, points=np.asarray(thetas),
                          data_passes=float(passes), exact=exact, ritz_values=None, basis=basis,
                          along=along)

@@ -37,11 +37,11 @@ __all__ = ["exact_whitened_covs", "monte_carlo_whitened_covs", "point_covariance
 
 
 @partial(jax.jit, static_argnames=("moments", "chunk_size"))
-def _moment_sums(moments: EstimatorMoments, params, thetas, tril, data, chunk_size):
-    """Per point: Σ_i a_i u_i u_iᵀ (d, d), the group sums U_g (G, d) and c (G,); one data pass
-    each (plus ``moments.passes_per_point``)."""
+def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_size):
+    """At one point θ: Σ_i a_i u_i u_iᵀ (d, d), the group sums U_g (G, d) and c (G,); one data
+    pass (plus ``moments.passes_per_point``). One program serves any number of points."""
     potential = moments.potential
-    d = thetas.shape[1]
+    d = theta.shape[0]
 
     def datum_grads(theta, idx):
         one = lambda i: jax.grad(lambda t: potential.data_terms(t, i[None], data)[0])(theta)  # noqa: E731
@@ -71,7 +71,7 @@ def _moment_sums(moments: EstimatorMoments, params, thetas, tril, data, chunk_si
         second, sums = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
         return second, sums, c
 
-    return jax.lax.map(at_point, thetas)
+    return at_point(theta)
 
 
 def _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size) -> Callable[[int], np.ndarray]:
@@ -83,9 +83,9 @@ def _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size) -> Callable[[
             "None); build it with make_estimator from a SamplingDesign with moments, or use "
             "monte_carlo_whitened_covs."
         )
-    second, sums, c = (np.asarray(x) for x in _moment_sums(
-        estimator.moments, estimator.params, thetas, scale_tril, data, int(chunk_size)
-    ))
+    per_point = [_moment_sums(estimator.moments, estimator.params, thetas[p], scale_tril, data,
+                              int(chunk_size)) for p in range(int(thetas.shape[0]))]
+    second, sums, c = (np.stack([np.asarray(r[k]) for r in per_point]) for k in range(3))
 
     def cov_at(p: int) -> np.ndarray:
         s = sums[p].astype(np.float64)

@@ -72,6 +72,7 @@ MAX_DROP = 1.0  # excursion fall (nats) one proxy sd from a mode
 MIN_STEIN_RATIO = 0.1  # Stein ratio outside (0.1, 10): the guide's sd > 3 times off
 MAX_STEIN_DATA = 4096  # data read per draw by the Stein check
 MAX_AXES = 128  # coordinates visited by the axis excursions (2 evaluations of f each)
+EXCURSION_BATCH = 64  # most excursion points evaluated together (vmapped) per chunk
 
 
 def coordinate_labels(potential: Potential) -> tuple[str, ...]:
@@ -179,9 +180,15 @@ def excursion_axes(sd) -> np.ndarray:
     return np.sort(np.concatenate([order[: MAX_AXES // 2], order[-(MAX_AXES // 2):]]))
 
 
+def _batch(points: int) -> int:
+    """Points per vmapped batch: at most :data:`EXCURSION_BATCH`, in equal batches."""
+    batches = max(1, -(-points // EXCURSION_BATCH))
+    return max(1, -(-points // batches))
+
+
 class NewtonPass(NamedTuple):
-    """What :func:`newton_pass` returns: f(θ), ∇f(θ), ∇²f(θ), the prior term's gradient
-    ∇f0(θ) and the axis excursions ``rises`` (2, K)."""
+    """What :func:`newton_pass` returns: f(θ), ∇f(θ), ∇²f(θ) (∇²f0(θ) alone in a pass with
+    excursions), the prior term's gradient ∇f0(θ) and the axis excursions ``rises`` (2, K)."""
 
     value: jax.Array
     grad: jax.Array
@@ -208,13 +215,16 @@ def newton_pass(
     data: ModelData,
     chunk_size: int = DEFAULT_CHUNK,
 ) -> NewtonPass:
-    """f(θ), ∇f(θ), ∇²f(θ), ∇f0(θ) and, if ``with_excursions`` (a traced bool; zeros
-    otherwise), the axis excursions f(θ + s_j e_{k_j}) − f(θ) for ``coords`` k and ``steps`` s
-    (:func:`excursion_points`), shape (2, K), all in one data pass: the Newton steps of a
-    Laplace fit and its excursion check share one compiled program.
+    """f(θ), ∇f(θ), ∇f0(θ) and either ∇²f(θ) or, if ``with_excursions`` (a traced bool), the
+    axis excursions f(θ + s_j e_{k_j}) − f(θ) for ``coords`` k and ``steps`` s
+    (:func:`excursion_points`), shape (2, K), in one data pass (the other is zeros: the
+    Hessian part is ∇²f0 alone): the Newton steps of a Laplace fit and its excursion check
+    share one compiled program, and the check, made at the Newton phase's last point, does
+    not compute its Hessian again.
 
     The differences are taken per datum before summing, so they keep their precision when f
-    itself is a large sum.
+    itself is a large sum. The points are evaluated :data:`EXCURSION_BATCH` at a time
+    (vmapped), so that a linear predictor becomes one matrix product per chunk.
     """
     zero = jnp.zeros(steps.shape, theta.dtype)
 
@@ -227,11 +237,12 @@ def newton_pass(
                 diff = potential.data_terms(theta.at[k].add(step), idx, data) - base
                 return jnp.sum(jnp.where(mask, diff, 0.0))
 
-            return jax.lax.map(one, (coords, steps))
+            return jax.lax.map(one, (coords, steps), batch_size=_batch(int(steps.shape[0])))
 
         return jax.lax.cond(with_excursions, rises, lambda: zero)
 
-    sums = full_data_sums(potential, theta, data, chunk_size, True, data_rises, zero)
+    sums = full_data_sums(potential, theta, data, chunk_size, True, data_rises, zero,
+                          hessian_if=jnp.logical_not(with_excursions))
     prior = jax.vmap(lambda k, step: potential.prior(theta.at[k].add(step), data))(
         coords, steps
     )

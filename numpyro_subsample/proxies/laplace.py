@@ -134,7 +134,8 @@ def fit_laplace(
     the Gaussian is far wider than the posterior along a coordinate (:mod:`.checks`).
     ``proxy.info`` holds ``adam_steps``, ``newton_steps``, ``potential`` f(θ̂), ``converged``
     (Newton's criterion met), ``newton_decrement``, ``axis_excursions`` (2, K, on the
-    coordinates of :func:`~.checks.excursion_axes`) and the ``warnings`` issued.
+    coordinates of :func:`~.checks.excursion_axes`), the ``warnings`` issued and ``hessian``
+    ∇²f(θ̂) (float64, d × d, whose inverse is Σ̂).
 
     Parameters
     ----------
@@ -209,6 +210,7 @@ def fit_laplace(
             "newton_decrement": decrement,
             "axis_excursions": np.asarray(final.rises),
             "warnings": messages,
+            "hessian": hn,
         },
     )
 

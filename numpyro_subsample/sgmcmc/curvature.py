@@ -49,18 +49,25 @@ def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
     μ is the largest eigenvalue of Lᵀ(∇²f_data(θ̂) + ∇²f_0(θ_k))L over the pilot's last draws θ_k
     (``proxy.info["draws"]``): the data's Hessian at the centre (one data pass) and the
     prior's, which carries the hierarchical variation, at each draw; at least 1. The data's
-    Hessian is ``proxy.info["hessian_data"]`` where the pilot computed it at this centre (then
-    the measurement costs no data pass)."""
-    draws = (proxy.info or {}).get("draws")
+    Hessian is ``proxy.info["hessian_data"]`` where the pilot computed it at this centre, or
+    ``proxy.info["hessian"]`` (∇²f(θ̂), the Laplace fit's at its centre, which no pilot window
+    moved) minus the prior's; then the measurement costs no data pass."""
+    info = proxy.info or {}
+    draws = info.get("draws")
     if draws is None or len(draws) == 0:
         return 1.0, 0.0
     dtype = proxy.centre.dtype
-    h_data, passes = (proxy.info or {}).get("hessian_data"), 0.0
-    if h_data is None:
+    h_data, passes = info.get("hessian_data"), 0.0
+    total = info.get("hessian") if h_data is None else None
+    points = np.asarray(draws, dtype)
+    if total is not None:  # the prior's Hessian at the centre, with the draws'
+        points = np.concatenate([np.asarray(proxy.centre, dtype)[None], points])
+    elif h_data is None:
         total, h0_centre = full_hessian(potential, proxy.centre, data, chunk_size)
         h_data, passes = total - h0_centre, 1.0
-    h0 = np.asarray(_prior_hessians(potential, device_array(np.asarray(draws, dtype)), data),
-                    np.float64)
+    h0 = np.asarray(_prior_hessians(potential, device_array(points), data), np.float64)
+    if h_data is None:
+        h_data, h0 = np.asarray(total, np.float64) - h0[0], h0[1:]
     L = np.asarray(proxy.scale_tril, np.float64)
     mu = 1.0
     for hk in h0:
