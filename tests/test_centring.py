@@ -9,7 +9,14 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
-from numpyro_subsample import MCMC, SGHMC, SGLD, centring_weights, partially_centred
+from numpyro_subsample import (
+    MCMC,
+    SGHMC,
+    SGLD,
+    AdaptationOptions,
+    centring_weights,
+    partially_centred,
+)
 
 SIGMA_A, SIGMA_Y = 0.5, 1.0
 
@@ -85,6 +92,44 @@ def test_partially_centred_draws_hold_the_models_sites(data, weights):
 
 
 @pytest.mark.filterwarnings("ignore")
+def test_kernels_centre_group_effects_partially_by_default(data, weights):
+    """Default SGLD under numpyro.infer.MCMC and under the package's MCMC samples the
+    partially centred model (one more preprocessing), with the weights of
+    :func:`centring_weights`; ``AdaptationOptions(centring=False)`` samples it as written."""
+    from numpyro.infer import MCMC as NumPyroMCMC
+
+    g, y, _ = data
+    draws = {}
+    for name, runner, centring in (("plain", NumPyroMCMC, None), ("package", MCMC, None),
+                                   ("as written", MCMC, False)):
+        kernel = SGLD(grouped_normal, adaptation=AdaptationOptions(centring=centring),
+                      progress_bar=False)
+        mcmc = runner(kernel, num_warmup=200, num_samples=100, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), g, y)
+        draws[name] = mcmc.get_samples()
+        if centring is None:
+            reparam = kernel.preprocessed.potential.model.config["a"]
+            np.testing.assert_allclose(np.asarray(reparam.centered), weights["a"], atol=1e-6)
+    for name in ("plain", "package"):
+        assert set(draws[name]) == {"mu", "sigma_a", "sigma_y", "a", "a_decentered"}
+    assert set(draws["as written"]) == {"mu", "sigma_a", "sigma_y", "a"}
+    assert draws["package"]["a"].shape == draws["as written"]["a"].shape == (100, 30)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_init_params_must_name_the_sampled_sites(data):
+    """Given starts are read in the order of their site names, so the model's ``a`` would
+    silently land in ``a_decentered``: refused, naming both."""
+    g, y, _ = data
+    init = {"mu": jnp.array(1.0), "sigma_a": jnp.array(0.0), "sigma_y": jnp.array(0.0),
+            "a": jnp.ones(30)}
+    mcmc = MCMC(SGLD(grouped_normal, progress_bar=False), num_warmup=100, num_samples=10,
+                progress_bar=False)
+    with pytest.raises(ValueError, match="a_decentered"):
+        mcmc.run(jax.random.PRNGKey(0), g, y, init_params=init)
+
+
+@pytest.mark.filterwarnings("ignore")
 def test_partially_centred_needs_a_dense_proxy(data):
     g, y, _ = data
     kernel = SGLD(grouped_normal, estimator="uniform", preconditioning=False, step_size=1e-3,
@@ -95,11 +140,11 @@ def test_partially_centred_needs_a_dense_proxy(data):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", [SGLD, SGHMC])
-def test_partially_centred_default_run_matches_nuts(data, weights, kernel):
-    """Default SGLD / SGHMC on the partially centred model against long full-data NUTS on
-    the centred one: every site within 0.15 posterior sd in mean and 0.15 in log-sd; SGHMC
-    with no warning, SGLD with at most the run check's (its ESS is about 380 of the 400 that
-    4 chains need here: the step rule's curvature over the posterior keeps h at 0.024)."""
+def test_partially_centred_default_run_matches_nuts(data, kernel):
+    """Default SGLD / SGHMC (partially centred by default) against long full-data NUTS:
+    every site within 0.15 posterior sd in mean and 0.15 in log-sd; SGHMC with no warning,
+    SGLD with at most the run check's (its ESS is about 380 of the 400 that 4 chains need
+    here: the step rule's curvature over the posterior keeps h at 0.024)."""
     import warnings
 
     from numpyro.infer import MCMC as NumPyroMCMC
@@ -112,7 +157,7 @@ def test_partially_centred_default_run_matches_nuts(data, weights, kernel):
                        progress_bar=False)
     nuts.run(jax.random.PRNGKey(1), g, y, subsample_size=g.shape[0])
     ref = nuts.get_samples()
-    mcmc = MCMC(kernel(partially_centred(grouped_normal, weights), progress_bar=False),
+    mcmc = MCMC(kernel(grouped_normal, progress_bar=False),
                 num_warmup=1000, num_samples=10_000, num_chains=4, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

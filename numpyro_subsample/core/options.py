@@ -176,6 +176,10 @@ _ADAPTATION: dict[str, Option] = {
         "bool", "whether pilot chains re-estimate the proxy's centre and covariance in "
         "windows before sampling", none=True,
         remedy="Pass True, False or None (on for a dense proxy the kernel fits)."),
+    "centring": Option(
+        "bool", "whether centred Gaussian group effects are sampled partially centred",
+        none=True, remedy="Pass True, False or None (on where the proxy is adapted and the "
+        "model has such sites)."),
 }
 
 _NOISE: dict[str, Option] = {

@@ -61,10 +61,9 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
                     "the proxy, which a joint mode or a first SVI fit places poorly in "
                     "hierarchical models)")
     elif kind == "adapted":
-        tips.append("write hierarchical group effects centred and sample them partially "
-                    "centred per group: partially_centred(model, "
-                    "centring_weights(kernel, args)) (numpyro_subsample; "
-                    "docs/adapted_proxy.md)")
+        tips.append("write hierarchical group effects centred, a ~ Normal(m, s) (the "
+                    "kernels then sample them partially centred per group, "
+                    "AdaptationOptions(centring=None); docs/adapted_proxy.md)")
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
                     "structured proxy that misses correlated directions whitens them poorly")

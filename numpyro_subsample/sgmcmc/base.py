@@ -41,7 +41,7 @@ from numpyro_subsample.estimators.registry import (
 from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.sgmcmc import adaptation, step_bias, warmup
+from numpyro_subsample.sgmcmc import adaptation, centring, step_bias, warmup
 from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
@@ -259,6 +259,7 @@ class SGMCMCKernel(SubsampleKernel):
         self.adaptation, self.noise, self.zv, self.local = adaptation, noise, zv, local
         self.adapt_preconditioner = adaptation.preconditioner
         self.adapt_proxy = adaptation.proxy
+        self.centring = adaptation.centring
         self.max_variance_inflation = float(noise.max_variance_inflation)
         self.replace = bool(replace)
         self.proxy_kwargs = dict(proxy_kwargs or {})
@@ -328,6 +329,25 @@ class SGMCMCKernel(SubsampleKernel):
             new._pre = with_time_step(self._pre, h, new._diffusion)._replace(
                 step_bias=None, step_bias_skipped="the step was changed after its probe")
         return new
+
+    def without_centring(self) -> SGMCMCKernel:
+        """A copy that samples the model as written (``AdaptationOptions(centring=False)``),
+        with its own preprocessing."""
+        new = copy.copy(self)
+        new.centring = False
+        new._pre, new._pre_data, new._step, new._potentials = None, None, None, {}
+        return new
+
+    def _preprocess_data(self, data: ModelData):
+        if self._pre is not None and data.same_values(self._pre_data):
+            return self._pre
+        pre = super()._preprocess_data(data)
+        potential = centring.centred_potential(self, pre, data)
+        if potential is not None:  # preprocess again, on the partially centred model
+            self._potentials[data.signature()] = potential
+            pre = self._preprocess(potential, data)
+            self._pre = pre
+        return pre
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
@@ -487,6 +507,8 @@ class SGMCMCKernel(SubsampleKernel):
         if self._adapts(potential):
             adaptation.check_adaptation_warmup(type(self).__name__, num_warmup)
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+        if init_params is not None:
+            centring.check_init_sites(init_params, self.preprocessed.potential)
         if init_params is not None and not isinstance(rng_key, jax.core.Tracer):
             prep.check_given_start(self.preprocessed, state.params, state.w, data)
         return state

@@ -32,9 +32,12 @@ import numpyro.distributions as dist
 from numpyro.infer.reparam import LocScaleReparam
 from numpyro.infer.util import constrain_fn
 
+from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.potential import Potential, build_potential
 
-__all__ = ["centring_weights", "partially_centred"]
+__all__ = ["centred_potential", "centring_weights", "check_init_sites", "partially_centred",
+           "weights_from"]
 
 #: Sites whose weights are all at least this are left centred (reparameterising them would
 #: change nothing measurable).
@@ -73,55 +76,24 @@ def _site_scales(model: Callable, potential, plate_name: str) -> Callable:
     return scales
 
 
-def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None = None, *,
-                     num_draws: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
-    """The partial-centring weights c of the model's centred Gaussian group effects.
-
-    Parameters
-    ----------
-    kernel
-        An SG kernel of the package (e.g. ``SGLD(model)``) with its default adapted proxy;
-        its preprocessing runs on the data (and is cached on it).
-    model_args, model_kwargs
-        The model's data, as given to ``MCMC.run``.
-    num_draws
-        Draws of the proxy at which each site's scale s is evaluated (E s² over them).
-    seed
-        Seed of those draws.
-
-    Returns
-    -------
-    dict
-        ``{site: c}`` with ``c`` of the site's shape in [0, 1], for each latent Normal site
-        outside the subsample plate whose scale depends on other latent sites and whose
-        weights are not all above ``CENTRED_ENOUGH``; empty where there is none.
-
-    References
-    ----------
-    Papaspiliopoulos, O., Roberts, G. O. and Sköld, M. (2007). A general framework for the
-    parametrization of hierarchical models. Statistical Science 22(1), Sect. 3.
-    Gorinova, M., Moore, D. and Hoffman, M. (2020). Automatic reparameterisation of
-    probabilistic programs. ICML, Sect. 3.
-    """
-    model_kwargs = dict(model_kwargs or {})
-    pre = kernel.preprocess(model_args, model_kwargs)
-    proxy = pre.proxy
-    if proxy is None or getattr(proxy, "cov", None) is None:
-        raise ValueError(
-            f"centring_weights needs a kernel with a dense Gaussian proxy; "
-            f"{type(kernel).__name__}'s proxy is {getattr(proxy, 'kind', None)!r}. Use SGLD, "
-            "SGHMC or SGNHT with the default proxy.")
-    potential = kernel.potential_for(ModelData.from_args(model_args, model_kwargs))
-    if potential.local:
-        raise ValueError("centring_weights does not apply to models with local latent sites "
-                         f"({list(potential.local_sites)}).")
+def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
+                 seed: int = 0) -> dict[str, np.ndarray]:
+    """:func:`centring_weights` from a dense Gaussian ``proxy`` of ``potential`` (the model
+    as written) on ``data``."""
+    model_args, model_kwargs = data.args_kwargs()
+    model_kwargs = dict(model_kwargs)
     dtype = potential.init_theta.dtype
     centre = np.asarray(proxy.centre, np.float64)
     cov = np.asarray(proxy.cov, np.float64)
     index = potential.unravel(jnp.arange(centre.shape[0]).astype(dtype))
     z = np.random.default_rng(seed).normal(size=(num_draws, centre.shape[0]))
     draws = centre + z @ np.linalg.cholesky(0.5 * (cov + cov.T)).T
-    scales = _site_scales(kernel.user_model, potential, potential.plate.name)
+    scales = _site_scales(potential.model, potential, potential.plate.name)
+    # two draws traced eagerly find the sites whose scale is latent (most models have none,
+    # and then nothing is compiled)
+    first = [scales(jnp.asarray(t, dtype), model_args, model_kwargs) for t in draws[:2]]
+    if not any(not np.allclose(first[0][k], first[1][k]) for k in first[0]):
+        return {}
     # arrays enter the program as arguments; Python values (sizes, flags) stay static
     is_array = [isinstance(v, (np.ndarray, jax.Array)) for v in model_args]
     keys = [k for k, v in model_kwargs.items() if isinstance(v, (np.ndarray, jax.Array))]
@@ -145,6 +117,56 @@ def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None =
         if np.any(c < CENTRED_ENOUGH):
             weights[name] = c
     return weights
+
+
+def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None = None, *,
+                     num_draws: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
+    """The partial-centring weights c of the model's centred Gaussian group effects.
+
+    The SG kernels use them by default (``AdaptationOptions(centring=None)``); this function
+    gives them for inspection or for another sampler.
+
+    Parameters
+    ----------
+    kernel
+        An SG kernel of the package (e.g. ``SGLD(model)``) with its default adapted proxy;
+        the model as written is preprocessed on the data (a copy of the kernel, with partial
+        centring off).
+    model_args, model_kwargs
+        The model's data, as given to ``MCMC.run``.
+    num_draws
+        Draws of the proxy at which each site's scale s is evaluated (E s² over them).
+    seed
+        Seed of those draws.
+
+    Returns
+    -------
+    dict
+        ``{site: c}`` with ``c`` of the site's shape in [0, 1], for each latent Normal site
+        outside the subsample plate whose scale depends on other latent sites and whose
+        weights are not all above ``CENTRED_ENOUGH``; empty where there is none.
+
+    References
+    ----------
+    Papaspiliopoulos, O., Roberts, G. O. and Sköld, M. (2007). A general framework for the
+    parametrization of hierarchical models. Statistical Science 22(1), Sect. 3.
+    Gorinova, M., Moore, D. and Hoffman, M. (2020). Automatic reparameterisation of
+    probabilistic programs. ICML, Sect. 3.
+    """
+    data = ModelData.from_args(model_args, model_kwargs)
+    kernel = kernel.without_centring()
+    pre = kernel._preprocess_data(data)
+    proxy = pre.proxy
+    if proxy is None or getattr(proxy, "cov", None) is None:
+        raise ValueError(
+            f"centring_weights needs a kernel with a dense Gaussian proxy; "
+            f"{type(kernel).__name__}'s proxy is {getattr(proxy, 'kind', None)!r}. Use SGLD, "
+            "SGHMC or SGNHT with the default proxy.")
+    potential = kernel.potential_for(data)
+    if potential.local:
+        raise ValueError("centring_weights does not apply to models with local latent sites "
+                         f"({list(potential.local_sites)}).")
+    return weights_from(proxy, potential, data, num_draws=num_draws, seed=seed)
 
 
 def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callable:
@@ -174,3 +196,41 @@ def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callab
         return model
     config = {name: LocScaleReparam(centered=jnp.asarray(c)) for name, c in weights.items()}
     return numpyro.handlers.reparam(model, config=config)
+
+
+def centred_potential(kernel, pre, data: ModelData) -> Potential | None:
+    """The potential of the model partially centred with the weights of ``pre``'s proxy
+    (:func:`weights_from`), for a kernel whose ``AdaptationOptions.centring`` allows it: None
+    where it is off, where the potential is already a centred one, where the model has local
+    latent sites or no dense proxy (None: no proxy adapted on pilot chains), or where no
+    site has weights below ``CENTRED_ENOUGH``."""
+    potential, proxy = pre.potential, pre.proxy
+    mode = getattr(kernel, "centring", False)
+    if mode is False or not getattr(kernel, "supports_proxy_adaptation", False):
+        return None
+    if potential.model is not kernel.user_model or potential.local:
+        return None
+    if proxy is None or getattr(proxy, "cov", None) is None:
+        return None
+    if mode is None and proxy.kind != "adapted":
+        return None
+    weights = weights_from(proxy, potential, data)
+    if not weights:
+        return None
+    return build_potential(partially_centred(kernel.user_model, weights), data,
+                           preprocess_keys(kernel.seed)[0])
+
+
+def check_init_sites(init_params: dict, potential: Potential) -> None:
+    """Refuse ``init_params`` whose sites are not the sampled model's latent sites (they are
+    read in the order of their names, so another site's values would land silently)."""
+    given, expected = set(init_params), set(potential.latent_sites)
+    if given != expected:
+        centred = potential.model is not None and isinstance(potential.model,
+                                                             numpyro.handlers.reparam)
+        hint = (" A group effect a that the kernel samples partially centred "
+                "(AdaptationOptions(centring=None), the default) is sampled as a_decentered: "
+                "pass that site's values, or AdaptationOptions(centring=False) to sample the "
+                "model as written." if centred else " Pass one value per latent site.")
+        raise ValueError(f"init_params has the sites {sorted(given)}, but the sampled "
+                         f"model's latent sites are {sorted(expected)}.{hint}")

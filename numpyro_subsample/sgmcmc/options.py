@@ -73,18 +73,28 @@ class AdaptationOptions:
         ``docs/adapted_proxy.md``), starting from the variational fit where the Laplace
         Hessian is not positive definite, and measure the step rule's curvature over the
         pilot's draws. None: on for a dense proxy that the kernel fits.
+    centring
+        Sample the model's centred Gaussian group effects (latent Normal sites outside the
+        subsample plate whose scale is another latent site) partially centred per group,
+        with weights from the adapted proxy (:mod:`~numpyro_subsample.sgmcmc.centring`): one
+        more preprocessing, on the reparameterised model. The draws hold the model's sites
+        and each such site's ``<site>_decentered``. None: on where the proxy is adapted and
+        such a site has weights below 0.99.
 
     References
     ----------
     Stan Development Team, Stan Reference Manual, "HMC algorithm parameters" (windowed
-    adaptation); Andrieu and Thoms (2008) (adaptive MCMC).
+    adaptation); Andrieu and Thoms (2008) (adaptive MCMC); Papaspiliopoulos, Roberts and
+    Sköld (2007) and Gorinova, Moore and Hoffman (2020, Sect. 3) (partial centring).
     """
 
     preconditioner: bool | None = None
     proxy: bool | None = None
+    centring: bool | None = None
 
     def __post_init__(self) -> None:
-        check_options("AdaptationOptions", preconditioner=self.preconditioner, proxy=self.proxy)
+        check_options("AdaptationOptions", preconditioner=self.preconditioner, proxy=self.proxy,
+                      centring=self.centring)
 
 
 @dataclass(frozen=True, kw_only=True)
