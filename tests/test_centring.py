@@ -117,6 +117,16 @@ def test_kernels_centre_group_effects_partially_by_default(data, weights):
 
 
 @pytest.mark.filterwarnings("ignore")
+def test_a_model_the_user_reparameterised_is_sampled_as_given(data, weights):
+    """A model already partially centred (or non-centred) by the user is not centred again."""
+    g, y, _ = data
+    model = partially_centred(grouped_normal, weights)
+    kernel = SGLD(model, progress_bar=False)
+    kernel.preprocess((g, y))
+    assert kernel.preprocessed.potential.model is model
+
+
+@pytest.mark.filterwarnings("ignore")
 def test_init_params_must_name_the_sampled_sites(data):
     """Given starts are read in the order of their site names, so the model's ``a`` would
     silently land in ``a_decentered``: refused, naming both."""

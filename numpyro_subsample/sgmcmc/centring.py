@@ -198,10 +198,24 @@ def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callab
     return numpyro.handlers.reparam(model, config=config)
 
 
+def _reparameterised(model) -> bool:
+    """Whether ``model`` is wrapped by a reparam handler with a loc-scale reparameterisation
+    (non-centred or partially centred by the user, or by :func:`partially_centred`)."""
+    while model is not None:
+        if isinstance(model, numpyro.handlers.reparam):
+            config = model.config
+            if callable(config) or any(isinstance(r, LocScaleReparam)
+                                       for r in (config or {}).values()):
+                return True  # a callable config may reparameterise any site
+        model = getattr(model, "fn", None)
+    return False
+
+
 def centred_potential(kernel, pre, data: ModelData) -> Potential | None:
     """The potential of the model partially centred with the weights of ``pre``'s proxy
     (:func:`weights_from`), for a kernel whose ``AdaptationOptions.centring`` allows it: None
-    where it is off, where the potential is already a centred one, where the model has local
+    where it is off, where the potential is already a centred one, where the model already
+    has a loc-scale reparameterisation (the user's choice), where the model has local
     latent sites or no dense proxy (None: no proxy adapted on pilot chains), or where no
     site has weights below ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
@@ -209,6 +223,8 @@ def centred_potential(kernel, pre, data: ModelData) -> Potential | None:
     if mode is False or not getattr(kernel, "supports_proxy_adaptation", False):
         return None
     if potential.model is not kernel.user_model or potential.local:
+        return None
+    if _reparameterised(kernel.user_model):  # the user chose the parameterisation
         return None
     if proxy is None or getattr(proxy, "cov", None) is None:
         return None
