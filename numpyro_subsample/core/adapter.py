@@ -36,8 +36,25 @@ from numpyro.util import is_prng_key
 from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.potential import ModelData, Potential, build_potential
 
-__all__ = ["DataRefs", "SubsampleKernel", "concrete_under_pmap", "constrained", "default_progress",
-           "preprocess_keys"]
+__all__ = ["DataRefs", "SubsampleKernel", "check_init_sites", "concrete_under_pmap", "constrained",
+           "default_progress", "preprocess_keys"]
+
+
+def check_init_sites(init_params: dict, potential: Potential) -> None:
+    """Refuse ``init_params`` whose sites are not the sampled model's latent sites: the
+    chains' programs flatten them in the order of their names, so another site's values would
+    land silently."""
+    given, expected = set(init_params), set(potential.latent_sites)
+    if given == expected:
+        return
+    hint = " Pass one unconstrained value per latent site."
+    if any(name.endswith("_decentered") for name in expected - given):
+        hint = (" A group effect a that the kernel samples reparameterised (the SG kernels' "
+                "partial centring, AdaptationOptions(centring=None), the default) is sampled "
+                "as a_decentered: pass that site's values, or AdaptationOptions(centring=False) "
+                "to sample the model as written.")
+    raise ValueError(f"init_params has the sites {sorted(given)}, but the sampled model's "
+                     f"latent sites are {sorted(expected)}.{hint}")
 
 
 def preprocess_keys(seed: int) -> tuple[jax.Array, ...]:
@@ -282,6 +299,8 @@ class SubsampleKernel(MCMCKernel):
         traced = isinstance(rng_key, jax.core.Tracer)  # under pmap (chain_method="parallel")
         with concrete_under_pmap(rng_key):
             pre = self._preprocess_data(data)
+        if init_params is not None:
+            check_init_sites(init_params, pre.potential)
         init_one, step, params = self._programs(pre, num_warmup=num_warmup, traced=traced)
         self._batched = not is_prng_key(rng_key)
         self._step = step

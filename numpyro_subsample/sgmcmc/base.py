@@ -507,8 +507,6 @@ class SGMCMCKernel(SubsampleKernel):
         if self._adapts(potential):
             adaptation.check_adaptation_warmup(type(self).__name__, num_warmup)
         state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
-        if init_params is not None:
-            centring.check_init_sites(init_params, self.preprocessed.potential)
         if init_params is not None and not isinstance(rng_key, jax.core.Tracer):
             prep.check_given_start(self.preprocessed, state.params, state.w, data)
         return state

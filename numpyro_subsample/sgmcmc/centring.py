@@ -36,8 +36,7 @@ from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential, build_potential
 
-__all__ = ["centred_potential", "centring_weights", "check_init_sites", "partially_centred",
-           "weights_from"]
+__all__ = ["centred_potential", "centring_weights", "partially_centred", "weights_from"]
 
 #: Sites whose weights are all at least this are left centred (reparameterising them would
 #: change nothing measurable).
@@ -94,19 +93,10 @@ def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
     first = [scales(jnp.asarray(t, dtype), model_args, model_kwargs) for t in draws[:2]]
     if not any(not np.allclose(first[0][k], first[1][k]) for k in first[0]):
         return {}
-    # arrays enter the program as arguments; Python values (sizes, flags) stay static
-    is_array = [isinstance(v, (np.ndarray, jax.Array)) for v in model_args]
-    keys = [k for k, v in model_kwargs.items() if isinstance(v, (np.ndarray, jax.Array))]
-
-    def at(theta, arrays, kw_arrays):
-        it = iter(arrays)
-        args = tuple(next(it) if a else v for a, v in zip(is_array, model_args, strict=True))
-        return scales(theta, args, {**model_kwargs, **kw_arrays})
-
-    sums = jax.device_get(jax.jit(jax.vmap(at, in_axes=(0, None, None)))(
-        jnp.asarray(draws, dtype), [v for a, v in zip(is_array, model_args, strict=True)
-                                   if a],
-        {k: model_kwargs[k] for k in keys}))
+    # the data enter the program as an argument (ModelData: arrays as leaves, the rest static)
+    sums = jax.device_get(jax.jit(jax.vmap(
+        lambda theta, d: scales(theta, *d.args_kwargs()), in_axes=(0, None)))(
+        jnp.asarray(draws, dtype), data))
     weights = {}
     for name, site_scales in sums.items():
         site_scales = np.asarray(site_scales, np.float64)
@@ -235,18 +225,3 @@ def centred_potential(kernel, pre, data: ModelData) -> Potential | None:
         return None
     return build_potential(partially_centred(kernel.user_model, weights), data,
                            preprocess_keys(kernel.seed)[0])
-
-
-def check_init_sites(init_params: dict, potential: Potential) -> None:
-    """Refuse ``init_params`` whose sites are not the sampled model's latent sites (they are
-    read in the order of their names, so another site's values would land silently)."""
-    given, expected = set(init_params), set(potential.latent_sites)
-    if given != expected:
-        centred = potential.model is not None and isinstance(potential.model,
-                                                             numpyro.handlers.reparam)
-        hint = (" A group effect a that the kernel samples partially centred "
-                "(AdaptationOptions(centring=None), the default) is sampled as a_decentered: "
-                "pass that site's values, or AdaptationOptions(centring=False) to sample the "
-                "model as written." if centred else " Pass one value per latent site.")
-        raise ValueError(f"init_params has the sites {sorted(given)}, but the sampled "
-                         f"model's latent sites are {sorted(expected)}.{hint}")

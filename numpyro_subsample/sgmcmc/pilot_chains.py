@@ -98,9 +98,9 @@ def run_window(pilot: PilotSettings, proxy: Proxy, length: int, keys: np.ndarray
             proxy.scale_tril, np.float64).T
     states = _vinit(init_one, potential)(chain_keys, device_array(theta_start.astype(dtype)),
                                          data, params, device_array(draws))
-    blocks = []
+    blocks, axes = [], _state_axes()
     for _ in range(int(length) // BLOCK):
-        states, w_block = _window(step, BLOCK, _state_axes(), states, data)
+        states, w_block = _window(step, BLOCK, axes, states, data)
         blocks.append(np.asarray(w_block))
     failed = np.asarray(states.fail_step) >= 0
     ws = np.concatenate(blocks).astype(np.float64)[int(length) // 2:, ~failed]
