@@ -243,3 +243,23 @@ def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel
         sd = r.std(0)
         assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.15, site
         assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.15, site
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_weights_are_taken_from_a_start_the_pilot_kept(data):
+    """A Laplace start that the pilot chains ran on and kept (no window disagreed with it) is
+    as good a source of weights as an adapted proxy; a proxy no pilot ran on is not used."""
+    from numpyro_subsample.core.data import ModelData
+    from numpyro_subsample.sgmcmc.centring import centred_potential
+
+    g, y, _ = data
+    kernel = SGLD(grouped_normal, adaptation=AdaptationOptions(centring=False),
+                  progress_bar=False)
+    pre = kernel.preprocess((g, y))
+    centring_on = SGLD(grouped_normal, progress_bar=False)
+    model_data = ModelData.from_args((g, y), None)
+    kept = pre._replace(proxy=pre.proxy._replace(kind="laplace",
+                                                 info={"windows": pre.proxy.info["windows"]}))
+    not_run = pre._replace(proxy=pre.proxy._replace(kind="laplace", info={}))
+    assert centred_potential(centring_on, kept, model_data) is not None
+    assert centred_potential(centring_on, not_run, model_data) is None

@@ -306,6 +306,12 @@ def _reparameterised(model) -> bool:
     return False
 
 
+def _pilot_ran(proxy) -> bool:
+    """Whether pilot chains adapted ``proxy``, or ran and kept it (a trusted start that no
+    window disagreed with: :func:`~numpyro_subsample.sgmcmc.warmup.adapt_proxy`)."""
+    return proxy.kind == "adapted" or "windows" in (proxy.info or {})
+
+
 def _centres(kernel) -> bool:
     return (getattr(kernel, "centring", False) is not False
             and getattr(kernel, "supports_proxy_adaptation", False))
@@ -332,10 +338,11 @@ def centred_potential(kernel, pre, data: ModelData,
     (:func:`weights_from`), for a kernel whose ``AdaptationOptions.centring`` allows it.
 
     With ``form`` (``pre`` is of its centred model), the user's loc-scale sites are sampled
-    with :class:`PartialCentring` at the proxy's weights, or at the user's own where the
-    proxy is not a dense adapted one. Without, None where centring is off, where the
+    with :class:`PartialCentring` at the proxy's weights, or at the user's own where no
+    pilot chains ran on a dense proxy. Without, None where centring is off, where the
     potential is already a centred one, where the model has a reparameterisation that
-    :func:`written_form` does not unwrap, local latent sites or no dense adapted proxy, or
+    :func:`written_form` does not unwrap, local latent sites or no dense proxy that pilot
+    chains ran on, or
     where no site has weights below ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
     if not _centres(kernel) or potential.local:
@@ -344,7 +351,7 @@ def centred_potential(kernel, pre, data: ModelData,
                          or _reparameterised(kernel.user_model)):
         return None
     dense = (proxy is not None and getattr(proxy, "cov", None) is not None
-             and (kernel.centring is True or proxy.kind == "adapted"))
+             and (kernel.centring is True or _pilot_ran(proxy)))
     keep = () if form is None else tuple(form.written)
     weights = weights_from(proxy, potential, data, keep=keep) if dense else {}
     if form is None:
