@@ -10,13 +10,19 @@ models as a user writes them (NumPyro, one subsample plate over the rows).
 - ``sparse-gamma``: logistic regression with Gamma(0.5, 0.5) global and local scales
   (β_j ~ N(0, (τ λ_j)²); d = 51, 5 non-zero);
 - ``horseshoe``: linear regression with the horseshoe prior (half-Cauchy global and local
-  scales; Carvalho, Polson and Scott 2010), d = 25, 3 non-zero.
+  scales; Carvalho, Polson and Scott 2010), d = 25, 3 non-zero;
+- ``poisson-noncentred``: Poisson counts with varying intercepts, a_g ~ N(b_0, τ²), τ ~
+  HalfCauchy(1), written non-centred with ``LocScaleReparam(0)``, 60 groups of 1 to 800
+  rows;
+- ``normal-group-predictor``: varying intercepts with a group-level predictor, a_g ~ N(γ_0 +
+  γ_1 u_g, σ_a²), Exponential(1) scales (centred), 85 groups of a few to ~500 rows, N ≈ 2,600.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -170,12 +176,63 @@ sparse_gamma_noncentred = numpyro.handlers.reparam(sparse_gamma,
 horseshoe_noncentred = numpyro.handlers.reparam(horseshoe, config={"beta": LocScaleReparam(0)})
 
 
+def poisson_data(num_groups: int = 60, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    sizes = np.maximum(1, np.round(np.geomspace(1, 800, num_groups))).astype(int)
+    g = np.repeat(np.arange(num_groups), sizes).astype(np.int32)
+    x = rng.normal(size=g.size).astype(np.float32)
+    a = 0.5 + 0.4 * rng.normal(size=num_groups)
+    y = rng.poisson(np.exp(a[g] + 0.3 * x)).astype(np.float32)
+    return (g, x, y), {"N": int(g.size), "groups": num_groups, "sizes": "1-800"}
+
+
+def _poisson(g, x, y=None, num_groups: int = 60, subsample_size: int = 500):
+    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
+    b1 = numpyro.sample("b1", dist.Normal(0.0, 2.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(b0, tau))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Poisson(jnp.exp(a[g[idx]] + b1 * x[idx])),
+                       obs=None if y is None else y[idx])
+
+
+poisson_noncentred = numpyro.handlers.reparam(_poisson, config={"a": LocScaleReparam(0)})
+
+
+def group_predictor_data(num_groups: int = 85, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    sizes = np.minimum(np.maximum(1, np.round(rng.lognormal(3.0, 1.2, num_groups))), 1000)
+    g = np.repeat(np.arange(num_groups), sizes.astype(int)).astype(np.int32)
+    floor = rng.integers(0, 2, g.size).astype(np.float32)
+    u = rng.normal(size=num_groups).astype(np.float32)
+    a = 1.5 + 0.7 * u + 0.2 * rng.normal(size=num_groups)
+    y = (a[g] - 0.6 * floor + 0.8 * rng.normal(size=g.size)).astype(np.float32)
+    return (g, floor, u, y), {"N": int(g.size), "groups": num_groups}
+
+
+def normal_group_predictor(g, floor, u, y=None, num_groups: int = 85,
+                           subsample_size: int = 400):
+    g0 = numpyro.sample("g0", dist.Normal(0.0, 10.0))
+    g1 = numpyro.sample("g1", dist.Normal(0.0, 10.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 10.0))
+    sigma_a = numpyro.sample("sigma_a", dist.Exponential(1.0))
+    sigma_y = numpyro.sample("sigma_y", dist.Exponential(1.0))
+    with numpyro.plate("groups", num_groups):
+        a = numpyro.sample("a", dist.Normal(g0 + g1 * u, sigma_a))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]] + beta * floor[idx], sigma_y),
+                       obs=None if y is None else y[idx])
+
+
 def suite() -> dict[str, Problem]:
     """The suite's problems, in the table's order."""
     normal, n_info = grouped_normal_data()
     varying, v_info = varying_logistic_data()
     sparse, s_info = sparse_logistic_data()
     hs, h_info = horseshoe_data()
+    pois, p_info = poisson_data()
+    gp, gp_info = group_predictor_data()
     return {
         "normal-centred": Problem("normal-centred", normal_centred, normal, {},
                                   ("mu", "sigma_a", "sigma_y", "beta", "a"), n_info),
@@ -190,4 +247,9 @@ def suite() -> dict[str, Problem]:
         "horseshoe": Problem("horseshoe", horseshoe, hs, {},
                              ("sigma", "tau", "lambda", "beta"), h_info,
                              horseshoe_noncentred),
+        "poisson-noncentred": Problem("poisson-noncentred", poisson_noncentred, pois, {},
+                                      ("b0", "b1", "tau", "a"), p_info),
+        "normal-group-predictor": Problem("normal-group-predictor", normal_group_predictor,
+                                          gp, {}, ("g0", "g1", "beta", "sigma_a", "sigma_y",
+                                                   "a"), gp_info),
     }

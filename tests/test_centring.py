@@ -166,6 +166,27 @@ def test_a_model_written_non_centred_is_sampled_partially_centred_in_the_users_s
     assert kernel.preprocessed.potential.model is model
 
 
+def test_written_forms_are_found_through_decorators_and_nested_handlers(data):
+    """``@reparam(config=...)`` on the model's definition and nested reparam handlers are
+    unwrapped to the centred model, other reparameterisations kept on it."""
+    from numpyro.infer.reparam import LocScaleReparam
+
+    from numpyro_subsample.core.data import ModelData
+    from numpyro_subsample.sgmcmc.centring import written_form
+
+    g, y, _ = data
+    model_data = ModelData.from_args((g, y), None)
+    decorated = numpyro.handlers.reparam(config={"a": LocScaleReparam(0)})(grouped_normal)
+    form = written_form(decorated, model_data)
+    assert form.model is grouped_normal and set(form.written) == {"a"}
+    learned = LocScaleReparam(centered=None)  # SVI's learned centring: kept as written
+    nested = numpyro.handlers.reparam(_noncentred_wrapped(), config={"mu": learned})
+    form = written_form(nested, model_data)
+    assert form.written == {"a": 0.0} and form.model.config == {"mu": learned}
+    assert form.model.fn is grouped_normal
+    assert written_form(grouped_normal, model_data) is None
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_reparameterisations_that_cannot_be_unwrapped_are_sampled_as_written(data):
     """A reparam handler inside the model's body, or with a callable config, is the model
