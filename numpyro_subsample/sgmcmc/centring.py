@@ -61,8 +61,11 @@ def _base_normal(fn) -> dist.Normal | None:
 def _site_scales(model: Callable, potential, plate_name: str) -> Callable:
     """``scales(theta, args, kwargs)``: each latent Normal site's scale (broadcast to the
     site's shape) at the flat unconstrained ``theta``, for the sites outside the subsample plate
-    ``plate_name``."""
-    seeded = numpyro.handlers.seed(model, rng_seed=0)
+    ``plate_name``. The plate's subsample is fixed to its first rows: the scales do not depend
+    on it, and a random subsample would compile its sampler at every eager call."""
+    rows = jnp.arange(potential.plate.subsample_size)
+    seeded = numpyro.handlers.substitute(numpyro.handlers.seed(model, rng_seed=0),
+                                         data={plate_name: rows})
 
     def scales(theta, args, kwargs):
         latent = constrain_fn(seeded, args, kwargs, potential.unravel(theta))
