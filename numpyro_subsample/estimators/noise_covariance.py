@@ -84,8 +84,9 @@ def _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size) -> Callable[[
             "None); build it with make_estimator from a SamplingDesign with moments, or use "
             "monte_carlo_whitened_covs."
         )
-    per_point = [_moment_sums(estimator.moments, estimator.params, thetas[p], scale_tril, data,
-                              int(chunk_size)) for p in range(int(thetas.shape[0]))]
+    rows = np.asarray(thetas)  # a row of a device array would be a compiled slice each
+    per_point = [_moment_sums(estimator.moments, estimator.params, rows[p], scale_tril, data,
+                              int(chunk_size)) for p in range(rows.shape[0])]
     second, sums, c = (np.stack([np.asarray(r[k]) for r in per_point]) for k in range(3))
 
     def cov_at(p: int) -> np.ndarray:
