@@ -192,14 +192,14 @@ def whitened_noise(
         return _structured_noise(estimator, centre, scale_tril, rng_key, data, tril_p,
                                  num_points, chunk_size, num_draws, lanczos_iterations)
     P = int(num_points)
-    thetas = noise_points(centre, tril_p, rng_key, P)
+    thetas = np.asarray(noise_points(centre, tril_p, rng_key, P))  # sliced on the host
     exact = estimator.moments is not None
     skip = int(P > 1 and exact)  # the centre, left out of the mean, is not evaluated
     cov_at, passes = point_covariances(estimator, thetas[skip:], scale_tril, rng_key, data,
                                        exact=exact, chunk_size=chunk_size, num_draws=num_draws)
     cov, lam, basis, along = _summarise(
         lambda p: cov_at(p - skip), range(1, P) if P > 1 else range(1))
-    return WhitenedNoise(largest=float(lam[-1]), cov=cov, points=np.asarray(thetas),
+    return WhitenedNoise(largest=float(lam[-1]), cov=cov, points=thetas,
                          data_passes=float(passes), exact=exact, ritz_values=None, basis=basis,
                          along=along)
 

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_subsample.core.compiling import preprocessing_jit
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimator
@@ -36,7 +37,7 @@ from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimato
 __all__ = ["exact_whitened_covs", "monte_carlo_whitened_covs", "point_covariances"]
 
 
-@partial(jax.jit, static_argnames=("moments", "chunk_size"))
+@partial(preprocessing_jit, static_argnames=("moments", "chunk_size"))
 def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_size):
     """At one point θ: Σ_i a_i u_i u_iᵀ (d, d), the group sums U_g (G, d) and c (G,); one data
     pass (plus ``moments.passes_per_point``). One program serves any number of points."""
@@ -83,8 +84,9 @@ def _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size) -> Callable[[
             "None); build it with make_estimator from a SamplingDesign with moments, or use "
             "monte_carlo_whitened_covs."
         )
-    per_point = [_moment_sums(estimator.moments, estimator.params, thetas[p], scale_tril, data,
-                              int(chunk_size)) for p in range(int(thetas.shape[0]))]
+    rows = np.asarray(thetas)  # a row of a device array would be a compiled slice each
+    per_point = [_moment_sums(estimator.moments, estimator.params, rows[p], scale_tril, data,
+                              int(chunk_size)) for p in range(rows.shape[0])]
     second, sums, c = (np.stack([np.asarray(r[k]) for r in per_point]) for k in range(3))
 
     def cov_at(p: int) -> np.ndarray:

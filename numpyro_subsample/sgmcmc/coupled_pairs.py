@@ -9,7 +9,6 @@ first of the two subsamples of the chain at h/2.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import jax
@@ -17,24 +16,20 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from numpyro_subsample.core.compiling import preprocessing_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec
 from numpyro_subsample.sgmcmc.chain import MAX_PROXY_SD
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 
-__all__ = ["BATCHES", "BURN_IN_BATCHES", "FAST_COMPILE_WORK", "batch_estimates", "run_pairs",
-           "start_positions"]
+__all__ = ["BATCHES", "BURN_IN_BATCHES", "batch_estimates", "run_pairs", "start_positions"]
 
 #: Batches per pair for the batch-means standard errors; the first ``BURN_IN_BATCHES`` are left
 #: out (the coupled difference starts at 0 and grows to its stationary value).
 BATCHES = 40
 BURN_IN_BATCHES = 8
-#: Below this many datum-coordinate products (3 · pairs · steps · n · d) the pairs' program is
-#: compiled with XLA's optimisations off (compiling faster, running slower).
-FAST_COMPILE_WORK = 2e8
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
 def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, est_params,
                    centre, tril: Scale, sd, h, scale_h, scale_half, start_w, start_xi, key,
                    data: ModelData):
@@ -101,6 +96,9 @@ def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, es
     return carry[4], carry[5]  # (pairs, batches, 4, d); chains at h, h/2 stayed healthy
 
 
+_probe_compiled = preprocessing_jit(_probe_program, static_argnums=(0, 1, 2))
+
+
 def start_positions(proxy: Any, centre: np.ndarray, tril: np.ndarray, pairs: int,
            rng: np.random.Generator) -> np.ndarray:
     """Whitened start positions (pairs, d): the pilot's last draws (``proxy.info["draws"]``)
@@ -145,20 +143,15 @@ def batch_estimates(sums: np.ndarray) -> tuple[np.ndarray, ...]:
 def run_pairs(estimate: Any, dynamics: Dynamics, batch_len: int, estimator_params: Any,
               centre: jax.Array, scale_tril: Scale, sd: np.ndarray, h: float,
               scales: tuple[Any, Any], start: tuple[np.ndarray, np.ndarray], key: jax.Array,
-              data: ModelData, work: float) -> tuple[np.ndarray, np.ndarray]:
+              data: ModelData) -> tuple[np.ndarray, np.ndarray]:
     """The pairs' ``BATCHES × batch_len`` steps from the whitened ``start`` (positions,
     momentum draws) with the injected-noise ``scales`` at h and h/2 (None: the dynamics'
-    own), compiled with XLA's optimisations off when ``work`` (datum-coordinate products) is
-    at most :data:`FAST_COMPILE_WORK`: (batch means (pairs, batches, 4, d), whether the chains
-    at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds)."""
+    own): (batch means (pairs, batches, 4, d), whether the chains at h and at h/2 stayed
+    finite and within ``MAX_PROXY_SD`` proxy sds). The program is compiled with the options
+    of :func:`~numpyro_subsample.core.compiling.preprocessing_jit`."""
     dtype = centre.dtype
-    before = bool(jax.config.read("jax_disable_most_optimizations"))
-    jax.config.update("jax_disable_most_optimizations", before or work <= FAST_COMPILE_WORK)
-    try:
-        sums, ok = _probe_program(
-            estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
-            centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scales[0],
-            scales[1], device_array(start[0], dtype), device_array(start[1], dtype), key, data)
-        return np.asarray(sums), np.asarray(ok)
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
+    sums, ok = _probe_compiled(
+        estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
+        centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scales[0],
+        scales[1], device_array(start[0], dtype), device_array(start[1], dtype), key, data)
+    return np.asarray(sums), np.asarray(ok)

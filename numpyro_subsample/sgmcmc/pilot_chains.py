@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from numpyro_subsample.core.compiling import preprocessing_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG, host_normals
@@ -32,7 +33,7 @@ __all__ = ["BLOCK", "PilotSettings", "run_window"]
 BLOCK = 50
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
+@partial(preprocessing_jit, static_argnums=(0, 1, 2))
 def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: ModelData):
     """``num_steps`` vectorized steps; returns the final states and the draws of w."""
     vstep = jax.vmap(step, in_axes=(axes, None), out_axes=axes)
@@ -53,7 +54,7 @@ def _vinit(init_one: Callable, potential: Potential) -> Callable:
     """The vectorized chain init at flat positions (P, d)."""
     def at(key, theta, data, params, draws):
         return init_one(key, potential.unravel(theta), data, params, draws)
-    return jax.jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
+    return preprocessing_jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
 
 
 class PilotSettings(NamedTuple):

@@ -287,8 +287,7 @@ def probe_bias(
     bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
     key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
     sums, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre, scale_tril,
-                         sd, h, (scale_h, scale_half), (w0, xi0), key, data,
-                         work=3.0 * pairs * steps * n * d)
+                         sd, h, (scale_h, scale_half), (w0, xi0), key, data)
     evaluations = 3 * pairs * steps
     passes = evaluations * n / potential.num_data
     if not ok.all():  # a chain became non-finite or exploded: no estimate
