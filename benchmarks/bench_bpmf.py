@@ -122,6 +122,9 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
 
     from numpyro_subsample import check_run
     from numpyro_subsample.compare import CompileTimer
+
+    # not in numpyro_subsample.compare.__all__: the run check's fields as the compare
+    # command reports them
     from numpyro_subsample.compare.checks import CHECK_FIELDS
 
     steps, S = spec["steps"], spec["draws"]
