@@ -245,6 +245,19 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
                         "JAX's default device); reported with the tables")
 
 
+def parse_args_or_run_worker(parser: argparse.ArgumentParser, argv, worker: Callable[[dict], None]):
+    """Parse a benchmark's arguments, with ``--device`` (:func:`add_device_option`) and a hidden
+    ``--worker SPEC``: the benchmark's fresh process for one method, which runs
+    ``worker(json.loads(SPEC))`` and returns None; otherwise the parsed arguments."""
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    add_device_option(parser)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return None
+    return args
+
+
 def _select_device(platform: str) -> str:
     try:
         devices = jax.devices(platform or None)

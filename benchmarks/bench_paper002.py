@@ -84,6 +84,7 @@ from _paper002_worker import (  # noqa: E402
     run_worker,
     train_size,
 )
+from _runs import parse_args_or_run_worker  # noqa: E402
 
 RESULTS = HERE / "results"
 TOLERANCES = (0.01, 0.001)
@@ -224,14 +225,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None, help="JSON path (the PNG goes beside it)")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _runs import add_device_option
-
-    add_device_option(p)
-    args = p.parse_args(argv)
-    if args.worker:
-        run_worker(json.loads(args.worker))
+    args = parse_args_or_run_worker(p, argv, run_worker)
+    if args is None:
         return 0
     q = args.quick
     fracs = [float(f) for f in (args.sizes or ("0.1,1" if q else "0.1,0.3,1")).split(",")]
