@@ -31,7 +31,11 @@ from numpyro_subsample.proxies.covariance import StructuredCovariance
 from numpyro_subsample.proxies.laplace import fit_laplace, proxy_from_moments
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.variational import fit_variational
-from numpyro_subsample.sgmcmc.centring import centring_weights, partially_centred
+from numpyro_subsample.sgmcmc.centring import (
+    PartialCentring,
+    centring_weights,
+    partially_centred,
+)
 from numpyro_subsample.sgmcmc.distributed import (
     DistributedSGLD,
     ShardLayout,
@@ -78,6 +82,7 @@ __all__ = [
     "shard_layout",
     "centring_weights",
     "partially_centred",
+    "PartialCentring",
     "shard_design",
     "EnergyConservingHMC",
     "HMCOptions",

@@ -87,7 +87,7 @@ def test_partially_centred_draws_hold_the_models_sites(data, weights):
     with pytest.warns(Warning):  # a run this short does not mix; the run check says so
         mcmc.run(jax.random.PRNGKey(0), g, y)
     draws = mcmc.get_samples()
-    assert draws["a"].shape == (200, 30) and draws["a_decentered"].shape == (200, 30)
+    assert draws["a"].shape == (200, 30) and draws["a_partially_centred"].shape == (200, 30)
     assert np.all(np.isfinite(np.asarray(draws["a"])))
 
 
@@ -111,14 +111,14 @@ def test_kernels_centre_group_effects_partially_by_default(data, weights):
             reparam = kernel.preprocessed.potential.model.config["a"]
             np.testing.assert_allclose(np.asarray(reparam.centered), weights["a"], atol=1e-6)
     for name in ("plain", "package"):
-        assert set(draws[name]) == {"mu", "sigma_a", "sigma_y", "a", "a_decentered"}
+        assert set(draws[name]) == {"mu", "sigma_a", "sigma_y", "a", "a_partially_centred"}
     assert set(draws["as written"]) == {"mu", "sigma_a", "sigma_y", "a"}
     assert draws["package"]["a"].shape == draws["as written"]["a"].shape == (100, 30)
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_a_model_the_user_reparameterised_is_sampled_as_given(data, weights):
-    """A model already partially centred (or non-centred) by the user is not centred again."""
+def test_a_model_partially_centred_by_the_package_is_sampled_as_given(data, weights):
+    """A model already partially centred by :func:`partially_centred` is not centred again."""
     g, y, _ = data
     model = partially_centred(grouped_normal, weights)
     kernel = SGLD(model, progress_bar=False)
@@ -126,16 +126,71 @@ def test_a_model_the_user_reparameterised_is_sampled_as_given(data, weights):
     assert kernel.preprocessed.potential.model is model
 
 
+def noncentred(g, y=None, num_groups: int = 30, subsample_size: int = 200):
+    """grouped_normal as users write it non-centred."""
+    from numpyro.infer.reparam import LocScaleReparam
+
+    with numpyro.handlers.reparam(config={"a": LocScaleReparam(0)}):
+        grouped_normal(g, y, num_groups, subsample_size)
+
+
+def _noncentred_wrapped():
+    from numpyro.infer.reparam import LocScaleReparam
+
+    return numpyro.handlers.reparam(grouped_normal, config={"a": LocScaleReparam(0)})
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_model_written_non_centred_is_sampled_partially_centred_in_the_users_sites(
+        data, weights):
+    """``reparam(model, {a: LocScaleReparam(0)})`` is preprocessed in its centred form and
+    sampled with that form's weights (those of :func:`centring_weights` on either form); the
+    draws hold every site of the model as written, the user's ``a_decentered`` = (a − μ)/σ_a
+    included; ``centring=False`` samples it as written."""
+    g, y, _ = data
+    model = _noncentred_wrapped()
+    np.testing.assert_allclose(centring_weights(SGLD(model, progress_bar=False), (g, y))["a"],
+                               weights["a"], atol=1e-6)
+    kernel = SGLD(model, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=100, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), g, y)
+    reparam = kernel.preprocessed.potential.model.config["a"]
+    np.testing.assert_allclose(np.asarray(reparam.centered), weights["a"], atol=1e-6)
+    d = {k: np.asarray(v, np.float64) for k, v in mcmc.get_samples().items()}
+    assert set(d) == {"mu", "sigma_a", "sigma_y", "a", "a_decentered", "a_partially_centred"}
+    np.testing.assert_allclose(d["a_decentered"],
+                               (d["a"] - d["mu"][:, None]) / d["sigma_a"][:, None],
+                               rtol=1e-4, atol=1e-4)
+    kernel = SGLD(model, adaptation=AdaptationOptions(centring=False), progress_bar=False)
+    kernel.preprocess((g, y))
+    assert kernel.preprocessed.potential.model is model
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_reparameterisations_that_cannot_be_unwrapped_are_sampled_as_written(data):
+    """A reparam handler inside the model's body, or with a callable config, is the model
+    as written: it is sampled so."""
+    from numpyro.infer.reparam import LocScaleReparam
+
+    g, y, _ = data
+    for model in (noncentred, numpyro.handlers.reparam(
+            grouped_normal, config=lambda msg: LocScaleReparam(0) if msg["name"] == "a"
+            else None)):
+        kernel = SGLD(model, progress_bar=False)
+        kernel.preprocess((g, y))
+        assert kernel.preprocessed.potential.model is model
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_init_params_must_name_the_sampled_sites(data):
     """Given starts are read in the order of their site names, so the model's ``a`` would
-    silently land in ``a_decentered``: refused, naming both."""
+    silently land in ``a_partially_centred``: refused, naming both."""
     g, y, _ = data
     init = {"mu": jnp.array(1.0), "sigma_a": jnp.array(0.0), "sigma_y": jnp.array(0.0),
             "a": jnp.ones(30)}
     mcmc = MCMC(SGLD(grouped_normal, progress_bar=False), num_warmup=100, num_samples=10,
                 progress_bar=False)
-    with pytest.raises(ValueError, match="a_decentered"):
+    with pytest.raises(ValueError, match="a_partially_centred"):
         mcmc.run(jax.random.PRNGKey(0), g, y, init_params=init)
 
 
@@ -148,26 +203,34 @@ def test_partially_centred_needs_a_dense_proxy(data):
         centring_weights(kernel, (g, y))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kernel", [SGLD, SGHMC])
-def test_partially_centred_default_run_matches_nuts(data, kernel):
-    """Default SGLD / SGHMC (partially centred by default) against long full-data NUTS:
-    every site within 0.15 posterior sd in mean and 0.15 in log-sd; SGHMC with no warning,
-    SGLD with at most the run check's (its ESS is about 380 of the 400 that 4 chains need
-    here: the step rule's curvature over the posterior keeps h at 0.024)."""
-    import warnings
-
+@pytest.fixture(scope="module")
+def nuts_reference(data):
     from numpyro.infer import MCMC as NumPyroMCMC
     from numpyro.infer import NUTS
-
-    from numpyro_subsample import RunDiagnosticsWarning
 
     g, y, _ = data
     nuts = NumPyroMCMC(NUTS(grouped_normal), num_warmup=1000, num_samples=10_000,
                        progress_bar=False)
     nuts.run(jax.random.PRNGKey(1), g, y, subsample_size=g.shape[0])
-    ref = nuts.get_samples()
-    mcmc = MCMC(kernel(grouped_normal, progress_bar=False),
+    return nuts.get_samples()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("written", ["centred", "non-centred"])
+@pytest.mark.parametrize("kernel", [SGLD, SGHMC])
+def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel, written):
+    """Default SGLD / SGHMC (partially centred by default) on the model written centred or
+    non-centred (``LocScaleReparam(0)``), against long full-data NUTS: every site within 0.15
+    posterior sd in mean and 0.15 in log-sd; SGHMC with no warning, SGLD with at most the
+    run check's (its ESS is about 380 of the 400 that 4 chains need here: the step rule's
+    curvature over the posterior keeps h at 0.024)."""
+    import warnings
+
+    from numpyro_subsample import RunDiagnosticsWarning
+
+    g, y, _ = data
+    model = grouped_normal if written == "centred" else _noncentred_wrapped()
+    mcmc = MCMC(kernel(model, progress_bar=False),
                 num_warmup=1000, num_samples=10_000, num_chains=4, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -176,7 +239,7 @@ def test_partially_centred_default_run_matches_nuts(data, kernel):
     assert [str(w.message) for w in caught if not issubclass(w.category, allowed)] == []
     draws = mcmc.get_samples()
     for site in ("mu", "sigma_a", "sigma_y", "a"):
-        r, d = np.asarray(ref[site]), np.asarray(draws[site])
+        r, d = np.asarray(nuts_reference[site]), np.asarray(draws[site])
         sd = r.std(0)
         assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.15, site
         assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.15, site

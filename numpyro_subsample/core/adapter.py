@@ -48,11 +48,11 @@ def check_init_sites(init_params: dict, potential: Potential) -> None:
     if given == expected:
         return
     hint = " Pass one unconstrained value per latent site."
-    if any(name.endswith("_decentered") for name in expected - given):
+    if any(name.endswith("_partially_centred") for name in expected - given):
         hint = (" A group effect a that the kernel samples reparameterised (the SG kernels' "
                 "partial centring, AdaptationOptions(centring=None), the default) is sampled "
-                "as a_decentered: pass that site's values, or AdaptationOptions(centring=False) "
-                "to sample the model as written.")
+                "as a_partially_centred: pass that site's values, or "
+                "AdaptationOptions(centring=False) to sample the model as written.")
     raise ValueError(f"init_params has the sites {sorted(given)}, but the sampled model's "
                      f"latent sites are {sorted(expected)}.{hint}")
 

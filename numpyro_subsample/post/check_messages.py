@@ -61,8 +61,9 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
                     "the proxy, which a joint mode or a first SVI fit places poorly in "
                     "hierarchical models)")
     elif kind == "adapted":
-        tips.append("write hierarchical group effects centred, a ~ Normal(m, s) (the "
-                    "kernels then sample them partially centred per group, "
+        tips.append("write hierarchical group effects as a ~ Normal(m, s), centred or "
+                    "non-centred with reparam(model, {'a': LocScaleReparam(0)}) outside the "
+                    "model's body (the kernels then sample them partially centred per group, "
                     "AdaptationOptions(centring=None); docs/adapted_proxy.md)")
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "

@@ -323,19 +323,25 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
                 step_bias=None, step_bias_skipped="the step was changed after its probe")
         return new
 
-    def without_centring(self) -> SGMCMCKernel:
-        """A copy that samples the model as written (``AdaptationOptions(centring=False)``),
-        with its own preprocessing."""
+    def without_centring(self, model: Callable | None = None) -> SGMCMCKernel:
+        """A copy that samples ``model`` (default: the kernel's) as written
+        (``AdaptationOptions(centring=False)``), with its own preprocessing."""
         new = copy.copy(self)
         new.centring = False
         new._pre, new._pre_data, new._step, new._potentials = None, None, None, {}
+        if model is not None:
+            new._model = model
         return new
 
     def _preprocess_data(self, data: ModelData):
         if self._pre is not None and data.same_values(self._pre_data):
             return self._pre
+        form = None
+        unwrapped = centring.unwrapped(self, data)  # a model the user wrote reparameterised
+        if unwrapped is not None:  # preprocessed first in its centred form
+            form, self._potentials[data.signature()] = unwrapped
         pre = super()._preprocess_data(data)
-        potential = centring.centred_potential(self, pre, data)
+        potential = centring.centred_potential(self, pre, data, form)
         if potential is not None:  # preprocess again, on the partially centred model
             self._potentials[data.signature()] = potential
             pre = self._preprocess(potential, data)

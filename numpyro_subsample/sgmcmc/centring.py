@@ -17,12 +17,19 @@ likelihood with n_j rows of noise σ). :func:`centring_weights` estimates it wit
 adapted proxy of the centred model (:mod:`~numpyro_subsample.sgmcmc.warmup`): Var(a_j) from its
 covariance and s² averaged over its draws; :func:`partially_centred` returns the model
 reparameterised with these weights, whose draws hold the model's own sites (a_j as a
-deterministic site) beside the new ``<site>_decentered``.
+deterministic site) beside the new ``<site>_partially_centred``.
+
+A model the user wrote reparameterised, ``reparam(model, {a: LocScaleReparam(centered=c_u)})``
+(non-centred for c_u = 0), is unwrapped (:func:`written_form`): the weights are estimated on
+its centred form ``model`` and the kernel samples that with :class:`PartialCentring`, which
+also returns the user's ``a_decentered`` as a deterministic site, so that the draws hold every
+site of the model as the user wrote it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +43,8 @@ from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential, build_potential
 
-__all__ = ["centred_potential", "centring_weights", "partially_centred", "weights_from"]
+__all__ = ["PartialCentring", "WrittenForm", "centred_potential", "centring_weights",
+           "partially_centred", "weights_from", "written_form"]
 
 #: Sites whose weights are all at least this are left centred (reparameterising them would
 #: change nothing measurable).
@@ -76,9 +84,10 @@ def _site_scales(model: Callable, potential, plate_name: str) -> Callable:
 
 
 def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
-                 seed: int = 0) -> dict[str, np.ndarray]:
+                 seed: int = 0, keep: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """:func:`centring_weights` from a dense Gaussian ``proxy`` of ``potential`` (the model
-    as written) on ``data``."""
+    in its centred form) on ``data``; the sites ``keep`` (latent Normal sites outside the
+    subsample plate) get their weights whatever their values and scales."""
     model_args, model_kwargs = data.args_kwargs()
     model_kwargs = dict(model_kwargs)
     dtype = potential.init_theta.dtype
@@ -91,7 +100,7 @@ def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
     # two draws traced eagerly find the sites whose scale is latent (most models have none,
     # and then nothing is compiled)
     first = [scales(jnp.asarray(t, dtype), model_args, model_kwargs) for t in draws[:2]]
-    if not any(not np.allclose(first[0][k], first[1][k]) for k in first[0]):
+    if not keep and not any(not np.allclose(first[0][k], first[1][k]) for k in first[0]):
         return {}
     # the data enter the program as an argument (ModelData: arrays as leaves, the rest static)
     sums = jax.device_get(jax.jit(jax.vmap(
@@ -100,11 +109,11 @@ def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
     weights = {}
     for name, site_scales in sums.items():
         site_scales = np.asarray(site_scales, np.float64)
-        if np.allclose(site_scales, site_scales[0]):  # a fixed scale: centring changes nothing
-            continue
+        if name not in keep and np.allclose(site_scales, site_scales[0]):
+            continue  # a fixed scale: centring changes nothing
         idx = np.asarray(index[name]).astype(int)
         c = np.clip(1.0 - np.diag(cov)[idx] / np.mean(site_scales ** 2, axis=0), 0.0, 1.0)
-        if np.any(c < CENTRED_ENOUGH):
+        if name in keep or np.any(c < CENTRED_ENOUGH):
             weights[name] = c
     return weights
 
@@ -144,7 +153,8 @@ def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None =
     probabilistic programs. ICML, Sect. 3.
     """
     data = ModelData.from_args(model_args, model_kwargs)
-    kernel = kernel.without_centring()
+    form = written_form(kernel.user_model, data)
+    kernel = kernel.without_centring(None if form is None else form.model)
     pre = kernel._preprocess_data(data)
     proxy = pre.proxy
     if proxy is None or getattr(proxy, "cov", None) is None:
@@ -156,7 +166,102 @@ def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None =
     if potential.local:
         raise ValueError("centring_weights does not apply to models with local latent sites "
                          f"({list(potential.local_sites)}).")
-    return weights_from(proxy, potential, data, num_draws=num_draws, seed=seed)
+    return weights_from(proxy, potential, data, num_draws=num_draws, seed=seed,
+                        keep=() if form is None else tuple(form.written))
+
+
+class PartialCentring(LocScaleReparam):
+    """NumPyro's ``LocScaleReparam(centered=c)`` (Gorinova, Moore and Hoffman 2020, Sect. 3)
+    whose noise is the site ``<name>_partially_centred``; for a site that the user wrote
+    reparameterised with weights ``written`` (c_u), it also records the user's noise
+    ``<name>_decentered`` = (a − m)/s^(1 − c_u) + c_u m as a deterministic site.
+
+    Parameters
+    ----------
+    centered
+        The weights c in [0, 1], of the site's shape (1 is kept as a reparameterisation:
+        the noise is then a itself).
+    written
+        The user's weights c_u, or None where the user wrote the site centred.
+
+    References
+    ----------
+    Gorinova, M., Moore, D. and Hoffman, M. (2020). Automatic reparameterisation of
+    probabilistic programs. ICML, Sect. 3.
+    """
+
+    def __init__(self, centered, written=None) -> None:
+        super().__init__(centered=centered)
+        self.written = written
+
+    def __call__(self, name, fn, obs):
+        if obs is not None:
+            raise ValueError(f"PartialCentring applies to latent sites; site {name!r} is "
+                             "observed.")
+        base, expand_shape, event_dim = self._unwrap(fn)
+        c = jnp.asarray(self.centered)
+        noise_fn = self._wrap(type(base)(loc=base.loc * c, scale=base.scale ** c),
+                              expand_shape, event_dim)
+        noise = numpyro.sample(f"{name}_partially_centred", noise_fn)
+        value = base.loc + base.scale ** (1 - c) * (noise - c * base.loc)
+        if self.written is not None:
+            w = jnp.asarray(self.written)
+            numpyro.deterministic(f"{name}_decentered",
+                                  (value - base.loc) / base.scale ** (1 - w) + w * base.loc)
+        return None, value
+
+
+class WrittenForm(NamedTuple):
+    """A model the user wrote as ``reparam(model, config)`` with loc-scale sites
+    (:func:`written_form`): ``model`` is its centred form (the other entries of ``config``
+    kept), ``written`` the user's weights per unwrapped site."""
+
+    model: Callable
+    written: dict
+
+
+def _written_sites(model) -> tuple[Callable, dict, dict] | None:
+    """(innermost model, loc-scale entries {site: c_u}, other entries) of a chain of reparam
+    handlers with dict configs, or None where there is none or one cannot be unwrapped."""
+    written, others = {}, {}
+    while isinstance(model, numpyro.handlers.reparam):
+        config = model.config
+        if not isinstance(config, dict):
+            return None  # a callable config may reparameterise any site
+        for site, rep in config.items():
+            if site in written or site in others:
+                return None  # reparameterised twice: the order of the handlers matters
+            if (isinstance(rep, LocScaleReparam) and not isinstance(rep, PartialCentring)
+                    and rep.centered is not None and not rep.shape_params):
+                written[site] = np.asarray(rep.centered, np.float64)
+            else:
+                others[site] = rep
+        model = model.fn
+    return (model, written, others) if written else None
+
+
+def written_form(model: Callable, data: ModelData) -> WrittenForm | None:
+    """The centred form of a model the user wrote as ``reparam(model, {a:
+    LocScaleReparam(centered=c_u)})`` (nested reparam handlers with dict configs included),
+    for the sites ``a`` that are latent Normal sites; None where the model has no such
+    handler, or where it reparameterises other distributions or sites through a callable
+    config. (Sites inside the subsample plate make the potential local, which partial
+    centring leaves as written.)"""
+    found = _written_sites(model)
+    if found is None:
+        return None
+    inner, written, others = found
+    centred = numpyro.handlers.reparam(inner, config=others) if others else inner
+    args, kwargs = data.args_kwargs()
+    with numpyro.handlers.block():
+        tr = numpyro.handlers.trace(numpyro.handlers.seed(centred, rng_seed=0)).get_trace(
+            *args, **dict(kwargs))
+    for site in written:
+        msg = tr.get(site)
+        if (msg is None or msg["type"] != "sample" or msg["is_observed"]
+                or _base_normal(msg["fn"]) is None):
+            return None
+    return WrittenForm(centred, written)
 
 
 def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callable:
@@ -174,8 +279,8 @@ def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callab
     Returns
     -------
     callable
-        The reparameterised model: the same posterior, each site ``a`` sampled as
-        ``a_decentered`` and returned as a deterministic site ``a``.
+        The reparameterised model (:class:`PartialCentring`): the same posterior, each site
+        ``a`` sampled as ``a_partially_centred`` and returned as a deterministic site ``a``.
 
     References
     ----------
@@ -184,13 +289,13 @@ def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callab
     """
     if not weights:
         return model
-    config = {name: LocScaleReparam(centered=jnp.asarray(c)) for name, c in weights.items()}
+    config = {name: PartialCentring(jnp.asarray(c)) for name, c in weights.items()}
     return numpyro.handlers.reparam(model, config=config)
 
 
 def _reparameterised(model) -> bool:
     """Whether ``model`` is wrapped by a reparam handler with a loc-scale reparameterisation
-    (non-centred or partially centred by the user, or by :func:`partially_centred`)."""
+    (by the user, or by :func:`partially_centred`) or a callable config."""
     while model is not None:
         if isinstance(model, numpyro.handlers.reparam):
             config = model.config
@@ -201,27 +306,54 @@ def _reparameterised(model) -> bool:
     return False
 
 
-def centred_potential(kernel, pre, data: ModelData) -> Potential | None:
+def _centres(kernel) -> bool:
+    return (getattr(kernel, "centring", False) is not False
+            and getattr(kernel, "supports_proxy_adaptation", False))
+
+
+def unwrapped(kernel, data: ModelData) -> tuple[WrittenForm, Potential] | None:
+    """The user's reparameterised model in its centred form (:func:`written_form`) and its
+    potential, which the kernel preprocesses first, where partial centring applies to it;
+    None: the model is preprocessed as written."""
+    if not _centres(kernel):
+        return None
+    form = written_form(kernel.user_model, data)
+    if form is None:
+        return None
+    potential = build_potential(form.model, data, preprocess_keys(kernel.seed)[0])
+    if potential.local or (kernel.centring is None and not kernel._adapts_proxy(potential)):
+        return None
+    return form, potential
+
+
+def centred_potential(kernel, pre, data: ModelData,
+                      form: WrittenForm | None = None) -> Potential | None:
     """The potential of the model partially centred with the weights of ``pre``'s proxy
-    (:func:`weights_from`), for a kernel whose ``AdaptationOptions.centring`` allows it: None
-    where it is off, where the potential is already a centred one, where the model already
-    has a loc-scale reparameterisation (the user's choice), where the model has local
-    latent sites or no dense proxy (None: no proxy adapted on pilot chains), or where no
-    site has weights below ``CENTRED_ENOUGH``."""
+    (:func:`weights_from`), for a kernel whose ``AdaptationOptions.centring`` allows it.
+
+    With ``form`` (``pre`` is of its centred model), the user's loc-scale sites are sampled
+    with :class:`PartialCentring` at the proxy's weights, or at the user's own where the
+    proxy is not a dense adapted one. Without, None where centring is off, where the
+    potential is already a centred one, where the model has a reparameterisation that
+    :func:`written_form` does not unwrap, local latent sites or no dense adapted proxy, or
+    where no site has weights below ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
-    mode = getattr(kernel, "centring", False)
-    if mode is False or not getattr(kernel, "supports_proxy_adaptation", False):
+    if not _centres(kernel) or potential.local:
         return None
-    if potential.model is not kernel.user_model or potential.local:
+    if form is None and (potential.model is not kernel.user_model
+                         or _reparameterised(kernel.user_model)):
         return None
-    if _reparameterised(kernel.user_model):  # the user chose the parameterisation
-        return None
-    if proxy is None or getattr(proxy, "cov", None) is None:
-        return None
-    if mode is None and proxy.kind != "adapted":
-        return None
-    weights = weights_from(proxy, potential, data)
-    if not weights:
-        return None
-    return build_potential(partially_centred(kernel.user_model, weights), data,
-                           preprocess_keys(kernel.seed)[0])
+    dense = (proxy is not None and getattr(proxy, "cov", None) is not None
+             and (kernel.centring is True or proxy.kind == "adapted"))
+    keep = () if form is None else tuple(form.written)
+    weights = weights_from(proxy, potential, data, keep=keep) if dense else {}
+    if form is None:
+        if not weights:
+            return None
+        model = partially_centred(kernel.user_model, weights)
+    else:
+        config = {site: PartialCentring(jnp.asarray(c)) for site, c in weights.items()}
+        config.update({site: PartialCentring(jnp.asarray(weights.get(site, c_u)), written=c_u)
+                       for site, c_u in form.written.items()})
+        model = numpyro.handlers.reparam(form.model, config=config)
+    return build_potential(model, data, preprocess_keys(kernel.seed)[0])

@@ -77,9 +77,11 @@ class AdaptationOptions:
         Sample the model's centred Gaussian group effects (latent Normal sites outside the
         subsample plate whose scale is another latent site) partially centred per group,
         with weights from the adapted proxy (:mod:`~numpyro_subsample.sgmcmc.centring`): one
-        more preprocessing, on the reparameterised model. The draws hold the model's sites
-        and each such site's ``<site>_decentered``. None: on where the proxy is adapted and
-        such a site has weights below 0.99.
+        more preprocessing, on the reparameterised model. A model written
+        ``reparam(model, {site: LocScaleReparam(c)})`` is preprocessed in its centred form
+        first. The draws hold the model's sites and each such site's
+        ``<site>_partially_centred``. None: on where the proxy is adapted and such a site has
+        weights below 0.99, or the user reparameterised it.
 
     References
     ----------
