@@ -11,7 +11,6 @@ noise, step size) with the methods of its base
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -25,7 +24,7 @@ from numpyro_subsample.core.adapter import (
 )
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.options import check_options
+from numpyro_subsample.core.options import check_options, keyword_params
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.registry import (
@@ -178,18 +177,6 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
 
-    @classmethod
-    def _keyword_params(cls) -> tuple[str, ...]:
-        """The keyword arguments of this kernel class and of its bases up to SGMCMCKernel."""
-        names: list[str] = []
-        for c in cls.__mro__[:cls.__mro__.index(SGMCMCKernel) + 1]:
-            init = c.__dict__.get("__init__")
-            if init is not None:
-                names += [p.name for p in inspect.signature(init).parameters.values()
-                          if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                          and p.name not in ("self", "model")]
-        return tuple(dict.fromkeys(names))
-
     def __init__(
         self,
         model: Callable,
@@ -237,7 +224,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             supports_structured=self.supports_structured,
             adapt_preconditioner=adaptation.preconditioner,
             supports_adaptation=self.supports_adaptation,
-            kernel_params=self._keyword_params(),
+            kernel_params=keyword_params(type(self), SGMCMCKernel),
         )
         noise_correction = noise.correction
         self._noise_correction_given = noise_correction
