@@ -2,6 +2,10 @@
 kernel under ``numpyro.infer.MCMC`` or independent draws from a proxy alone, with wall time
 including compilation, data passes, the warnings raised and the run checks; and the rows'
 accuracy against a NUTS reference, with the metrics of :mod:`numpyro_subsample.compare`.
+
+The benchmarks use the public API: ``numpyro_subsample.__all__``, its ``datasets`` and the
+comparison harness of the ``compare`` command (the names of ``numpyro_subsample.compare.__all__``:
+timing, problems, references, ESS and errors). An import of anything else says why beside it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from numpyro_subsample import (
     fit_variational,
 )
 from numpyro_subsample.compare import CompileTimer, flatten_draws, min_ess, standardised_errors
+
+# not in numpyro_subsample.compare.__all__: the compare command's own run checks, warning
+# recorder and proxy draws, so that these rows are checked and drawn as its rows are
 from numpyro_subsample.compare.checks import check_code, record_warnings, run_checks, shorten
 from numpyro_subsample.compare.proxy_runs import proxy_draws
 
@@ -236,6 +243,19 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=_select_device, default="", metavar="PLATFORM",
                         help="JAX platform to run on: cpu, gpu (cuda, rocm) or tpu (default: "
                         "JAX's default device); reported with the tables")
+
+
+def parse_args_or_run_worker(parser: argparse.ArgumentParser, argv, worker: Callable[[dict], None]):
+    """Parse a benchmark's arguments, with ``--device`` (:func:`add_device_option`) and a hidden
+    ``--worker SPEC``: the benchmark's fresh process for one method, which runs
+    ``worker(json.loads(SPEC))`` and returns None; otherwise the parsed arguments."""
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    add_device_option(parser)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return None
+    return args
 
 
 def _select_device(platform: str) -> str:

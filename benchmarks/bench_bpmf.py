@@ -96,7 +96,7 @@ from _bpmf_model import (  # noqa: E402
     zv_local,
 )
 from _bpmf_report import markdown  # noqa: E402
-from _runs import json_default, write_results  # noqa: E402
+from _runs import json_default, parse_args_or_run_worker, write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ESTIMATORS = {"SGLD-CV": "cv", "SGLD": "uniform"}
@@ -122,6 +122,9 @@ def _sg_run(kernel, args, kwargs, spec, dd, prep: tuple[float, float], extra: di
 
     from numpyro_subsample import check_run
     from numpyro_subsample.compare import CompileTimer
+
+    # not in numpyro_subsample.compare.__all__: the run check's fields as the compare
+    # command reports them
     from numpyro_subsample.compare.checks import CHECK_FIELDS
 
     steps, S = spec["steps"], spec["draws"]
@@ -331,14 +334,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     p.add_argument("--md", default="/tmp/scratch/bpmf/bpmf_results.md")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _runs import add_device_option
-
-    add_device_option(p)
-    a = p.parse_args(argv)
-    if a.worker:
-        _worker(json.loads(a.worker))
+    a = parse_args_or_run_worker(p, argv, _worker)
+    if a is None:
         return 0
     L = a.users or (300 if a.quick else 450)
     M = a.items or (150 if a.quick else 225)

@@ -215,8 +215,10 @@ def lda_rule_rows():
     noise) and the noise-free one 4δ/max(rate) (δ = 0.05)."""
     from lda import lda_local_gibbs, lda_model, sklearn_online_lda, synthetic_corpus, to_tokens
 
-    from numpyro_subsample import LocalConfig
-    from numpyro_subsample.core.data import ModelData
+    from numpyro_subsample import LocalConfig, ModelData
+
+    # not public: the benchmark measures SGRLD's step rule term by term (relaxation rates,
+    # the local sites' drift moments), which only these internals expose
     from numpyro_subsample.estimators.local import init_local_state
     from numpyro_subsample.estimators.selection import uniform_design
     from numpyro_subsample.sgmcmc.simplex import flatten_sites, relaxation_rates

@@ -34,7 +34,7 @@ WORKER = textwrap.dedent(
     import jax, numpy as np
     from numpyro.infer import MCMC
     from models import linreg_model, linreg_data, linreg_exact
-    from numpyro_subsample.compare.timing import CompileTimer
+    from numpyro_subsample.compare import CompileTimer
     from numpyro_subsample import DistributedSGLD
 
     X, y = linreg_data(N=N, d=8, seed=0)

@@ -3,7 +3,7 @@
 Data: covtype_subset20k, a9a (train), ijcnn1 (train), w8a (train) from ``shared/data``
 (``np.load`` of the ``.npz``) and a synthetic logistic regression with rare binary features
 (``numpyro_subsample.datasets.generators.make_rare_features``, N = 2·10^5, d = 21).
-Model (``_refs.py``): continuous features z-scored, binary features centred on their 0/1
+Model (``_ref_models.py``): continuous features z-scored, binary features centred on their 0/1
 scale (Gelman et al. 2008), α ~ N(0, 2.5²), β_j ~ N(0, 1), Bernoulli-logit; the same model for
 NUTS and the subsampling kernels.
 
@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ref_models  # noqa: E402
 import _refs  # noqa: E402
 from _runs import Run, accuracy, fmt, json_default, run_kernel, run_proxy, warnings_cell  # noqa: E402
 
@@ -77,7 +78,7 @@ def kernel_builder(name: str, model, seed: int):
 
 def run_dataset(name: str, methods: list[str], num_warmup: int, num_samples: int, seed: int,
                 data_dir: str | None, n_override: int | None, quick: bool) -> dict:
-    data = _refs.load_logistic(name, data_dir)
+    data = _ref_models.load_logistic(name, data_dir)
     N = data.num_data
     n = n_override or subsample_size(N)
     ref = _refs.logistic_reference(data, compute=False)
@@ -102,10 +103,10 @@ def run_dataset(name: str, methods: list[str], num_warmup: int, num_samples: int
         log(f"  {name}: {m}")
         if m in PROXY_METHODS:
             kind, label = PROXY_METHODS[m]
-            run = run_proxy(label, kind, _refs.logistic_model, args, kwargs,
+            run = run_proxy(label, kind, _ref_models.logistic_model, args, kwargs,
                             num_draws=num_samples, seed=seed)
         else:
-            run = run_kernel(m, kernel_builder(m, _refs.logistic_model, seed), args, kwargs,
+            run = run_kernel(m, kernel_builder(m, _ref_models.logistic_model, seed), args, kwargs,
                              num_warmup=num_warmup, num_samples=num_samples, seed=seed)
         acc = accuracy(run, ref_flat, sites)
         row = _row(run, acc, nuts_s)
@@ -184,8 +185,8 @@ def markdown(results: list[dict], command: str, started: str, wall: float) -> st
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default=",".join(_refs.ALL_LOGISTIC),
-                   help=f"comma list of {', '.join(_refs.ALL_LOGISTIC)}")
+    p.add_argument("--datasets", default=",".join(_ref_models.ALL_LOGISTIC),
+                   help=f"comma list of {', '.join(_ref_models.ALL_LOGISTIC)}")
     p.add_argument("--methods", default="all", help=f"comma list of {', '.join(ALL_METHODS)}")
     p.add_argument("--num-samples", type=int, default=None,
                    help="SG steps after warm-up (default 20,000; --quick 3000)")
@@ -205,10 +206,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     names = [s.strip() for s in args.datasets.split(",") if s.strip()]
     if args.quick and args.datasets == p.get_default("datasets"):
-        names = [_refs.SYNTHETIC, "covtype_subset20k"]
-    unknown = [s for s in names if s not in _refs.ALL_LOGISTIC]
+        names = [_ref_models.SYNTHETIC, "covtype_subset20k"]
+    unknown = [s for s in names if s not in _ref_models.ALL_LOGISTIC]
     if unknown:
-        p.error(f"--datasets: unknown {unknown}; choose from {', '.join(_refs.ALL_LOGISTIC)}")
+        p.error(f"--datasets: unknown {unknown}; choose from {', '.join(_ref_models.ALL_LOGISTIC)}")
     methods = list(ALL_METHODS) if args.methods == "all" else [
         s.strip() for s in args.methods.split(",") if s.strip()]
     bad = [m for m in methods if m not in ALL_METHODS]

@@ -61,6 +61,9 @@ import scipy.linalg
 from numpyro.infer import MCMC
 
 from numpyro_subsample import SGHMC, SGLD, strata_of
+
+# not public: the benchmark times the stratified design's draw and allocation steps alone, and
+# (noise_diagnosis) compares the package's noise covariance with its own dense computation
 from numpyro_subsample.estimators.floyd import draw_positions
 from numpyro_subsample.estimators.stratified import allocate_batch_sizes
 

@@ -150,3 +150,49 @@ def test_ecs_old_keywords_warn_and_give_the_same_draws():
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
     with pytest.raises(TypeError, match="pass hmc= alone"):
         EnergyConservingHMC(logistic_model, hmc=HMCOptions(), algo="HMC")
+
+
+def _update(rng_key, rows, values, idx, *args, **kwargs):
+    return rows
+
+
+_FEATURES = np.ones((10, 1))
+_SG_OLD = {"zv_stream": True, "zv_degree": 2, "zv_covariates": "gradient", "zv_fn": _update,
+           "adapt_preconditioner": True, "adapt_proxy": False, "noise_correction": False,
+           "max_variance_inflation": 0.1, "local_update": _update, "local_steps": 3}
+_SGRLD_OLD = {"max_variance_inflation": 0.1, "decay_offset": 500.0, "decay_power": 0.6,
+              "num_strata": 4, "features": _FEATURES, "kmeans_iters": 3, "strata_seed": 2,
+              "local_update": _update, "local_steps": 3}
+_ECS_OLD = {"algo": "HMC", "step_size": 0.1, "adapt_step_size": False,
+            "adapt_mass_matrix": False, "dense_mass": True, "target_accept_prob": 0.9,
+            "max_tree_depth": 8, "trajectory_length": 1.0, "num_steps": 5, "taylor_order": 1,
+            "hybrid_order": 2, "num_mc_draws": 10, "uniform_mix": 0.1, "num_selection_draws": 10}
+_SGRLD_ATTRS = {"strata": "strata_options"}
+_EVERY_OLD = ([(SGLD, k, v) for k, v in _SG_OLD.items()]
+              + [(SGRLD, k, v) for k, v in _SGRLD_OLD.items()]
+              + [(EnergyConservingHMC, k, v) for k, v in _ECS_OLD.items()])
+
+
+@pytest.mark.parametrize("cls, old, value", _EVERY_OLD,
+                         ids=[f"{c.__name__}-{k}" for c, k, _ in _EVERY_OLD])
+def test_every_old_keyword_alone_warns_and_sets_its_record_field(cls, old, value):
+    """Each keyword of the previous release still builds the kernel, with a DeprecationWarning
+    naming the record that replaces it, and lands in that record's field."""
+    from numpyro_subsample.ecs.options import LEGACY_ECS_KEYWORDS
+
+    if cls is EnergyConservingHMC:
+        record, _, field = LEGACY_ECS_KEYWORDS[old]
+    else:
+        record, field = LEGACY_KEYWORDS[old]
+    kwargs = {old: value}
+    if record == "zv" and old != "zv_stream":
+        kwargs["zv_stream"] = True  # without it the old keywords meant zv=None
+    with pytest.warns(DeprecationWarning, match=rf"deprecated; pass {record}="):
+        kernel = cls(linreg_model, **kwargs)
+    if cls is SGRLD and record == "noise":  # SGRLD keeps only this field of NoiseOptions
+        assert kernel.max_variance_inflation == value
+        return
+    got = getattr(kernel, _SGRLD_ATTRS.get(record, record) if cls is SGRLD else record)
+    assert got is not None
+    if field:
+        assert getattr(got, field) is value or getattr(got, field) == value, (old, got)

@@ -30,7 +30,8 @@ from typing import Any
 from numpyro_subsample.core.validation import Option, OptionTypeError, check_values, requirement
 
 __all__ = ["OPTIONS", "Option", "OptionTypeError", "check_options", "did_you_mean",
-           "requirement", "suggest_keywords", "user_stacklevel", "warn_deprecated"]
+           "keyword_params", "requirement", "suggest_keywords", "user_stacklevel",
+           "warn_deprecated"]
 
 
 def did_you_mean(unknown: Sequence[str], candidates: Sequence[str]) -> str:
@@ -68,6 +69,20 @@ def suggest_keywords(init: Callable | None = None, *, deprecated: Sequence[str] 
         init(self, *args, **kwargs)
 
     return checked
+
+
+def keyword_params(cls: type, base: type) -> tuple[str, ...]:
+    """The keyword arguments of the ``__init__`` of ``cls`` and of its bases up to ``base``
+    (``cls.__mro__`` order, each once; ``self`` and ``model`` left out): the valid keywords a
+    misspelt option is matched against."""
+    names: list[str] = []
+    for c in cls.__mro__[:cls.__mro__.index(base) + 1]:
+        init = c.__dict__.get("__init__")
+        if init is not None:
+            names += [p.name for p in inspect.signature(init).parameters.values()
+                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                      and p.name not in ("self", "model")]
+    return tuple(dict.fromkeys(names))
 
 
 def user_stacklevel() -> int:

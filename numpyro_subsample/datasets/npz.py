@@ -70,6 +70,37 @@ def _numeric(path: Path, key: str, arr: np.ndarray, ndim: int) -> np.ndarray:
     return arr
 
 
+def _npz_arrays(path: Path, arrays: dict) -> tuple:
+    """``(keys, X, y, X_test, y_test)`` of an archive's arrays (``X_float64`` and
+    ``y_float64`` preferred to ``X`` and ``y``; no test set: None), X and X_test checked numeric
+    and finite, the shapes checked; y and y_test as stored."""
+    if "X_train" in arrays and "y_train" in arrays:
+        keys = ("X_train", "y_train", "X_test", "y_test")
+    elif "X" in arrays and "y" in arrays:
+        keys = ("X_float64" if "X_float64" in arrays else "X",
+                "y_float64" if "y_float64" in arrays else "y", None, None)
+    else:
+        raise ValueError(
+            f"{str(path)!r} holds arrays {sorted(arrays)}; expected 'X' and 'y', or 'X_train', "
+            "'y_train' (and optionally 'X_test', 'y_test')."
+        )
+    if (keys[2] in arrays) != (keys[3] in arrays):
+        raise ValueError(f"{str(path)!r}: 'X_test' and 'y_test' must be given together.")
+    X = _numeric(path, keys[0], arrays[keys[0]], 2)
+    y = arrays[keys[1]]
+    X_test = _numeric(path, "X_test", arrays["X_test"], 2) if keys[2] in arrays else None
+    y_test = arrays.get("y_test") if keys[3] in arrays else None
+    if y.shape != (X.shape[0],):
+        raise ValueError(f"{str(path)!r}: X must be (N, p) and y (N,), got {X.shape}, {y.shape}.")
+    if X_test is not None and (X_test.shape[1] != X.shape[1] or
+                               y_test.shape != (X_test.shape[0],)):
+        raise ValueError(
+            f"{str(path)!r}: X_test must be (M, {X.shape[1]}) and y_test (M,), got "
+            f"{X_test.shape}, {y_test.shape}."
+        )
+    return keys, X, y, X_test, y_test
+
+
 def load_npz(
     path: str | os.PathLike,
     *,
@@ -115,31 +146,7 @@ def load_npz(
     _check_choice("standardise", standardise, ("auto", "covtype", "none"))
     if task is not None:
         _check_choice("task", task, ("logistic", "linear"))
-    arrays = _read_npz(path)
-    if "X_train" in arrays and "y_train" in arrays:
-        keys = ("X_train", "y_train", "X_test", "y_test")
-    elif "X" in arrays and "y" in arrays:
-        keys = ("X_float64" if "X_float64" in arrays else "X",
-                "y_float64" if "y_float64" in arrays else "y", None, None)
-    else:
-        raise ValueError(
-            f"{str(path)!r} holds arrays {sorted(arrays)}; expected 'X' and 'y', or 'X_train', "
-            "'y_train' (and optionally 'X_test', 'y_test')."
-        )
-    if (keys[2] in arrays) != (keys[3] in arrays):
-        raise ValueError(f"{str(path)!r}: 'X_test' and 'y_test' must be given together.")
-    X = _numeric(path, keys[0], arrays[keys[0]], 2)
-    y = arrays[keys[1]]
-    X_test = _numeric(path, "X_test", arrays["X_test"], 2) if keys[2] in arrays else None
-    y_test = arrays.get("y_test") if keys[3] in arrays else None
-    if y.shape != (X.shape[0],):
-        raise ValueError(f"{str(path)!r}: X must be (N, p) and y (N,), got {X.shape}, {y.shape}.")
-    if X_test is not None and (X_test.shape[1] != X.shape[1] or
-                               y_test.shape != (X_test.shape[0],)):
-        raise ValueError(
-            f"{str(path)!r}: X_test must be (M, {X.shape[1]}) and y_test (M,), got "
-            f"{X_test.shape}, {y_test.shape}."
-        )
+    keys, X, y, X_test, y_test = _npz_arrays(path, _read_npz(path))
     explicit = label_map is not None or positive_class is not None
     if task is None:
         task = "logistic" if explicit or np.unique(y).size <= 2 else "linear"

@@ -292,6 +292,38 @@ def pilot_v0(
 
 
 # -- the wrapper --------------------------------------------------------------------------------
+def _base_design(base: GradientEstimator, num_data: int, replace: bool, dtype) -> tuple:
+    """``(p_i, design of size n)`` of ``base``: its alias table (``"cv-preferential"``) or
+    uniform."""
+    table = (base.info or {}).get("alias_table")
+    if base.name == "cv-preferential":
+        if table is None:
+            raise ValueError("adaptive=True works with static weights; drop weights='exact'.")
+        return np.asarray(table.probs, np.float64), partial(alias_design, table, dtype=dtype)
+    return (np.full(num_data, 1.0 / num_data),
+            partial(uniform_design, num_data, replace=replace, dtype=dtype))
+
+
+def _noise_level(base: GradientEstimator, data: ModelData, proxy, S: float, rng_key: jax.Array,
+                 options: AdaptiveOptions, chunk_size: int) -> tuple[float, dict, float]:
+    """``(v0, facts for info, data passes)`` of the size rule: from pilot chains
+    (:func:`pilot_v0`), from the proxy's spread (a quantile of |θ − θ̂|² over 4096 of its
+    draws, times S / n_max) or as given."""
+    if options.v0 == "pilot":
+        v0, facts = pilot_v0(
+            base, data, proxy, S, rng_key, num_chains=options.pilot_chains,
+            num_steps=options.pilot_steps, quantile=options.pilot_quantile,
+            max_variance_inflation=options.max_variance_inflation, chunk_size=chunk_size,
+        )
+        return v0, facts, facts["pilot_data_passes"]
+    if options.v0 == "proxy":
+        w = jax.random.normal(rng_key, (4096, proxy.centre.shape[0]), proxy.centre.dtype)
+        offsets = whiten_matvec(proxy_scale(proxy), w)
+        r2 = float(np.quantile(np.sum(np.asarray(offsets) ** 2, -1), options.pilot_quantile))
+        return r2 * S / options.n_max, {"proxy_r2": r2}, 0.0
+    return float(options.v0), {}, 0.0
+
+
 def adaptive_size(
     base: GradientEstimator,
     potential: Potential,
@@ -326,15 +358,7 @@ def adaptive_size(
     dtype = potential.init_theta.dtype
     info = dict(base.info or {})
     passes = float(base.data_passes)
-    table = info.get("alias_table")
-    if base.name == "cv-preferential":
-        if table is None:
-            raise ValueError("adaptive=True works with static weights; drop weights='exact'.")
-        probs = np.asarray(table.probs, np.float64)
-        design = partial(alias_design, table, dtype=dtype)
-    else:
-        probs = np.full(N, 1.0 / N)
-        design = partial(uniform_design, N, replace=replace, dtype=dtype)
+    probs, design = _base_design(base, N, replace, dtype)
     if isinstance(options.lipschitz, str):
         L, kind = lipschitz_constants(
             potential, data, proxy, method=options.lipschitz, radius=options.lipschitz_radius,
@@ -347,22 +371,9 @@ def adaptive_size(
     if not (np.isfinite(S) and S > 0):
         raise ValueError("Σ L_i²/p_i is zero or not finite; check the Lipschitz constants.")
     n_max = options.n_max
-    if options.v0 == "pilot":
-        v0, pinfo = pilot_v0(
-            base, data, proxy, S, k_pilot, num_chains=options.pilot_chains,
-            num_steps=options.pilot_steps, quantile=options.pilot_quantile,
-            max_variance_inflation=options.max_variance_inflation, chunk_size=chunk_size,
-        )
-        info.update(pinfo)
-        passes += pinfo["pilot_data_passes"]
-    elif options.v0 == "proxy":
-        w = jax.random.normal(k_pilot, (4096, proxy.centre.shape[0]), proxy.centre.dtype)
-        offsets = whiten_matvec(proxy_scale(proxy), w)
-        r2 = float(np.quantile(np.sum(np.asarray(offsets) ** 2, -1), options.pilot_quantile))
-        v0 = r2 * S / n_max
-        info["proxy_r2"] = r2
-    else:
-        v0 = float(options.v0)
+    v0, facts, pilot_passes = _noise_level(base, data, proxy, S, k_pilot, options, chunk_size)
+    info.update(facts)
+    passes += pilot_passes
     sizes = bucket_sizes(options.n_min, n_max)
     designs = [design(b) for b in sizes]
     params = AdaptiveParams(

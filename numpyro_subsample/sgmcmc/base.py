@@ -3,16 +3,14 @@
 :class:`SGMCMCKernel` wraps the functional core (:mod:`numpyro_subsample.sgmcmc.chain`: pure
 per-chain init and ``step(state, data)`` over :class:`SGMCMCState`) in the thin adapter of
 :mod:`numpyro_subsample.core.adapter`, and runs the preprocessing (proxy, estimator, measured
-noise, step size) with the functions of :mod:`numpyro_subsample.sgmcmc.preprocess` and
-:mod:`numpyro_subsample.sgmcmc.noise_refine`; its subclasses
+noise, step size) with the methods of its base
+:class:`~numpyro_subsample.sgmcmc.kernel_preprocess.SGMCMCPreprocessing`; its subclasses
 (:mod:`numpyro_subsample.sgmcmc.kernel`) choose the dynamics and the step-size rule.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -23,38 +21,32 @@ from numpyro.util import is_prng_key
 from numpyro_subsample.core.adapter import (
     SubsampleKernel,
     concrete_under_pmap,
-    preprocess_keys,
-    resolve_progress,
 )
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.options import check_options
-from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.options import check_options, keyword_params
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.registry import (
-    NEEDS_PROXY,
     STATEFUL,
     check_estimator_request,
-    configure_estimator,
 )
 from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.sgmcmc import adaptation, centring, step_bias, warmup
+from numpyro_subsample.sgmcmc import adaptation, centring
 from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
     SamplerParams,
     SGMCMCConfig,
     SGMCMCState,
-    Whitening,
     chain_programs,
     initial_draws,
 )
-from numpyro_subsample.sgmcmc.curvature import measured_curvature
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, corrected_dynamics, sgld_dynamics
-from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed, with_time_step
+from numpyro_subsample.sgmcmc.kernel_preprocess import SGMCMCPreprocessing
+from numpyro_subsample.sgmcmc.noise_refine import with_time_step
 from numpyro_subsample.sgmcmc.options import (
     AdaptationOptions,
     NoiseOptions,
@@ -67,7 +59,7 @@ from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 __all__ = ["SGMCMCKernel"]
 
 
-class SGMCMCKernel(SubsampleKernel):
+class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     """Stochastic-gradient MCMC for a NumPyro model with a subsample plate.
 
     Parameters
@@ -85,7 +77,7 @@ class SGMCMCKernel(SubsampleKernel):
         vectorized chain, SVRG's option ``update_every`` is the steps between its data passes).
         Default ``"cv"``; with local latent sites ``"cv"`` or ``"uniform"`` only (default
         ``"cv"`` while its N × d table is small:
-        :func:`~numpyro_subsample.sgmcmc.preprocess.local_preprocessing`).
+        :func:`~numpyro_subsample.sgmcmc.local_preprocess.local_preprocessing`).
     step_size
         The time step h of the diffusion in whitened coordinates, for every dynamic:
         SGLD moves w ← w + h ∇log π(w) + sqrt(2h) ξ (BlackJAX's ``step_size``; the ε of
@@ -145,7 +137,7 @@ class SGMCMCKernel(SubsampleKernel):
         ``LocalConfig()``). Such models take ``estimator="cv"`` (default, control variates at
         a stochastic-approximation pilot's end) or ``"uniform"``, and by default the step of
         the adapted preconditioner
-        (:func:`~numpyro_subsample.sgmcmc.preprocess.local_preprocessing`); a proxy,
+        (:func:`~numpyro_subsample.sgmcmc.local_preprocess.local_preprocessing`); a proxy,
         ``proxy_kwargs``, the noise correction or ZV are refused (they need p(x_i | θ)).
     bias_probe
         Probe the bias of the time step h after choosing it (default True): coupled pairs of
@@ -184,18 +176,6 @@ class SGMCMCKernel(SubsampleKernel):
     supports_structured: ClassVar[bool] = True
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
-
-    @classmethod
-    def _keyword_params(cls) -> tuple[str, ...]:
-        """The keyword arguments of this kernel class and of its bases up to SGMCMCKernel."""
-        names: list[str] = []
-        for c in cls.__mro__[:cls.__mro__.index(SGMCMCKernel) + 1]:
-            init = c.__dict__.get("__init__")
-            if init is not None:
-                names += [p.name for p in inspect.signature(init).parameters.values()
-                          if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                          and p.name not in ("self", "model")]
-        return tuple(dict.fromkeys(names))
 
     def __init__(
         self,
@@ -244,7 +224,7 @@ class SGMCMCKernel(SubsampleKernel):
             supports_structured=self.supports_structured,
             adapt_preconditioner=adaptation.preconditioner,
             supports_adaptation=self.supports_adaptation,
-            kernel_params=self._keyword_params(),
+            kernel_params=keyword_params(type(self), SGMCMCKernel),
         )
         noise_correction = noise.correction
         self._noise_correction_given = noise_correction
@@ -292,7 +272,7 @@ class SGMCMCKernel(SubsampleKernel):
     def estimator_name(self) -> str:
         """The estimator: as given, else ``"cv"`` (``"uniform"`` for a model with local latent
         sites whose control variate's N × d table would be too large,
-        :func:`~numpyro_subsample.sgmcmc.preprocess.local_estimator_choice`)."""
+        :func:`~numpyro_subsample.estimators.local_start.local_estimator_choice`)."""
         if self._estimator_request is not None or self._pre is None:
             return self._estimator_request or "cv"
         return "cv" if self._pre.estimator.name in ("cv", "local-cv") else "uniform"
@@ -357,121 +337,6 @@ class SGMCMCKernel(SubsampleKernel):
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
-
-    # -- preprocessing --------------------------------------------------------------------------
-    def _needs_proxy(self) -> bool:
-        return self.preconditioning or self.estimator_name in NEEDS_PROXY
-
-    def _adapts(self, potential: Potential) -> bool:
-        """As given, else with a structured proxy, or without preconditioning and step_size."""
-        if potential.local:  # no proxy: adapted unless a step_size is given
-            return self.adapt_preconditioner or (
-                self.adapt_preconditioner is None and self._step_size is None)
-        if self.adapt_preconditioner is None:
-            return self.supports_adaptation and (self._is_structured(potential.dim) or (
-                not self.preconditioning and self._step_size is None))
-        return bool(self.adapt_preconditioner)
-
-    def _proxy_choice(self, dim: int) -> str:
-        """The proxy for ``dim`` parameters (:func:`.preprocess.proxy_choice`)."""
-        return prep.proxy_choice(self._proxy_spec, dim, self.supports_structured)
-
-    def _is_structured(self, dim: int) -> bool:
-        return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
-
-    def _adapts_proxy(self, potential: Potential) -> bool:
-        """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
-        given, else for a dense proxy that this kernel fits and whitens with."""
-        eligible = (self.supports_proxy_adaptation and self.preconditioning
-                    and not potential.local and isinstance(self._proxy_spec, str)
-                    and not self._is_structured(potential.dim) and not self._adapts(potential))
-        if self.adapt_proxy and not eligible:
-            raise ValueError(
-                f"{type(self).__name__}(adaptation=AdaptationOptions(proxy=True)) needs "
-                "preconditioning, a dense proxy that the kernel fits (proxy='laplace' or "
-                "'variational', d <= MAX_DENSE_DIM), no adapted preconditioner and no local "
-                "latent sites; leave AdaptationOptions.proxy out.")
-        return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
-
-    def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
-        """The proxy (fitted with ``key`` unless given, then adapted on pilot chains where
-        :meth:`_adapts_proxy`) and the coordinates the chain moves in
-        (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
-        adapts = self._adapts_proxy(potential)
-
-        def fit(kind: str) -> Proxy:
-            given = kind == self._proxy_spec  # else a fallback start: q's own covariance
-            kwargs = self.proxy_kwargs if given else {"covariance": "guide"}
-            request = prep.ProxyRequest(spec=kind, kwargs=kwargs, chunk_size=self.chunk_size,
-                                        store_datum_grads=self.store_datum_grads and not adapts,
-                                        progress=resolve_progress(self.progress_bar),
-                                        needed=self._needs_proxy())
-            choice = self._proxy_choice(potential.dim) if given else kind
-            return prep.fit_proxy(request, choice, potential, data, key)
-
-        proxy = warmup.pilot_proxy(
-            fit, self._proxy_spec, potential, data, key, dynamics=self._dynamics(False),
-            rule=lambda v, mu: self._default_step_size(v, False, mu),
-            chunk_size=self.chunk_size, replace=self.replace,
-        ) if adapts else fit(self._proxy_spec)
-        return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
-                              structured=self._is_structured(potential.dim))
-
-    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
-        if potential.local:
-            return self._preprocess_local(potential, data)
-        t0 = time.perf_counter()
-        _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
-        check_estimator_request(self.estimator_name, self.estimator_options,
-                                replace=self.replace, potential=potential)
-        structured = self._is_structured(potential.dim)
-        prep.check_dimension(
-            potential.dim, zv_degree=self.zv_degree if self.zv_stream else 0,
-            zv_covariates=self.zv_covariates, structured=structured,
-            noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
-        )
-        corrected = self._noise_correction and not structured
-        wh = self._whitening(potential, data, k_proxy)
-        estimator = configure_estimator(
-            self.estimator_name, potential, data, wh.proxy, replace=self.replace,
-            rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
-        )
-        if self._adapts(potential):
-            step_size = self._step_size or adaptation.adaptive_step_size(
-                lambda v, mu: self._default_step_size(v, False, mu))
-            pre = prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
-            return step_bias.not_probed(pre, "the preconditioner is adapted in the warm-up")
-        curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
-        if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
-            curvature, passes = measured_curvature(wh.proxy, potential, data,
-                                                   chunk_size=self.chunk_size)
-            wh = wh._replace(data_passes=wh.data_passes + passes)
-        pre = measured_preprocessed(
-            potential, wh, estimator, k_noise, data, corrected=corrected,
-            step_size=self._step_size, rule=self._default_step_size, curvature=curvature,
-            diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
-            chunk_size=self.chunk_size, started=t0,
-        )
-        if not self.bias_probe:
-            return step_bias.not_probed(pre, "bias_probe=False")
-        return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
-                                 diffusion=self._diffusion, seed=self.seed,
-                                 kernel=type(self).__name__, stacklevel=5)
-
-    def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
-        """A model with local latent sites (:func:`.preprocess.local_preprocessing`)."""
-        estimator = self._estimator_request or prep.local_estimator_choice(potential)
-        given = dict(estimator=estimator, estimator_options=self.estimator_options,
-                     step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
-                     proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
-                     adapt_preconditioner=self._adapts(potential))
-        pre = prep.local_preprocessing(
-            type(self).__name__, potential, given, self.replace, self.local,
-            self._is_structured(potential.dim),
-            adapted_step=adaptation.adaptive_step_size(
-                lambda v, mu: self._default_step_size(v, False, mu)),
-            data=data, rng_key=preprocess_keys(self.seed)[2], chunk_size=self.chunk_size)
-        return step_bias.not_probed(pre, "the model has local latent sites")
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

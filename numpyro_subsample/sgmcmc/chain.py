@@ -83,12 +83,7 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     """
     pot, dynamics = cfg.potential, cfg.dynamics
     inv_n = 1.0 / pot.num_data
-    zv_flat = None
-    if cfg.zv_degree:
-        g_fn = cfg.zv_fn or default_g
-
-        def zv_flat(z, data):
-            return flat_fn(lambda zz: g_fn(pot.constrain(zz, data)), z)[0](z)
+    zv_flat = _zv_function(cfg)
 
     def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
         p = state.params
@@ -124,24 +119,14 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
         else:
             key = raw_key(rng_key)
         draws = draws.astype(centre.dtype)
-        if init_params is not None:
-            theta = ravel_pytree(init_params)[0].astype(centre.dtype)
-            w = whiten_solve(tril, theta - centre)
-        elif cfg.init_strategy == "proxy":  # θ ~ N(θ̂, Σ̂) of the proxy
-            w = draws[0] if cfg.precondition_draw else whiten_matvec(params.init_tril, draws[0])
-        else:
-            w = jnp.zeros((d,), centre.dtype)
+        w = _initial_position(cfg, init_params, params, draws[0])
         theta = centre + whiten_matvec(tril, w)
         est_state, extra_passes = None, 0.0
         if cfg.init_state is not None:
             est_state, extra_passes = cfg.init_state(params.estimator, data)
         mom, xi = dynamics.init_momentum(draws[1], w)
         adapt = init_adaptation(jnp.zeros_like(w)) if cfg.adapt_window else None
-        stats = None
-        if cfg.zv_degree:
-            m = jax.eval_shape(zv_flat, pot.unravel(theta), data).shape[0]
-            stats = (empty_paired_stats(m, centre.dtype) if cfg.zv_linearised
-                     else empty_stats(num_covariates(d, cfg.zv_degree), m, centre.dtype))
+        stats = _empty_zv_stats(cfg, zv_flat, pot.unravel(theta), data, d, centre.dtype)
         zero = jnp.zeros((), jnp.int32)
         return SGMCMCState(
             i=zero, z=pot.unravel(theta), w=w, momentum=mom, thermostat=xi,
@@ -152,6 +137,43 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
         )
 
     return init_one, step
+
+
+def _zv_function(cfg: SGMCMCConfig) -> Callable | None:
+    """The flat g(z, data) whose mean the zero-variance statistics estimate (``cfg.zv_fn``,
+    else the constrained parameters), or None without ``cfg.zv_degree``."""
+    if not cfg.zv_degree:
+        return None
+    pot, g_fn = cfg.potential, cfg.zv_fn or default_g
+
+    def zv_flat(z, data):
+        return flat_fn(lambda zz: g_fn(pot.constrain(zz, data)), z)[0](z)
+
+    return zv_flat
+
+
+def _initial_position(cfg: SGMCMCConfig, init_params, params: SamplerParams,
+                      draw: jax.Array) -> jax.Array:
+    """The chain's whitened start w: the given ``init_params``, else with ``cfg.init_strategy``
+    ``"proxy"`` θ ~ N(θ̂, Σ̂) of the proxy from the standard normal ``draw``, else the centre."""
+    centre, tril = params.centre, params.scale_tril
+    if init_params is not None:
+        theta = ravel_pytree(init_params)[0].astype(centre.dtype)
+        return whiten_solve(tril, theta - centre)
+    if cfg.init_strategy == "proxy":
+        return draw if cfg.precondition_draw else whiten_matvec(params.init_tril, draw)
+    return jnp.zeros((centre.shape[0],), centre.dtype)
+
+
+def _empty_zv_stats(cfg: SGMCMCConfig, zv_flat: Callable | None, z, data: ModelData, d: int,
+                    dtype) -> ZVStats | ZVPairedStats | None:
+    """The zero-variance statistics of a chain before its first draw (None without
+    ``cfg.zv_degree``), sized by g's output at ``z``."""
+    if not cfg.zv_degree:
+        return None
+    m = jax.eval_shape(zv_flat, z, data).shape[0]
+    return (empty_paired_stats(m, dtype) if cfg.zv_linearised
+            else empty_stats(num_covariates(d, cfg.zv_degree), m, dtype))
 
 
 def _dynamics_step(cfg: SGMCMCConfig, state: SGMCMCState, k_dyn: jax.Array, first: jax.Array,

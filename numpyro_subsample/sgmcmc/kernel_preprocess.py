@@ -1,0 +1,152 @@
+"""The preprocessing steps of :class:`~numpyro_subsample.sgmcmc.base.SGMCMCKernel`: which
+proxy, preconditioner and adaptation a model gets, the proxy's fit and whitening, and the
+preprocessing of a model without or with local latent sites.
+
+:class:`SGMCMCPreprocessing` is a base class of the kernel holding these methods; it reads the
+kernel's options (``estimator_name``, ``preconditioning``, ``adapt_preconditioner``, ...) and
+its dynamics (``_dynamics``, ``_default_step_size``, ``_diffusion``), which the kernel defines.
+The steps themselves are the functions of :mod:`numpyro_subsample.sgmcmc.preprocess`,
+:mod:`numpyro_subsample.sgmcmc.local_preprocess` and
+:mod:`numpyro_subsample.sgmcmc.noise_refine`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from numpyro_subsample.core.adapter import preprocess_keys, resolve_progress
+from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.estimators.local_start import local_estimator_choice
+from numpyro_subsample.estimators.registry import (
+    NEEDS_PROXY,
+    check_estimator_request,
+    configure_estimator,
+)
+from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.sgmcmc import adaptation, step_bias, warmup
+from numpyro_subsample.sgmcmc import preprocess as prep
+from numpyro_subsample.sgmcmc.chain import Preprocessed, Whitening
+from numpyro_subsample.sgmcmc.curvature import measured_curvature
+from numpyro_subsample.sgmcmc.local_preprocess import local_preprocessing
+from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed
+
+__all__ = ["SGMCMCPreprocessing"]
+
+
+class SGMCMCPreprocessing:
+    """The preprocessing methods of the stochastic-gradient kernels (module docstring)."""
+
+    def _needs_proxy(self) -> bool:
+        return self.preconditioning or self.estimator_name in NEEDS_PROXY
+
+    def _adapts(self, potential: Potential) -> bool:
+        """As given, else with a structured proxy, or without preconditioning and step_size."""
+        if potential.local:  # no proxy: adapted unless a step_size is given
+            return self.adapt_preconditioner or (
+                self.adapt_preconditioner is None and self._step_size is None)
+        if self.adapt_preconditioner is None:
+            return self.supports_adaptation and (self._is_structured(potential.dim) or (
+                not self.preconditioning and self._step_size is None))
+        return bool(self.adapt_preconditioner)
+
+    def _proxy_choice(self, dim: int) -> str:
+        """The proxy for ``dim`` parameters (:func:`.preprocess.proxy_choice`)."""
+        return prep.proxy_choice(self._proxy_spec, dim, self.supports_structured)
+
+    def _is_structured(self, dim: int) -> bool:
+        return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
+
+    def _adapts_proxy(self, potential: Potential) -> bool:
+        """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
+        given, else for a dense proxy that this kernel fits and whitens with."""
+        eligible = (self.supports_proxy_adaptation and self.preconditioning
+                    and not potential.local and isinstance(self._proxy_spec, str)
+                    and not self._is_structured(potential.dim) and not self._adapts(potential))
+        if self.adapt_proxy and not eligible:
+            raise ValueError(
+                f"{type(self).__name__}(adaptation=AdaptationOptions(proxy=True)) needs "
+                "preconditioning, a dense proxy that the kernel fits (proxy='laplace' or "
+                "'variational', d <= MAX_DENSE_DIM), no adapted preconditioner and no local "
+                "latent sites; leave AdaptationOptions.proxy out.")
+        return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
+
+    def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
+        """The proxy (fitted with ``key`` unless given, then adapted on pilot chains where
+        :meth:`_adapts_proxy`) and the coordinates the chain moves in
+        (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
+        adapts = self._adapts_proxy(potential)
+
+        def fit(kind: str) -> Proxy:
+            given = kind == self._proxy_spec  # else a fallback start: q's own covariance
+            kwargs = self.proxy_kwargs if given else {"covariance": "guide"}
+            request = prep.ProxyRequest(spec=kind, kwargs=kwargs, chunk_size=self.chunk_size,
+                                        store_datum_grads=self.store_datum_grads and not adapts,
+                                        progress=resolve_progress(self.progress_bar),
+                                        needed=self._needs_proxy())
+            choice = self._proxy_choice(potential.dim) if given else kind
+            return prep.fit_proxy(request, choice, potential, data, key)
+
+        proxy = warmup.pilot_proxy(
+            fit, self._proxy_spec, potential, data, key, dynamics=self._dynamics(False),
+            rule=lambda v, mu: self._default_step_size(v, False, mu),
+            chunk_size=self.chunk_size, replace=self.replace,
+        ) if adapts else fit(self._proxy_spec)
+        return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
+                              structured=self._is_structured(potential.dim))
+
+    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+        if potential.local:
+            return self._preprocess_local(potential, data)
+        t0 = time.perf_counter()
+        _, k_proxy, k_est, k_noise = preprocess_keys(self.seed)
+        check_estimator_request(self.estimator_name, self.estimator_options,
+                                replace=self.replace, potential=potential)
+        structured = self._is_structured(potential.dim)
+        prep.check_dimension(
+            potential.dim, zv_degree=self.zv_degree if self.zv_stream else 0,
+            zv_covariates=self.zv_covariates, structured=structured,
+            noise_correction_requested=bool(self._noise_correction_given) and self.preconditioning,
+        )
+        corrected = self._noise_correction and not structured
+        wh = self._whitening(potential, data, k_proxy)
+        estimator = configure_estimator(
+            self.estimator_name, potential, data, wh.proxy, replace=self.replace,
+            rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
+        )
+        if self._adapts(potential):
+            step_size = self._step_size or adaptation.adaptive_step_size(
+                lambda v, mu: self._default_step_size(v, False, mu))
+            pre = prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
+            return step_bias.not_probed(pre, "the preconditioner is adapted in the warm-up")
+        curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
+        if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
+            curvature, passes = measured_curvature(wh.proxy, potential, data,
+                                                   chunk_size=self.chunk_size)
+            wh = wh._replace(data_passes=wh.data_passes + passes)
+        pre = measured_preprocessed(
+            potential, wh, estimator, k_noise, data, corrected=corrected,
+            step_size=self._step_size, rule=self._default_step_size, curvature=curvature,
+            diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
+            chunk_size=self.chunk_size, started=t0,
+        )
+        if not self.bias_probe:
+            return step_bias.not_probed(pre, "bias_probe=False")
+        return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
+                                 diffusion=self._diffusion, seed=self.seed,
+                                 kernel=type(self).__name__, stacklevel=5)
+
+    def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
+        """A model with local latent sites (:func:`.local_preprocess.local_preprocessing`)."""
+        estimator = self._estimator_request or local_estimator_choice(potential)
+        given = dict(estimator=estimator, estimator_options=self.estimator_options,
+                     step_size=self._step_size, zv_stream=self.zv_stream, proxy=self._proxy_spec,
+                     proxy_kwargs=self.proxy_kwargs, noise_correction=self._noise_correction_given,
+                     adapt_preconditioner=self._adapts(potential))
+        pre = local_preprocessing(
+            type(self).__name__, potential, given, self.replace, self.local,
+            self._is_structured(potential.dim),
+            adapted_step=adaptation.adaptive_step_size(
+                lambda v, mu: self._default_step_size(v, False, mu)),
+            data=data, rng_key=preprocess_keys(self.seed)[2], chunk_size=self.chunk_size)
+        return step_bias.not_probed(pre, "the model has local latent sites")
