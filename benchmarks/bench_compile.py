@@ -40,7 +40,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 from numpyro_subsample import SGLD
-from numpyro_subsample.compare.timing import CompileTimer
+from numpyro_subsample.compare import CompileTimer
 
 N, run_nuts = int(sys.argv[1]), sys.argv[2] == "1"
 
