@@ -74,7 +74,7 @@ class MCMC(NumPyroMCMC):
     error of each mean. The figures are in :attr:`run_check` (and, through
     :func:`~numpyro_subsample.post.arviz.to_arviz`, in the ArviZ ``sample_stats`` attributes).
 
-    Its sampling loop (:mod:`numpyro_subsample.post.loop`) is NumPyro's with the model
+    Its sampling loop (``numpyro_subsample.post.loop``) is NumPyro's with the model
     arguments an argument of the compiled programs: never compiled in as constants, never
     copied (NumPyro's own loop either closes over them, where the package's kernels read a
     copy held in references, or carries them, where XLA copies them), so the run holds the
