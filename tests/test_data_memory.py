@@ -84,3 +84,16 @@ def test_memory_mapped_data_jax_would_copy_fail_early(tmp_path):
     with pytest.raises(ValueError, match=r"X64\.npy.*would be copied whole.*float32"):
         mcmc.run(jax.random.PRNGKey(1), Xm, y)
     assert kernel._pre is None  # failed before the preprocessing
+
+
+def test_parallel_chains_keep_numpyros_default_loop():
+    """With several chains mapped by NumPyro (chain_method="parallel") the package's MCMC
+    keeps NumPyro's default jit_model_args=False (its mapped loop would trace every model
+    argument and carry the data); alone, or vectorized, it passes the data as arguments."""
+    assert MCMC(SGLD(logistic_model), num_warmup=1, num_samples=1, num_chains=2,
+                chain_method="parallel", progress_bar=False)._jit_model_args is (
+        jax.local_device_count() < 2)  # NumPyro falls back to sequential on one device
+    assert MCMC(SGLD(logistic_model), num_warmup=1, num_samples=1, num_chains=2,
+                chain_method="vectorized")._jit_model_args
+    assert not MCMC(SGLD(logistic_model), num_warmup=1, num_samples=1,
+                    jit_model_args=False)._jit_model_args

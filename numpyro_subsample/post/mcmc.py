@@ -90,14 +90,14 @@ class MCMC(NumPyroMCMC):
     min_ess_per_chain, max_rhat
         Thresholds of :func:`~numpyro_subsample.post.checks.check_run`.
     jit_model_args
-        True (default here; NumPyro's is False): the loop above, the model's array arguments
-        traced and its other arguments (numbers, strings, ``None``) static, so a rerun on new
-        arrays of the same shapes reuses the compiled loop. NumPy arrays become JAX arrays
-        once per ``run`` (on the CPU without a copy when C-contiguous, 64-byte aligned and of
-        JAX's dtype; a memory-mapped array that JAX would copy raises ``ValueError`` naming
-        the file and the fix). False: NumPyro's loop, as ``numpyro.infer.MCMC``. With
-        ``chain_method="parallel"`` (or a callable) and several chains NumPyro's loop runs
-        in either case.
+        None (default): True, except with several chains and ``chain_method="parallel"`` (or
+        a callable), where NumPyro maps its own loop over the chains and NumPyro's default
+        False applies. True: the loop above, the model's array arguments traced and its
+        other arguments (numbers, strings, ``None``) static, so a rerun on new arrays of the
+        same shapes reuses the compiled loop; NumPy arrays become JAX arrays once per ``run``
+        (on the CPU without a copy when C-contiguous, 64-byte aligned and of JAX's dtype; a
+        memory-mapped array that JAX would copy raises ``ValueError`` naming the file and the
+        fix). False: NumPyro's loop, as ``numpyro.infer.MCMC``.
     *args, **kwargs
         As ``numpyro.infer.MCMC``.
     sampler
@@ -117,10 +117,12 @@ class MCMC(NumPyroMCMC):
         check_bias: bool = False,
         min_ess_per_chain: float = 100.0,
         max_rhat: float = 1.01,
-        jit_model_args: bool = True,
+        jit_model_args: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(sampler, *args, jit_model_args=jit_model_args, **kwargs)
+        super().__init__(sampler, *args, jit_model_args=bool(jit_model_args), **kwargs)
+        if jit_model_args is None:  # this class's loop wherever it runs, else NumPyro's default
+            self._jit_model_args = not self._pmapped()
         self.check, self.check_bias = bool(check), bool(check_bias)
         self.min_ess_per_chain, self.max_rhat = float(min_ess_per_chain), float(max_rhat)
         self.run_check: RunCheck | None = None
@@ -129,11 +131,16 @@ class MCMC(NumPyroMCMC):
     def _data_as_argument(self, rng_key: Any) -> bool:
         """Whether this chain's loop takes the data as an argument (:mod:`.loop`): with
         ``jit_model_args`` (the default here), outside ``pmap`` (``chain_method="parallel"``
-        or a callable, which NumPyro's own loop serves)."""
+        or a callable with several chains, which NumPyro's own loop serves)."""
         if not self._jit_model_args or isinstance(rng_key, jax.core.Tracer):
             return False
-        return not (self.num_chains > 1 and (callable(self.chain_method)
-                                             or self.chain_method == "parallel"))
+        return not self._pmapped()
+
+    def _pmapped(self) -> bool:
+        """Whether NumPyro maps its per-chain loop (several chains, ``chain_method``
+        ``"parallel"`` or a callable)."""
+        return self.num_chains > 1 and (callable(self.chain_method)
+                                        or self.chain_method == "parallel")
 
     def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
         """NumPyro's, with :func:`~numpyro_subsample.post.loop.collect` for its loop: the data
