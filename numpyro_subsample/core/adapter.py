@@ -6,9 +6,10 @@ compiled once per static configuration) wrapped by this thin class, in the manne
 
 - the data arrive in ``init``/``sample`` as the model's ``(args, kwargs)`` and become a
   :class:`~numpyro_subsample.core.potential.ModelData` argument of every compiled program;
-  inside NumPyro's loop, whose default ``jit_model_args=False`` closes over the arguments,
-  ``sample`` and ``postprocess_fn`` read them from references made by ``init``
-  (:class:`DataRefs`), which JAX passes to the loop as arguments, never as constants;
+  the package's ``MCMC`` passes them to its compiled loop as arguments; inside NumPyro's
+  loop, whose default ``jit_model_args=False`` closes over the arguments, ``sample`` and
+  ``postprocess_fn`` read them from references made on first need (:class:`DataRefs`,
+  a copy of the data), which JAX passes to the loop as arguments, never as constants;
 - the :class:`~numpyro_subsample.core.potential.Potential` is built once per data *signature*
   (static arguments, shapes, dtypes), so compiled programs are reused for new data of the same
   shapes;
@@ -25,7 +26,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from functools import lru_cache, partial
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -106,8 +107,9 @@ def _traced(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
-class DataRefs(NamedTuple):
-    """The run's data arrays held in JAX mutable references (``jax.new_ref``).
+class DataRefs:
+    """The run's concrete data, and JAX mutable references (``jax.new_ref``) over them made
+    on first need.
 
     NumPyro's ``MCMC(jit_model_args=False)`` (its default) calls ``sample`` and
     ``postprocess_fn`` inside its compiled loop with the model arguments closed over: read
@@ -115,20 +117,25 @@ class DataRefs(NamedTuple):
     compiled program is passed to it as an argument instead, and is not one of its outputs
     (a carried array would be copied by every call of NumPyro's per-step program).
     ``jax.new_ref`` copies its initial value into a buffer the reference owns, which each
-    call aliases in place; the references therefore hold a second copy of the data for the
-    kernel's lifetime (a reference over the caller's own buffer would be copied by every call
-    where that buffer cannot be donated, as a NumPy or memory-mapped array's cannot).
+    call aliases in place (a reference over the caller's own buffer would be copied by every
+    call where that buffer cannot be donated, as a NumPy or memory-mapped array's cannot):
+    the references hold a second copy of the data. They are therefore made only when a
+    program being traced reads concrete data (:meth:`read`), i.e. on that NumPyro path; the
+    package's ``MCMC`` passes the data to its loop as arguments
+    (:class:`~numpyro_subsample.post.mcmc.MCMC`), and so does NumPyro's with
+    ``jit_model_args=True``: no reference, no copy.
     """
 
-    refs: tuple
-    data: ModelData  # the same arrays, concrete, for calls outside a trace
+    __slots__ = ("data", "refs")
 
-    @classmethod
-    def of(cls, data: ModelData) -> DataRefs | None:
-        new_ref = getattr(jax, "new_ref", None)
-        if new_ref is None or _traced(data.arrays):
-            return None
-        return cls(tuple(new_ref(a) for a in data.arrays), data)
+    def __init__(self, data: ModelData) -> None:
+        self.data = data  # the concrete arrays, for calls outside a trace
+        self.refs: tuple | None = None  # made by the first traced read
+
+    def make(self) -> None:
+        """Make the references now (a copy of the data)."""
+        if self.refs is None:
+            self.refs = tuple(jax.new_ref(a) for a in self.data.arrays)
 
     def matches(self, model_args: tuple, model_kwargs: dict | None) -> bool:
         """Whether concrete ``(model_args, model_kwargs)`` have this data's structure, static
@@ -148,9 +155,12 @@ class DataRefs(NamedTuple):
 
     def read(self, inside: Any) -> ModelData:
         """The data for a program being traced (``inside`` holds its tracers: read from the
-        references), else the concrete arrays."""
+        references, made now if need be, outside the trace), else the concrete arrays."""
         if not _traced(inside):
             return self.data
+        if self.refs is None:
+            with jax.core.eval_context():  # concrete references, outside every trace
+                self.make()
         return ModelData(tuple(r[...] for r in self.refs), self.data.static)
 
 
@@ -307,13 +317,16 @@ class SubsampleKernel(MCMCKernel):
         axes = self._state_axes() if self._batched else 0
         draws = self._init_draws(rng_key, params)
         init = _jitted_init(init_one, self._batched, axes, len(draws))
-        self._refs = DataRefs.of(data)
+        usable = getattr(jax, "new_ref", None) is not None and not _traced(data.arrays)
+        self._refs = DataRefs(data) if usable else None
+        if traced and self._refs is not None:  # under pmap: made in its trace, as before
+            self._refs.make()
         return init(rng_key, init_params, data, params, *draws)
 
     def run_data(self, state: Any, model_args: tuple, model_kwargs: dict | None) -> ModelData:
-        """The data of a compiled step: from the references made by ``init`` when NumPyro
-        passes the model arguments as closed-over values (:class:`DataRefs`), else the
-        arguments themselves (traced, with ``jit_model_args=True``)."""
+        """The data of a compiled step: from the references (:class:`DataRefs`, made on this
+        first need) when NumPyro passes the model arguments as closed-over values, else the
+        arguments themselves (traced: the package's ``MCMC``, or ``jit_model_args=True``)."""
         refs = self._refs
         if refs is not None and refs.matches(model_args, model_kwargs):
             return refs.read(state)

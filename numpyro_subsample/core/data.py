@@ -6,6 +6,7 @@ constant), so its size does not grow with N and it is reused for new data of the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,23 @@ def trace_seed() -> jax.Array:
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not isinstance(x, np.generic)
+
+
+def _same_array(a: Any, b: Any, block_bytes: int = 1 << 24) -> bool:
+    """Whether two arrays of one shape and dtype hold equal values: the same object or the
+    same buffer (two JAX arrays over one NumPy or memory-mapped array), else compared on the
+    host (no compiled program per shape) in blocks of rows, so that the comparison's
+    temporary is ``block_bytes``, not the data's size."""
+    if a is b:
+        return True
+    with contextlib.suppress(Exception):  # NumPy, or several devices: compare values
+        if a.unsafe_buffer_pointer() == b.unsafe_buffer_pointer():
+            return True
+    x, y = np.asarray(a), np.asarray(b)
+    if x.ndim == 0 or x.shape[0] == 0:
+        return bool(np.array_equal(x, y))
+    rows = max(1, block_bytes // max(1, x[:1].nbytes))
+    return all(np.array_equal(x[s:s + rows], y[s:s + rows]) for s in range(0, len(x), rows))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -127,11 +145,7 @@ class ModelData:
         """True if ``other`` holds the same static part and equal arrays (by identity or value)."""
         if other is None or self.signature() != other.signature():
             return False
-        # compared on the host: no compiled program per shape, and free on CPU
-        return all(
-            a is b or np.array_equal(np.asarray(a), np.asarray(b))
-            for a, b in zip(self.arrays, other.arrays, strict=True)
-        )
+        return all(_same_array(a, b) for a, b in zip(self.arrays, other.arrays, strict=True))
 
     def tree_flatten(self):
         return self.arrays, self.static

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from itertools import product
 from operator import attrgetter
 from typing import Any
@@ -12,9 +13,13 @@ import jax
 import numpy as np
 from numpyro.diagnostics import summary
 from numpyro.infer import MCMC as NumPyroMCMC
+from numpyro.infer.mcmc import _collect_and_postprocess, _get_progbar_desc_str
+from numpyro.util import is_prng_key
 
 from numpyro_subsample.core.adapter import run_progress
+from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.post.checks import RunCheck, check_run
+from numpyro_subsample.post.loop import LoopPrograms, collect, device_args
 
 __all__ = ["MCMC", "summary_with_mcse"]
 
@@ -69,6 +74,13 @@ class MCMC(NumPyroMCMC):
     error of each mean. The figures are in :attr:`run_check` (and, through
     :func:`~numpyro_subsample.post.arviz.to_arviz`, in the ArviZ ``sample_stats`` attributes).
 
+    Its sampling loop (``numpyro_subsample.post.loop``) is NumPyro's with the model
+    arguments an argument of the compiled programs: never compiled in as constants, never
+    copied (NumPyro's own loop either closes over them, where the package's kernels read a
+    copy held in references, or carries them, where XLA copies them), so the run holds the
+    data once and a memory-mapped ``.npy`` file (``np.load(path, mmap_mode="r")``, float32
+    unless ``jax_enable_x64``) is read in place. Same draws as NumPyro's loop for the same key.
+
     Parameters
     ----------
     check
@@ -77,6 +89,15 @@ class MCMC(NumPyroMCMC):
         Also rerun at half the step size (doubles the cost; stochastic-gradient kernels only).
     min_ess_per_chain, max_rhat
         Thresholds of :func:`~numpyro_subsample.post.checks.check_run`.
+    jit_model_args
+        None (default): True, except with several chains and ``chain_method="parallel"`` (or
+        a callable), where NumPyro maps its own loop over the chains and NumPyro's default
+        False applies. True: the loop above, the model's array arguments traced and its
+        other arguments (numbers, strings, ``None``) static, so a rerun on new arrays of the
+        same shapes reuses the compiled loop; NumPy arrays become JAX arrays once per ``run``
+        (on the CPU without a copy when C-contiguous, 64-byte aligned and of JAX's dtype; a
+        memory-mapped array that JAX would copy raises ``ValueError`` naming the file and the
+        fix). False: NumPyro's loop, as ``numpyro.infer.MCMC``.
     *args, **kwargs
         As ``numpyro.infer.MCMC``.
     sampler
@@ -96,12 +117,63 @@ class MCMC(NumPyroMCMC):
         check_bias: bool = False,
         min_ess_per_chain: float = 100.0,
         max_rhat: float = 1.01,
+        jit_model_args: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(sampler, *args, **kwargs)
+        super().__init__(sampler, *args, jit_model_args=bool(jit_model_args), **kwargs)
+        if jit_model_args is None:  # this class's loop wherever it runs, else NumPyro's default
+            self._jit_model_args = not self._pmapped()
         self.check, self.check_bias = bool(check), bool(check_bias)
         self.min_ess_per_chain, self.max_rhat = float(min_ess_per_chain), float(max_rhat)
         self.run_check: RunCheck | None = None
+        self._loops: dict = {}  # LoopPrograms per (sample_fn, transform)
+
+    def _data_as_argument(self, rng_key: Any) -> bool:
+        """Whether this chain's loop takes the data as an argument (:mod:`.loop`): with
+        ``jit_model_args`` (the default here), outside ``pmap`` (``chain_method="parallel"``
+        or a callable with several chains, which NumPyro's own loop serves)."""
+        if not self._jit_model_args or isinstance(rng_key, jax.core.Tracer):
+            return False
+        return not self._pmapped()
+
+    def _pmapped(self) -> bool:
+        """Whether NumPyro maps its per-chain loop (several chains, ``chain_method``
+        ``"parallel"`` or a callable)."""
+        return self.num_chains > 1 and (callable(self.chain_method)
+                                        or self.chain_method == "parallel")
+
+    def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
+        """NumPyro's, with :func:`~numpyro_subsample.post.loop.collect` for its loop: the data
+        are an argument of the compiled programs, neither a constant nor carried."""
+        rng_key, init_state, init_params = init
+        if not self._data_as_argument(rng_key):
+            return super()._single_chain_mcmc(init, args, kwargs, collect_fields,
+                                              remove_sites)
+        if init_state is None or getattr(self.sampler, "_sample_fn", None) is None:
+            new_init_state = self.sampler.init(rng_key, self.num_warmup, init_params,
+                                               model_args=args, model_kwargs=kwargs)
+            init_state = new_init_state if init_state is None else init_state
+        sample_fn, postprocess_fn = self._get_cached_fns()
+        transform = _collect_and_postprocess(postprocess_fn, collect_fields, remove_sites)
+        programs = self._loops.get((sample_fn, transform))
+        if programs is None:
+            self._loops = {(sample_fn, transform): LoopPrograms(sample_fn, transform)}
+            programs = self._loops[(sample_fn, transform)]
+        show = is_prng_key(rng_key) or self.sampler.is_ensemble_kernel
+        lower, upper = self._collection_params["lower"], self._collection_params["upper"]
+        phase = self._collection_params["phase"]
+        size = self._collection_params["collection_size"]
+        states, last_state = collect(
+            programs, lower, upper, init_state, ModelData.from_args(args, kwargs),
+            progbar=self.progress_bar, progress_rate=self.progress_rate,
+            thinning=self.thinning,
+            collection_size=None if size is None else size // self.thinning,
+            progbar_desc=partial(_get_progbar_desc_str, lower, phase),
+            diagnostics_fn=lambda s: self.sampler.get_diagnostics_str(s) if show else "",
+        )
+        if len(collect_fields) == 1:
+            states = (states,)
+        return dict(zip(collect_fields, states, strict=True)), last_state
 
     def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
         """NumPyro's summary table with a ``mcse_mean`` column: the Monte Carlo standard error
@@ -124,6 +196,8 @@ class MCMC(NumPyroMCMC):
                **kwargs) -> None:
         """NumPyro's ``MCMC.warmup``, without the checks: warm-up draws are not meant to be
         stationary (the next ``run`` checks its draws)."""
+        if self._jit_model_args:
+            args, kwargs = device_args((args, kwargs))
         check, self.check = self.check, False
         try:
             super().warmup(rng_key, *args, extra_fields=extra_fields,
@@ -132,6 +206,8 @@ class MCMC(NumPyroMCMC):
             self.check = check
 
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs) -> None:
+        if self._jit_model_args:  # NumPy arrays made JAX arrays once, for init and the loop
+            args, kwargs = device_args((args, kwargs))
         with run_progress(self.progress_bar):  # the kernel's proxy bars follow this MCMC's
             super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params,
                         **kwargs)
