@@ -160,7 +160,7 @@ def run_sg(cfg: dict) -> dict:
     from numpyro.diagnostics import effective_sample_size
 
     import numpyro_subsample as ns
-    from numpyro_subsample.compare.timing import CompileTimer
+    from numpyro_subsample.compare import CompileTimer
 
     out = {k: cfg[k] for k in ("model", "kernel", "storage", "rows", "dim")}
     out["device"] = str(jax.devices()[0])
