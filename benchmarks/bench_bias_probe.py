@@ -1,6 +1,7 @@
 """The default bias probe (``numpyro_subsample.sgmcmc.step_bias``): its cost and what it finds.
 
     python benchmarks/bench_bias_probe.py cost     # default runs with and without the probe
+    python benchmarks/bench_bias_probe.py --quick  # cost, linear regression and SGLD only
     python benchmarks/bench_bias_probe.py hier [--ref-dir DIR] [KERNEL:step_size=H ...]
 
 ``cost``: each row is a fresh process (compilation included) running ``KERNEL(model)`` at
@@ -48,12 +49,12 @@ def _one_cost(model_name: str, kernel: str, probe: bool) -> None:
           f"{wall:.1f} | {cpu:.1f} {extra}", flush=True)
 
 
-def cost() -> None:
+def cost(quick: bool = False) -> None:
     print("| model | kernel | probe | h | wall s | CPU s | probe s | probe estimates | "
           "probe's worst estimate |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for model in ("linreg", "logistic"):
-        for kernel in ("SGLD", "SGHMC", "SGNHT"):
+    for model in ("linreg",) if quick else ("linreg", "logistic"):
+        for kernel in ("SGLD",) if quick else ("SGLD", "SGHMC", "SGNHT"):
             for probe in ("0", "1"):
                 subprocess.run([sys.executable, __file__, "_cost", model, kernel, probe],
                                check=True)
@@ -104,11 +105,12 @@ def hier(specs: list[str], ref_dir: str | None) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "_cost":
+    command = sys.argv[1] if len(sys.argv) > 1 else "cost"
+    if command == "_cost":
         _one_cost(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
-    elif sys.argv[1] == "cost":
-        cost()
-    elif sys.argv[1] == "hier":
+    elif command in ("cost", "--quick"):
+        cost(quick="--quick" in sys.argv)
+    elif command == "hier":
         rest = sys.argv[2:]
         ref_dir = None
         if "--ref-dir" in rest:
