@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+from jax.extend.core import Literal
 from numpyro.infer.reparam import LocScaleReparam
 from numpyro.infer.util import constrain_fn
 
@@ -86,6 +87,21 @@ def _site_scales(model: Callable, potential, plate_name: str) -> Callable:
     return scales
 
 
+def _latent_scale_sites(scales: Callable, theta, args: tuple, kwargs: dict) -> set[str]:
+    """The sites whose scale (``scales``, :func:`_site_scales`) depends on θ: a dependency walk
+    over the jaxpr of ``scales`` (traced at ``theta``, not compiled)."""
+    closed, shapes = jax.make_jaxpr(lambda t: scales(t, args, kwargs), return_shape=True)(theta)
+    jaxpr = closed.jaxpr
+    depends = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:  # a call or control-flow equation counts as one: conservative
+        if any(not isinstance(v, Literal) and v in depends for v in eqn.invars):
+            depends.update(eqn.outvars)
+    names = jax.tree.leaves(jax.tree.map(lambda _, name: name, shapes,
+                                         {k: k for k in shapes}))
+    return {name for name, v in zip(names, jaxpr.outvars, strict=True)
+            if not isinstance(v, Literal) and v in depends}
+
+
 def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
                  seed: int = 0, keep: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """:func:`centring_weights` from a dense Gaussian ``proxy`` of ``potential`` (the model
@@ -94,17 +110,16 @@ def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
     model_args, model_kwargs = data.args_kwargs()
     model_kwargs = dict(model_kwargs)
     dtype = potential.init_theta.dtype
+    scales = _site_scales(potential.model, potential, potential.plate.name)
+    # most models have no latent scale: found from the traced program, nothing compiled
+    if not keep and not _latent_scale_sites(scales, potential.init_theta, model_args,
+                                            model_kwargs):
+        return {}
     centre = np.asarray(proxy.centre, np.float64)
     cov = np.asarray(proxy.cov, np.float64)
     index = potential.unravel(jnp.arange(centre.shape[0]).astype(dtype))
     z = np.random.default_rng(seed).normal(size=(num_draws, centre.shape[0]))
     draws = centre + z @ np.linalg.cholesky(0.5 * (cov + cov.T)).T
-    scales = _site_scales(potential.model, potential, potential.plate.name)
-    # two draws traced eagerly find the sites whose scale is latent (most models have none,
-    # and then nothing is compiled)
-    first = [scales(jnp.asarray(t, dtype), model_args, model_kwargs) for t in draws[:2]]
-    if not keep and not any(not np.allclose(first[0][k], first[1][k]) for k in first[0]):
-        return {}
     # the data enter the program as an argument (ModelData: arrays as leaves, the rest static)
     sums = jax.device_get(jax.jit(jax.vmap(
         lambda theta, d: scales(theta, *d.args_kwargs()), in_axes=(0, None)))(
