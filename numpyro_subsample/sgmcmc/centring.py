@@ -271,15 +271,20 @@ def written_form(model: Callable, data: ModelData) -> WrittenForm | None:
     inner, written, others = found
     centred = numpyro.handlers.reparam(inner, config=others) if others else inner
     args, kwargs = data.args_kwargs()
-    with numpyro.handlers.block():
-        tr = numpyro.handlers.trace(numpyro.handlers.seed(centred, rng_seed=0)).get_trace(
-            *args, **dict(kwargs))
-    for site in written:
-        msg = tr.get(site)
-        if (msg is None or msg["type"] != "sample" or msg["is_observed"]
-                or _base_normal(msg["fn"]) is None):
-            return None
-    return WrittenForm(centred, written)
+    usable = {}
+
+    def check_sites():  # traced, not run: the model's subsample would compile eager programs
+        with numpyro.handlers.block():
+            tr = numpyro.handlers.trace(numpyro.handlers.seed(centred, rng_seed=0)).get_trace(
+                *args, **dict(kwargs))
+        for site in written:
+            msg = tr.get(site)
+            usable[site] = (msg is not None and msg["type"] == "sample"
+                            and not msg["is_observed"] and _base_normal(msg["fn"]) is not None)
+        return jnp.zeros(())
+
+    jax.make_jaxpr(check_sites)()
+    return WrittenForm(centred, written) if all(usable.values()) else None
 
 
 def partially_centred(model: Callable, weights: dict[str, np.ndarray]) -> Callable:
