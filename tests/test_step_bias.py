@@ -29,6 +29,7 @@ from numpyro_subsample import (
     SGLD,
     SGNHT,
     AdaptationOptions,
+    NoiseOptions,
     RunDiagnosticsWarning,
     StepBiasWarning,
 )
@@ -98,6 +99,51 @@ def test_a_too_large_sgld_step_warns_with_the_bias_and_the_remedy():
     assert kernel.with_step_size(0.3).preprocessed.step_bias is None  # it was of h = 0.6
     drawn_sd = np.asarray(mcmc.get_samples()["beta"]).std(0)
     assert np.all(drawn_sd > 1.1 * sd)  # the run is as wrong as the probe says
+
+
+def test_a_biased_step_the_rule_chose_is_reduced_and_the_run_is_right():
+    """SGLD with max_variance_inflation 0.6 (h = 0.75 by its rule) on a conjugate linear
+    regression: the probe finds the sd about 30 % too large, and the kernel, whose step it
+    chose, reduces it to h · 0.1 / bias instead of warning; the drawn sds are then within 10 %
+    of the exact ones (they are ≥ 1.2× at h = 0.75, `test_a_too_large_sgld_step_warns...`)."""
+    X, y = linreg_data(N=2000, d=3)
+    _, sd = linreg_exact(X, y)
+    kernel = SGLD(linreg_model, noise=NoiseOptions(max_variance_inflation=0.6),
+                  progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=8000, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepBiasWarning)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    probe = kernel.preprocessed.step_bias
+    assert probe.step_size > 0.7 and probe.kind == "sd" and not probe.flagged
+    assert probe.bias > step_bias.REDUCE_FROM
+    assert probe.chosen_step == pytest.approx(probe.step_size * step_bias.BIAS_TARGET
+                                              / abs(probe.bias), rel=1e-6)
+    assert kernel.step_size == pytest.approx(probe.chosen_step)
+    assert mcmc.run_check.attrs()["step_bias_chosen_step"] == pytest.approx(probe.chosen_step)
+    drawn_sd = np.asarray(mcmc.get_samples()["beta"]).std(0)
+    np.testing.assert_allclose(drawn_sd / sd, 1.0, atol=0.1)
+
+
+def test_refinement_and_reduction_rules():
+    """More rounds of pairs only where an estimate of 0.1 or more is beyond 1.5 se; the
+    reduction only for an estimate ≥ 0.15 beyond 3 se (and 20 batch means), at most 4-fold."""
+    z = np.zeros(3)
+    assert not step_bias.suspect(np.array([0.09, 0.0, 0.0]), z + 0.01, z, z + 0.01)
+    assert not step_bias.suspect(np.array([0.2, 0.0, 0.0]), z + 0.2, z, z + 0.01)
+    assert step_bias.suspect(z, z + 0.01, np.array([0.0, -0.12, 0.0]), z + 0.05)
+
+    def probe(mean_bias, mean_se, ess=50.0, kind="mean"):
+        return step_bias.BiasProbe(0.1, np.asarray(mean_bias), np.asarray(mean_se), z, z + 0.01,
+                                   0, kind, False, 4, 400, 4800, 1.0, 0.1, np.full(3, ess))
+
+    assert probe([0.14, 0, 0], z + 0.01).bias_limited_step is None  # under 0.15
+    assert probe([0.3, 0, 0], z + 0.11).bias_limited_step is None  # under 3 se
+    assert probe([0.3, 0, 0], z + 0.01, ess=10.0).bias_limited_step is None  # few batches
+    assert probe([0.2, -0.25, 0], z + 0.01).bias_limited_step == pytest.approx(0.04)
+    assert probe([2.0, 0, 0], z + 0.01).bias_limited_step == pytest.approx(0.025)  # 4-fold cap
+    assert probe([2.0, 0, 0], z + 0.01, kind="diverged").bias_limited_step is None
 
 
 @pytest.mark.slow

@@ -122,6 +122,8 @@ class RunCheck(NamedTuple):
                         "step_bias_coordinate": int(p.worst),
                         "step_bias_flagged": int(p.flagged),
                         "step_bias_resolution": p.resolution})
+            if p.chosen_step is not None:
+                out["step_bias_chosen_step"] = p.chosen_step
             if p.inconclusive:
                 out["step_bias_inconclusive"] = p.inconclusive
         if self.step_bias_skipped:

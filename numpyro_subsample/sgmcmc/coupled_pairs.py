@@ -100,13 +100,15 @@ _probe_compiled = preprocessing_jit(_probe_program, static_argnums=(0, 1, 2))
 
 
 def start_positions(proxy: Any, centre: np.ndarray, tril: np.ndarray, pairs: int,
-           rng: np.random.Generator) -> np.ndarray:
-    """Whitened start positions (pairs, d): the pilot's last draws (``proxy.info["draws"]``)
+                    rng: np.random.Generator, shift: int = 0) -> np.ndarray:
+    """Whitened start positions (pairs, d): ``pairs`` of the pilot's last draws
+    (``proxy.info["draws"]``, spread evenly, moved ``shift`` draws on for a further round)
     where there are enough, else standard normal draws (proxy draws)."""
     draws = (getattr(proxy, "info", None) or {}).get("draws") if proxy is not None else None
     if draws is not None and np.shape(draws)[0] >= pairs:
         theta = np.asarray(draws, np.float64)
-        pick = theta[np.linspace(0, theta.shape[0] - 1, pairs).astype(int)]
+        idx = np.linspace(0, theta.shape[0] - 1, pairs).astype(int) + int(shift)
+        pick = theta[idx % theta.shape[0]]
         return solve_triangular(tril, (pick - centre).T, lower=True).T
     return rng.standard_normal((pairs, centre.shape[0]))
 

@@ -134,7 +134,8 @@ class SGMCMCPreprocessing:
             return step_bias.not_probed(pre, "bias_probe=False")
         return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
                                  diffusion=self._diffusion, seed=self.seed,
-                                 kernel=type(self).__name__, stacklevel=5)
+                                 kernel=type(self).__name__,
+                                 reduce_step=self._step_size is None, stacklevel=5)
 
     def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
         """A model with local latent sites (:func:`.local_preprocess.local_preprocessing`)."""

@@ -22,9 +22,19 @@ step, :attr:`~numpyro_subsample.sgmcmc.dynamics.Dynamics.step_noise`) and its gr
 estimator; the chain at h takes the first of the two subsamples of the chain at h/2. For each
 coordinate θ_j it estimates the bias at h of the mean, in posterior sds, and of the sd,
 relative, with standard errors from the pairs' series of batch means and their effective
-sample size. :func:`warn_if_biased` raises a :class:`StepBiasWarning` when one of them is at
-least :data:`FLAG_BIAS` and beyond :func:`significance` standard errors, or when the chains at
-h became non-finite or exploded. Its cost, ``3 · PROBE_PAIRS`` gradient estimates of the run's
+sample size. Where the four pairs leave a bias of :data:`REFINE_FROM` or more within reach
+(beyond :data:`REFINE_Z` standard errors), :data:`REFINE_ROUNDS` further rounds of four pairs,
+from other pilot draws, run in the same compiled program and the estimates pool all the pairs.
+
+Where the kernel chose h by its rule (no ``step_size`` given), a bias of :data:`REDUCE_FROM` or
+more beyond :data:`REDUCE_Z` standard errors reduces the step to the one at which the first
+order bias is :data:`BIAS_TARGET`, h' = h · BIAS_TARGET / |b| (:attr:`BiasProbe.bias_limited_step`,
+at least h / :data:`MAX_REDUCTION`): the bias of the Euler-type steps is linear in h (Durmus et
+al. 2016, Eq. 5); the run then mixes more slowly, which its ESS check reports.
+:func:`warn_if_biased` raises a :class:`StepBiasWarning` when, at the step the run takes, one
+of the estimates is at least :data:`FLAG_BIAS` and beyond :func:`significance` standard errors
+(a given step, or a reduction capped at h / :data:`MAX_REDUCTION`), or when the chains at h
+became non-finite or exploded. Its cost, ``3 · PROBE_PAIRS`` gradient estimates of the run's
 subsample size per probe step (:func:`probe_steps`: at most 0.27 × those of a run of 4 chains
 × 11,000 steps), is recorded in :class:`BiasProbe` and added to the preprocessing's data
 passes and seconds. Where it cannot run (:func:`skip_reason`, the adapted preconditioner,
@@ -57,9 +67,16 @@ from numpyro_subsample.sgmcmc.coupled_pairs import (
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, injected_noise_scale
 
 __all__ = [
+    "BIAS_TARGET",
     "BIAS_TOLERANCE",
     "FLAG_BIAS",
+    "MAX_REDUCTION",
     "PROBE_PAIRS",
+    "REDUCE_FROM",
+    "REDUCE_Z",
+    "REFINE_FROM",
+    "REFINE_ROUNDS",
+    "REFINE_Z",
     "BiasProbe",
     "StepBiasWarning",
     "probe_bias",
@@ -87,6 +104,18 @@ MIN_ESS = 20.0
 FLAG_BIAS = 0.2
 #: The bias the probe is built to find (in posterior sds): it warns from :data:`FLAG_BIAS`.
 BIAS_TOLERANCE = 0.3
+#: Further rounds of ``PROBE_PAIRS`` pairs where some estimate is at least ``REFINE_FROM`` and
+#: beyond ``REFINE_Z`` standard errors.
+REFINE_FROM = 0.1
+REFINE_Z = 1.5
+REFINE_ROUNDS = 2
+#: A bias estimated at least ``REDUCE_FROM`` and beyond ``REDUCE_Z`` standard errors reduces a
+#: step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most a factor
+#: ``MAX_REDUCTION``.
+REDUCE_FROM = 0.15
+REDUCE_Z = 3.0
+BIAS_TARGET = 0.1
+MAX_REDUCTION = 4.0
 
 
 class StepBiasWarning(UserWarning):
@@ -115,7 +144,8 @@ class BiasProbe(NamedTuple):
     flagged
         Whether the probe warns (:func:`warn_if_biased`).
     pairs, steps
-        Coupled pairs and probe steps (each: one step at h and two at h/2 per pair).
+        Coupled pairs (over all rounds) and probe steps (each: one step at h and two at h/2
+        per pair).
     gradient_evaluations
         Gradient estimates made (3 · pairs · steps), each of the run's subsample size.
     data_passes
@@ -125,6 +155,9 @@ class BiasProbe(NamedTuple):
     ess
         Per coordinate: the smaller effective sample size of the two differences' series of
         batch means (the probe warns only from :data:`MIN_ESS`).
+    chosen_step
+        The step the kernel took instead of the one its rule chose,
+        :attr:`bias_limited_step`; None where it kept ``step_size``.
 
     References
     ----------
@@ -146,6 +179,7 @@ class BiasProbe(NamedTuple):
     data_passes: float
     seconds: float
     ess: np.ndarray | None = None
+    chosen_step: float | None = None
 
     @property
     def bias(self) -> float:
@@ -158,6 +192,22 @@ class BiasProbe(NamedTuple):
         """The standard error of :attr:`bias`."""
         arr = self.mean_bias_se if self.kind == "mean" else self.sd_bias_se
         return float(arr[self.worst])
+
+    @property
+    def bias_limited_step(self) -> float | None:
+        """h · :data:`BIAS_TARGET` / |b| for the largest estimate |b| (of a mean, in posterior
+        sds; of an sd, relative) that is at least :data:`REDUCE_FROM`, beyond :data:`REDUCE_Z`
+        standard errors and from at least :data:`MIN_ESS` batch means; at least
+        h / :data:`MAX_REDUCTION`. None where no estimate qualifies or the chains diverged."""
+        if self.kind.startswith("diverged") or self.ess is None:
+            return None
+        b = np.abs(np.concatenate([np.ravel(self.mean_bias), np.ravel(self.sd_bias)]))
+        se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
+        ess = np.concatenate([np.ravel(self.ess)] * 2)
+        ok = (b >= REDUCE_FROM) & (b > REDUCE_Z * se) & (ess >= MIN_ESS)
+        if not ok.any():
+            return None
+        return self.step_size * max(BIAS_TARGET / float(np.max(b[ok])), 1.0 / MAX_REDUCTION)
 
     @property
     def resolution(self) -> float:
@@ -193,9 +243,14 @@ class BiasProbe(NamedTuple):
                     f"{who} became non-finite or exploded")
         what = "posterior mean" if self.kind == "mean" else "posterior sd"
         unit = "posterior sd" if self.kind == "mean" else "(relative)"
-        return (f"the time step h = {h:.3g} biases the {what} of {{site}} by about "
-                f"{self.bias:+.2f} ± {self.bias_se:.2f} {unit} (coupled runs at h and h/2, "
-                "Richardson-Romberg, Durmus et al. 2016)")
+        found = (f"the time step h = {h:.3g} biases the {what} of {{site}} by about "
+                 f"{self.bias:+.2f} ± {self.bias_se:.2f} {unit} (coupled runs at h and h/2, "
+                 "Richardson-Romberg, Durmus et al. 2016)")
+        if self.chosen_step is None:
+            return found
+        left = self.bias * self.chosen_step / h
+        return (f"{found}; the step was reduced {h / self.chosen_step:.3g}-fold to "
+                f"{self.chosen_step:.3g}, where about {left:+.2f} is left")
 
 
 def probe_steps(step_size: float) -> int:
@@ -295,13 +350,42 @@ def probe_bias(
         return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
                          True, pairs, steps, evaluations, float(passes),
                          time.perf_counter() - t0, nan)
-    mean_bias, mean_se, sd_bias, sd_se, ess = batch_estimates(sums)
+    estimates = batch_estimates(sums)
+    rounds = REFINE_ROUNDS if suspect(*estimates[:4]) else 0
+    for r in range(1, rounds + 1):  # more pairs from other pilot draws, the same program
+        w0 = start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, rng, shift=r)
+        xi0 = rng.standard_normal((pairs, d))
+        more, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre,
+                             scale_tril, sd, h, (scale_h, scale_half), (w0, xi0),
+                             jax.random.fold_in(key, r), data)
+        if not ok.all():
+            nan = np.full(d, np.nan)
+            evaluations = 3 * pairs * (r + 1) * steps
+            return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
+                             True, pairs * (r + 1), steps, evaluations,
+                             evaluations * n / potential.num_data,
+                             time.perf_counter() - t0, nan)
+        sums = np.concatenate([sums, more], axis=0)
+    if rounds:
+        estimates = batch_estimates(sums)
+        pairs *= rounds + 1
+        evaluations = 3 * pairs * steps
+        passes = evaluations * n / potential.num_data
+    mean_bias, mean_se, sd_bias, sd_se, ess = estimates
     worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
     flagged = flagged and bool(ess[worst] >= MIN_ESS)
     return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
                      steps, evaluations, float(passes), time.perf_counter() - t0, ess)
 
 
+
+
+def suspect(mean_bias, mean_se, sd_bias, sd_se) -> bool:
+    """Whether some estimate is at least :data:`REFINE_FROM` and beyond :data:`REFINE_Z`
+    standard errors: the probe then runs :data:`REFINE_ROUNDS` more rounds of pairs."""
+    b = np.abs(np.concatenate([np.ravel(mean_bias), np.ravel(sd_bias)]))
+    se = np.concatenate([np.ravel(mean_se), np.ravel(sd_se)])
+    return bool(np.any((b >= REFINE_FROM) & (b > REFINE_Z * se)))
 
 
 def worst_coordinate(mean_bias, mean_se, sd_bias, sd_se) -> tuple[int, str, bool]:
@@ -330,10 +414,11 @@ def warn_if_biased(probe: BiasProbe | None, names: list[str], kernel: str, *,
     if probe is None or not probe.flagged:
         return
     site = names[probe.worst] if 0 <= probe.worst < len(names) else f"θ[{probe.worst}]"
+    h = probe.chosen_step or probe.step_size
     warnings.warn(
         f"{kernel}: {probe.message.format(site=site)}; pass "
-        f"step_size={probe.step_size / 2:.3g} or smaller, or a smaller max_variance_inflation "
-        "(bias_probe=False turns this check off).",
+        f"step_size={h / 2:.3g} or smaller with more num_samples, or a smaller "
+        "max_variance_inflation (bias_probe=False turns this check off).",
         StepBiasWarning, stacklevel=stacklevel,
     )
 
@@ -358,12 +443,15 @@ def not_probed(pre: Any, reason: str) -> Any:
 
 
 def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, seed: int,
-           kernel: str, stacklevel: int = 2) -> Any:
+           kernel: str, reduce_step: bool = False, stacklevel: int = 2) -> Any:
     """``pre`` (a :class:`~numpyro_subsample.sgmcmc.chain.Preprocessed`) with the probe of its
-    step in ``step_bias`` and its cost added to ``data_passes`` and ``seconds``; warns
-    (:func:`warn_if_biased`). Where :func:`skip_reason` gives a reason, ``pre`` with that
-    reason in ``step_bias_skipped`` (:func:`not_probed`)."""
+    step in ``step_bias`` and its cost added to ``data_passes`` and ``seconds``; with
+    ``reduce_step`` (a step the kernel's rule chose), at the probe's
+    :attr:`~BiasProbe.bias_limited_step` where it has one (recorded in the probe's
+    ``chosen_step``); warns (:func:`warn_if_biased`). Where :func:`skip_reason` gives a
+    reason, ``pre`` with that reason in ``step_bias_skipped`` (:func:`not_probed`)."""
     from numpyro_subsample.core.sites import coordinate_names
+    from numpyro_subsample.sgmcmc.noise_refine import with_time_step
 
     reason = skip_reason(pre, dynamics)
     if reason is not None:
@@ -374,6 +462,13 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
         scale_tril=pre.scale_tril, step_size=pre.step_size, diffusion=diffusion,
         noise_cov=pre.noise_cov, proxy=pre.proxy, seed=seed,
     )
+    new_h = probe.bias_limited_step if reduce_step else None
+    if new_h is not None:
+        capped = new_h <= probe.step_size / MAX_REDUCTION * (1 + 1e-9)
+        left = abs(probe.bias) * new_h / probe.step_size
+        probe = probe._replace(chosen_step=float(new_h),
+                               flagged=bool(capped and left >= FLAG_BIAS and probe.flagged))
+        pre = with_time_step(pre, new_h, diffusion)
     warn_if_biased(probe, coordinate_names(pre.potential), kernel, stacklevel=stacklevel + 1)
     passes = pre.data_passes + probe.data_passes
     params = pre.params._replace(data_passes=device_array(passes, pre.centre.dtype))
