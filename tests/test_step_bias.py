@@ -126,6 +126,18 @@ def test_a_biased_step_the_rule_chose_is_reduced_and_the_run_is_right():
     np.testing.assert_allclose(drawn_sd / sd, 1.0, atol=0.1)
 
 
+def test_a_step_the_gradient_noise_limits_is_not_reduced():
+    """With estimator='uniform' the noise limits SGLD's step to under half the noise-free
+    rule's (which would leave a reduced run unmixed): the probe reports but keeps the step."""
+    X, y = linreg_data(N=2000, d=3)
+    kernel = SGLD(linreg_model, estimator="uniform",
+                  noise=NoiseOptions(max_variance_inflation=0.6), progress_bar=False)
+    pre = kernel.preprocess((X, y))
+    assert pre.step_size < 0.5 * kernel._default_step_size(0.0)
+    assert pre.step_bias is not None and pre.step_bias.chosen_step is None
+    assert pre.step_bias.pairs == step_bias.PROBE_PAIRS  # no refinement either
+
+
 def test_refinement_and_reduction_rules():
     """More rounds of pairs only where an estimate of 0.1 or more is beyond 1.5 se; the
     reduction only for an estimate ≥ 0.15 beyond 3 se (and 20 batch means), at most 4-fold."""

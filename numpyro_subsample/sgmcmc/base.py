@@ -143,17 +143,18 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         Probe the bias of the time step h after choosing it (default True): coupled pairs of
         chains at h and h/2 (Richardson-Romberg, Durmus et al. 2016, Sect. 3;
         :mod:`~numpyro_subsample.sgmcmc.step_bias`) estimate the bias of each coordinate's
-        posterior mean and sd at h (8 more pairs where the first 4 leave a bias of 0.1 or
-        more within reach). A step the kernel's rule chose is reduced, to h · 0.1 / |b|
+        posterior mean and sd at h. A step the kernel's rule chose and the gradient noise
+        does not limit (at least half the noise-free rule's) is reduced, to h · 0.1 / |b|
         (at most 4-fold), where a bias |b| of 0.15 posterior sd (of a mean; 15 % of an sd) or
-        more is beyond 3 standard errors; a
+        more is beyond 3 standard errors (up to 8 more pairs sharpen estimates of 0.1 or more
+        first); a
         :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` names the step and a
         smaller one when a bias of 0.2 or more is significant at the step the run takes (a
         given ``step_size``, or a reduction capped at 4-fold), or when the chains at h
         diverge. It costs 3 × 4 pairs × 200-1000 gradient estimates of the run's subsample
-        size once per data set (at most 0.27 × those of 4 chains × 11,000 steps; three times
-        that where it refines; compiling it costs about as much as compiling the sampling
-        loop) and is recorded in
+        size once per data set (at most 0.27 × those of 4 chains × 11,000 steps, 0.3 × where
+        it refines; compiling it costs about as much as compiling the sampling loop) and is
+        recorded in
         ``kernel.preprocessed.step_bias``. Skipped with the adapted preconditioner (whose
         scale is adapted in the warm-up), local latent sites, ``"saga"``/``"svrg"`` (a state
         per chain) and structured proxies: the reason is then in

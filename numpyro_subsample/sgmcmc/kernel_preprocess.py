@@ -132,10 +132,14 @@ class SGMCMCPreprocessing:
         )
         if not self.bias_probe:
             return step_bias.not_probed(pre, "bias_probe=False")
+        # a step the gradient noise limits (under half the noise-free rule's) already mixes
+        # slowly: cutting it further would leave the run unmixed, so the probe only warns
+        noise_free = self._default_step_size(0.0, corrected, curvature)
+        reduce_step = self._step_size is None and pre.step_size >= 0.5 * noise_free
         return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
                                  diffusion=self._diffusion, seed=self.seed,
-                                 kernel=type(self).__name__,
-                                 reduce_step=self._step_size is None, stacklevel=5)
+                                 kernel=type(self).__name__, reduce_step=reduce_step,
+                                 stacklevel=5)
 
     def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
         """A model with local latent sites (:func:`.local_preprocess.local_preprocessing`)."""

@@ -22,11 +22,14 @@ step, :attr:`~numpyro_subsample.sgmcmc.dynamics.Dynamics.step_noise`) and its gr
 estimator; the chain at h takes the first of the two subsamples of the chain at h/2. For each
 coordinate θ_j it estimates the bias at h of the mean, in posterior sds, and of the sd,
 relative, with standard errors from the pairs' series of batch means and their effective
-sample size. Where the four pairs leave a bias of :data:`REFINE_FROM` or more within reach
-(beyond :data:`REFINE_Z` standard errors), :data:`REFINE_ROUNDS` further rounds of four pairs,
-from other pilot draws, run in the same compiled program and the estimates pool all the pairs.
+sample size. Where the step may be reduced (below) and the four pairs leave a bias of
+:data:`REFINE_FROM` or more within reach (beyond :data:`REFINE_Z` standard errors), up to
+:data:`REFINE_ROUNDS` further rounds of four pairs, from other pilot draws, run in the same
+compiled program (within :data:`MAX_ESTIMATES` gradient estimates in all) and the estimates
+pool all the pairs.
 
-Where the kernel chose h by its rule (no ``step_size`` given), a bias of :data:`REDUCE_FROM` or
+Where the kernel chose h by its rule (no ``step_size`` given) and the gradient noise does not
+limit it (the kernel's test), a bias of :data:`REDUCE_FROM` or
 more beyond :data:`REDUCE_Z` standard errors reduces the step to the one at which the first
 order bias is :data:`BIAS_TARGET`, h' = h · BIAS_TARGET / |b| (:attr:`BiasProbe.bias_limited_step`,
 at least h / :data:`MAX_REDUCTION`): the bias of the Euler-type steps is linear in h (Durmus et
@@ -70,6 +73,7 @@ __all__ = [
     "BIAS_TARGET",
     "BIAS_TOLERANCE",
     "FLAG_BIAS",
+    "MAX_ESTIMATES",
     "MAX_REDUCTION",
     "PROBE_PAIRS",
     "REDUCE_FROM",
@@ -109,6 +113,9 @@ BIAS_TOLERANCE = 0.3
 REFINE_FROM = 0.1
 REFINE_Z = 1.5
 REFINE_ROUNDS = 2
+#: The probe's gradient estimates, refinement included, stay within this many: 0.3 × those of
+#: a default run of 4 chains × 11,000 steps.
+MAX_ESTIMATES = 13_200
 #: A bias estimated at least ``REDUCE_FROM`` and beyond ``REDUCE_Z`` standard errors reduces a
 #: step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most a factor
 #: ``MAX_REDUCTION``.
@@ -286,6 +293,7 @@ def probe_bias(
     seed: int = 0,
     pairs: int = PROBE_PAIRS,
     steps: int | None = None,
+    refine: bool = False,
 ) -> BiasProbe:
     """Run the coupled Richardson-Romberg pairs at h = ``step_size`` and h/2 (module docstring).
 
@@ -309,6 +317,9 @@ def probe_bias(
         Seed of the probe's draws.
     pairs, steps
         Coupled pairs, probe steps (default :func:`probe_steps`).
+    refine
+        Run up to :data:`REFINE_ROUNDS` further rounds of ``pairs`` pairs where
+        :func:`suspect`, within :data:`MAX_ESTIMATES` gradient estimates in all.
 
     Returns
     -------
@@ -351,7 +362,8 @@ def probe_bias(
                          True, pairs, steps, evaluations, float(passes),
                          time.perf_counter() - t0, nan)
     estimates = batch_estimates(sums)
-    rounds = REFINE_ROUNDS if suspect(*estimates[:4]) else 0
+    affordable = MAX_ESTIMATES // (3 * pairs * steps) - 1
+    rounds = min(REFINE_ROUNDS, affordable) if refine and suspect(*estimates[:4]) else 0
     for r in range(1, rounds + 1):  # more pairs from other pilot draws, the same program
         w0 = start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, rng, shift=r)
         xi0 = rng.standard_normal((pairs, d))
@@ -460,7 +472,7 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
         pre.potential, data, estimate=pre.estimator.estimate,
         estimator_params=pre.estimator.params, dynamics=dynamics, centre=pre.centre,
         scale_tril=pre.scale_tril, step_size=pre.step_size, diffusion=diffusion,
-        noise_cov=pre.noise_cov, proxy=pre.proxy, seed=seed,
+        noise_cov=pre.noise_cov, proxy=pre.proxy, seed=seed, refine=reduce_step,
     )
     new_h = probe.bias_limited_step if reduce_step else None
     if new_h is not None:
