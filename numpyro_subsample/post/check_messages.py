@@ -74,8 +74,9 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
 
 
 def kernel_probe(mcmc) -> tuple[Any, str]:
-    """The kernel's default probe of its step's bias (package SG kernels), or None, and why
-    it did not run ("" where it did or the kernel has none)."""
+    """The kernel's default probe of its step's bias made in its preprocessing (package SG
+    kernels), or None, and why it did not run there ("" where it did or the kernel has none;
+    :func:`~numpyro_subsample.post.checks.probe_after_run` makes up for some reasons)."""
     pre = getattr(mcmc.sampler, "_pre", None)
     return getattr(pre, "step_bias", None), str(getattr(pre, "step_bias_skipped", "") or "")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from numpyro_subsample.post.check_messages import (
@@ -26,6 +27,7 @@ from numpyro_subsample.post.check_messages import (
     kernel_probe,
     probe_message,
 )
+from numpyro_subsample.post.protocol import run_data, unconstrain
 from numpyro_subsample.post.run_figures import (
     coordinate_figures,
     finite_extreme,
@@ -41,8 +43,12 @@ __all__ = [
     "RunCheck",
     "RunDiagnosticsWarning",
     "check_run",
+    "probe_after_run",
     "step_halving_check",
 ]
+
+#: Draws per chain (evenly spaced) handed to the kernel's probe after the run.
+AFTER_RUN_DRAWS = 256
 
 
 class RunDiagnosticsWarning(UserWarning):
@@ -78,8 +84,9 @@ class RunCheck(NamedTuple):
         The step-halving check, or None.
     step_bias
         The kernel's default probe of the step's bias
-        (:class:`~numpyro_subsample.sgmcmc.step_bias.BiasProbe`, made in its preprocessing),
-        or None.
+        (:class:`~numpyro_subsample.sgmcmc.step_bias.BiasProbe`, made in its preprocessing,
+        or after the run with the adapted preconditioner or a structured proxy: its
+        ``after_run``), or None.
     step_bias_skipped
         Why the kernel did not probe its step's bias ("" where it did, or where the kernel
         has no probe).
@@ -124,6 +131,8 @@ class RunCheck(NamedTuple):
                         "step_bias_resolution": p.resolution})
             if p.chosen_step is not None:
                 out["step_bias_chosen_step"] = p.chosen_step
+            if getattr(p, "after_run", False):
+                out["step_bias_after_run"] = 1
             if p.inconclusive:
                 out["step_bias_inconclusive"] = p.inconclusive
         if self.step_bias_skipped:
@@ -171,7 +180,10 @@ def check_run(
         the full check. The kernel's default probe of its step
         (:mod:`~numpyro_subsample.sgmcmc.step_bias`, made in its preprocessing) is a short
         one; it is in ``RunCheck.step_bias`` (why it did not run in ``step_bias_skipped``),
-        and a bias it found is listed in the warning.
+        and a bias it found is listed in the warning. Where the preprocessing could not make
+        it (the adapted preconditioner, a structured proxy), it is made here, after the run
+        (:func:`probe_after_run`), and a bias it finds also raises a
+        :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` (with ``warn``).
     bias_tolerance
         Posterior sds of mean shift that ``check_bias`` tolerates.
     stacklevel
@@ -210,6 +222,9 @@ def check_run(
             "for several modes"
         )
     probe, skipped = kernel_probe(mcmc)
+    if probe is None:  # the adapted preconditioner or a structured proxy: probed after the run
+        probe = probe_after_run(mcmc, warn=warn, stacklevel=stacklevel + 1)
+        skipped = "" if probe is not None else skipped
     if probe is not None and probe.flagged:
         messages.append(probe_message(mcmc, probe))
     bias = None
@@ -228,3 +243,25 @@ def check_run(
         warnings.warn("This run may be wrong:\n  - " + "\n  - ".join(messages),
                       RunDiagnosticsWarning, stacklevel=stacklevel)
     return result
+
+
+def probe_after_run(mcmc, *, warn: bool = True, stacklevel: int = 2) -> Any:
+    """The kernel's probe of its step's bias made after the run, where its preprocessing could
+    not make it (a package SG kernel whose ``probes_after_run`` is true: the adapted
+    preconditioner or a structured proxy; else None): the kernel's ``probe_after_run`` on the
+    run's last state and :data:`AFTER_RUN_DRAWS` evenly spaced unconstrained draws per chain
+    (:func:`~numpyro_subsample.sgmcmc.step_bias.probe_after_run`; Richardson-Romberg pairs,
+    Durmus et al. 2016, Sect. 3). Made once per run."""
+    kernel = getattr(mcmc, "sampler", None)
+    if not getattr(kernel, "probes_after_run", False):
+        return None
+    pot = kernel.potential
+    samples = mcmc.get_samples(group_by_chain=True)
+    if not all(k in samples for k in pot.latent_sites):
+        return None  # the draws do not hold the coordinates the kernel moves
+    chains, n = np.shape(samples[pot.latent_sites[0]])[:2]
+    idx = np.unique(np.linspace(0, n - 1, min(n, AFTER_RUN_DRAWS)).round().astype(int))
+    latent = {k: jnp.asarray(np.asarray(samples[k])[:, idx]).reshape(
+        (chains * idx.size,) + np.shape(samples[k])[2:]) for k in pot.latent_sites}
+    theta = np.asarray(unconstrain(pot, latent, run_data(mcmc))).reshape(chains, idx.size, -1)
+    return kernel.probe_after_run(mcmc.last_state, theta, warn=warn, stacklevel=stacklevel + 1)

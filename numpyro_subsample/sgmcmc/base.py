@@ -34,7 +34,7 @@ from numpyro_subsample.estimators.registry import (
 from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.sgmcmc import adaptation, centring
+from numpyro_subsample.sgmcmc import adaptation, centring, step_bias
 from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import (
     Preprocessed,
@@ -155,9 +155,12 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         size once per data set (at most 0.27 × those of 4 chains × 11,000 steps, 0.3 × where
         it refines; compiling it costs about as much as compiling the sampling loop) and is
         recorded in
-        ``kernel.preprocessed.step_bias``. Skipped with the adapted preconditioner (whose
-        scale is adapted in the warm-up), local latent sites, ``"saga"``/``"svrg"`` (a state
-        per chain) and structured proxies: the reason is then in
+        ``kernel.preprocessed.step_bias``. With the adapted preconditioner (whose scale is
+        fixed only at the warm-up's end) or a structured proxy, the pairs run after the run
+        instead, in its check (:meth:`probe_after_run`, from the chains' last draws with their
+        final preconditioner; the same warning, no step reduction; in
+        ``mcmc.run_check.step_bias``). Skipped with local latent sites and
+        ``"saga"``/``"svrg"`` (a state per chain): the reason is then in
         ``kernel.preprocessed.step_bias_skipped`` and the run check's record, without a
         warning.
     **estimator_options
@@ -181,6 +184,8 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     supports_structured: ClassVar[bool] = True
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
+    #: (the last state of a run, its probe by :meth:`probe_after_run`)
+    _after_run_probe: tuple | None = None
 
     def __init__(
         self,
@@ -309,11 +314,61 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         if not (np.isfinite(h) and h > 0):
             raise ValueError(f"step_size must be a positive number, got {step_size!r}.")
         new = copy.copy(self)
-        new._step_size, new._step = h, None
+        new._step_size, new._step, new._after_run_probe = h, None, None
         if self._pre is not None:  # the bias probe was of the old step
             new._pre = with_time_step(self._pre, h, new._diffusion)._replace(
                 step_bias=None, step_bias_skipped="the step was changed after its probe")
         return new
+
+    @property
+    def probes_after_run(self) -> bool:
+        """Whether the step's bias is probed after a run (:meth:`probe_after_run`): where the
+        preprocessing could not (the adapted preconditioner, a structured proxy), with
+        ``bias_probe`` (:func:`~numpyro_subsample.sgmcmc.step_bias.after_run_reason`)."""
+        pre = self._pre
+        return pre is not None and step_bias.after_run_reason(
+            pre, self._dynamics(pre.noise_corrected), self.bias_probe) is None
+
+    def probe_after_run(self, state: SGMCMCState, draws: np.ndarray, *, warn: bool = True,
+                        stacklevel: int = 2) -> step_bias.BiasProbe | None:
+        """The probe of the step's bias after a run (:attr:`probes_after_run`, else None):
+        coupled Richardson-Romberg pairs at h and h/2 (Durmus et al. 2016, Sect. 3) from the
+        run's last draws, with its final adapted preconditioner (``state.adapt``), whitening,
+        dynamics, estimator and step
+        (:func:`~numpyro_subsample.sgmcmc.step_bias.probe_after_run`); a
+        :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` where it is flagged
+        (with ``warn``). Made once per final ``state`` (the run check and ``to_arviz`` share
+        it).
+
+        Parameters
+        ----------
+        state
+            The run's last state (``mcmc.last_state``; chains on the leading axis).
+        draws
+            Flat unconstrained draws (chains, draws, d) after warm-up, e.g. 256 evenly
+            spaced per chain.
+        warn, stacklevel
+            Warn where the probe is flagged, at this ``stacklevel``.
+        """
+        cached = self._after_run_probe
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        if not self.probes_after_run:
+            return None
+        from numpyro_subsample.core.sites import coordinate_names
+
+        pre = self._pre
+        adapt = getattr(state, "adapt", None)
+        probe = step_bias.probe_after_run(
+            pre, self._pre_data, draws=draws,
+            precond=None if adapt is None else np.asarray(adapt.scale),
+            dynamics=self._dynamics(pre.noise_corrected), diffusion=self._diffusion,
+            seed=self.seed)
+        self._after_run_probe = (state, probe)
+        if warn:
+            step_bias.warn_if_biased(probe, coordinate_names(pre.potential),
+                                     type(self).__name__, stacklevel=stacklevel + 1)
+        return probe
 
     def without_centring(self, model: Callable | None = None) -> SGMCMCKernel:
         """A copy that samples ``model`` (default: the kernel's) as written

@@ -32,10 +32,14 @@ BURN_IN_BATCHES = 8
 
 def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, est_params,
                    centre, tril: Scale, sd, h, scale_h, scale_half, start_w, start_xi, key,
-                   data: ModelData):
+                   data: ModelData, precond):
     """The coupled pairs' ``num_batches × batch_len`` steps; returns per batch and pair the
     means of m(Z), m(Z)², m(Z) − m(Y), m(Z)² − m(Y)² (m = (θ − θ̂)/sd; Z at h/2, Y at h) and
     whether the chains at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds.
+
+    Pair p moves u with w = s_p ⊙ u, θ = θ̂ + L w, s_p = ``precond[p]`` (the diagonal
+    preconditioner of :mod:`~numpyro_subsample.sgmcmc.adaptation`, ones without it), as the
+    sampling chain does (:func:`~numpyro_subsample.sgmcmc.chain.chain_programs`).
 
     One loop over half-steps, so that the estimator is traced once. Pair p's half-step j has
     parity r = (j + p) mod 2 (half of the pairs out of phase with the other half): at r = 0
@@ -50,18 +54,19 @@ def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, es
     mom, therm = jax.vmap(dynamics.init_momentum)(start_xi, start_w)
     vstep = jax.vmap(dynamics.step_noise, in_axes=(0, 0, 0, 0, 0, None, None))
 
-    def grad_at(w, k):
-        g, _ = estimate(est_params, k, centre + whiten_matvec(tril, w), data)
-        return whiten_rmatvec(tril, -g)
+    def grad_at(u, k, s):
+        g, _ = estimate(est_params, k, centre + whiten_matvec(tril, s * u), data)
+        return s * whiten_rmatvec(tril, -g)
 
     vgrad = jax.vmap(grad_at)
-    vscaled = jax.vmap(lambda w: whiten_matvec(tril, w) / sd)
+    vscaled = jax.vmap(lambda u, s: whiten_matvec(tril, s * u) / sd)
 
     def where(c, new, old):
         return jax.tree.map(lambda a, b: jnp.where(c.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
                             new, old)
 
-    def healthy(w):  # as the sampling chain's test (sgmcmc.chain.MAX_PROXY_SD)
+    def healthy(u):  # as the sampling chain's test (sgmcmc.chain.MAX_PROXY_SD), on w = s ⊙ u
+        w = precond * u
         return jnp.all(jnp.isfinite(w) & (jnp.abs(w) < MAX_PROXY_SD))
 
     def half_step(j, carry):
@@ -73,14 +78,15 @@ def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, es
         keys = jax.random.split(k_est, pairs)
         # pair p's subsample key at its r = 0 half-step serves both its Y and its Z
         ys = jax.lax.dynamic_slice_in_dim(order, (j % 2) * half, half)  # pairs with r = 0
-        g = vgrad(jnp.concatenate([y[0][ys], z[0]]), jnp.concatenate([keys[ys], keys]))
+        g = vgrad(jnp.concatenate([y[0][ys], z[0]]), jnp.concatenate([keys[ys], keys]),
+                  jnp.concatenate([precond[ys], precond]))
         g_saved = g_saved.at[ys].set(g[:half])
         xi_saved = jnp.where(((r == 0) & active)[:, None], xi, xi_saved)
         z = where(active, vstep(xi, *z, g[half:], 0.5 * h, scale_half), z)
         moved = vstep((xi_saved + xi) / jnp.sqrt(2.0), *y, g_saved, h, scale_h)
         done = (r == 1) & active  # Y and Z at the same time point
         y = where(done, moved, y)
-        my, mz = vscaled(y[0]), vscaled(z[0])
+        my, mz = vscaled(y[0], precond), vscaled(z[0], precond)
         out = jnp.stack([mz, mz * mz, mz - my, mz * mz - my * my], axis=1)  # (pairs, 4, d)
         batch = jnp.clip((j - phase) // (2 * batch_len), 0, num_batches - 1)
         acc = acc.at[jnp.arange(pairs), batch].add(
@@ -145,15 +151,21 @@ def batch_estimates(sums: np.ndarray) -> tuple[np.ndarray, ...]:
 def run_pairs(estimate: Any, dynamics: Dynamics, batch_len: int, estimator_params: Any,
               centre: jax.Array, scale_tril: Scale, sd: np.ndarray, h: float,
               scales: tuple[Any, Any], start: tuple[np.ndarray, np.ndarray], key: jax.Array,
-              data: ModelData) -> tuple[np.ndarray, np.ndarray]:
-    """The pairs' ``BATCHES × batch_len`` steps from the whitened ``start`` (positions,
+              data: ModelData, precond: np.ndarray | None = None,
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs' ``BATCHES × batch_len`` steps from the whitened ``start`` (positions u,
     momentum draws) with the injected-noise ``scales`` at h and h/2 (None: the dynamics'
-    own): (batch means (pairs, batches, 4, d), whether the chains at h and at h/2 stayed
-    finite and within ``MAX_PROXY_SD`` proxy sds). The program is compiled with the options
-    of :func:`~numpyro_subsample.core.compiling.preprocessing_jit`."""
+    own) and per pair the diagonal preconditioner ``precond`` (pairs, d) (None: ones), in
+    the whitening ``scale_tril`` (dense or structured): (batch means (pairs, batches, 4, d),
+    whether the chains at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds).
+    The program is compiled with the options of
+    :func:`~numpyro_subsample.core.compiling.preprocessing_jit`."""
     dtype = centre.dtype
+    if precond is None:
+        precond = np.ones(np.shape(start[0]))
     sums, ok = _probe_compiled(
         estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
         centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scales[0],
-        scales[1], device_array(start[0], dtype), device_array(start[1], dtype), key, data)
+        scales[1], device_array(start[0], dtype), device_array(start[1], dtype), key, data,
+        device_array(precond, dtype))
     return np.asarray(sums), np.asarray(ok)

@@ -118,7 +118,8 @@ class SGMCMCPreprocessing:
             step_size = self._step_size or adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu))
             pre = prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
-            return step_bias.not_probed(pre, "the preconditioner is adapted in the warm-up")
+            return step_bias.not_probed(  # probed after the run (step_bias.probe_after_run)
+                pre, step_bias.ADAPTED_SKIP if self.bias_probe else "bias_probe=False")
         curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
         if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
             curvature, passes = measured_curvature(wh.proxy, potential, data,

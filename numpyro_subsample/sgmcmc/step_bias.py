@@ -40,8 +40,12 @@ of the estimates is at least :data:`FLAG_BIAS` and beyond :func:`significance` s
 became non-finite or exploded. Its cost, ``3 · PROBE_PAIRS`` gradient estimates of the run's
 subsample size per probe step (:func:`probe_steps`: at most 0.27 × those of a run of 4 chains
 × 11,000 steps), is recorded in :class:`BiasProbe` and added to the preprocessing's data
-passes and seconds. Where it cannot run (:func:`skip_reason`, the adapted preconditioner,
-local latent sites) or resolves only biases above :data:`BIAS_TOLERANCE`
+passes and seconds. With the preconditioner adapted in the warm-up (fixed only at its end) or
+a structured proxy, the same pairs run after the run instead (:func:`probe_after_run`, called
+by the run check through the kernel's ``probe_after_run``): from the chains' last draws, with
+their final diagonal preconditioner, in units of the draws' sds; they warn the same way but
+leave the step as it was. Where it cannot run (:func:`skip_reason`, local latent sites,
+stateful estimators) or resolves only biases above :data:`BIAS_TOLERANCE`
 (:attr:`BiasProbe.resolution`, e.g. with a noise-limited step whose two chains' subsamples
 differ a lot) the run check's record says so (``step_bias_skipped``, ``step_bias_resolution``
 of its ArviZ attributes), without a warning.
@@ -52,6 +56,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -81,8 +86,12 @@ __all__ = [
     "REFINE_FROM",
     "REFINE_ROUNDS",
     "REFINE_Z",
+    "ADAPTED_SKIP",
+    "STRUCTURED_SKIP",
     "BiasProbe",
     "StepBiasWarning",
+    "after_run_reason",
+    "probe_after_run",
     "probe_bias",
     "probe_steps",
     "not_probed",
@@ -125,6 +134,14 @@ BIAS_TARGET = 0.1
 MAX_REDUCTION = 4.0
 
 
+#: The preprocessing's reasons not to probe that :func:`probe_after_run` makes up for.
+ADAPTED_SKIP = "the preconditioner is adapted in the warm-up"
+STRUCTURED_SKIP = "the proxy is structured"
+#: Post-warm-up draws per chain (evenly spaced) whose sds give the units of the probe after a
+#: run and whose last ones start its pairs.
+AFTER_RUN_DRAWS = 256
+
+
 class StepBiasWarning(UserWarning):
     """The default Richardson-Romberg probe found that the time step biases the posterior:
     the message names the site, the estimated bias in posterior sds ± its standard error, the
@@ -165,6 +182,10 @@ class BiasProbe(NamedTuple):
     chosen_step
         The step the kernel took instead of the one its rule chose,
         :attr:`bias_limited_step`; None where it kept ``step_size``.
+    after_run
+        Whether the pairs ran after the run (:func:`probe_after_run`: the adapted
+        preconditioner or a structured proxy), from its last draws, rather than in the
+        preprocessing.
 
     References
     ----------
@@ -187,6 +208,7 @@ class BiasProbe(NamedTuple):
     seconds: float
     ess: np.ndarray | None = None
     chosen_step: float | None = None
+    after_run: bool = False
 
     @property
     def bias(self) -> float:
@@ -250,8 +272,10 @@ class BiasProbe(NamedTuple):
                     f"{who} became non-finite or exploded")
         what = "posterior mean" if self.kind == "mean" else "posterior sd"
         unit = "posterior sd" if self.kind == "mean" else "(relative)"
+        runs = ("coupled runs at h and h/2 from the run's last draws" if self.after_run
+                else "coupled runs at h and h/2")
         found = (f"the time step h = {h:.3g} biases the {what} of {{site}} by about "
-                 f"{self.bias:+.2f} ± {self.bias_se:.2f} {unit} (coupled runs at h and h/2, "
+                 f"{self.bias:+.2f} ± {self.bias_se:.2f} {unit} ({runs}, "
                  "Richardson-Romberg, Durmus et al. 2016)")
         if self.chosen_step is None:
             return found
@@ -294,6 +318,9 @@ def probe_bias(
     pairs: int = PROBE_PAIRS,
     steps: int | None = None,
     refine: bool = False,
+    sd: np.ndarray | None = None,
+    starts: Callable[[int, np.random.Generator], np.ndarray] | None = None,
+    precond: np.ndarray | None = None,
 ) -> BiasProbe:
     """Run the coupled Richardson-Romberg pairs at h = ``step_size`` and h/2 (module docstring).
 
@@ -320,6 +347,17 @@ def probe_bias(
     refine
         Run up to :data:`REFINE_ROUNDS` further rounds of ``pairs`` pairs where
         :func:`suspect`, within :data:`MAX_ESTIMATES` gradient estimates in all.
+    sd
+        Per coordinate, the units of the figures the pairs record, m = (θ − θ̂)/sd (default
+        sqrt(diag(L Lᵀ)) of a dense L). The estimates are ratios to the pairs' own sd at h/2
+        (:func:`~numpyro_subsample.sgmcmc.coupled_pairs.batch_estimates`), so ``sd`` only
+        keeps the figures of order one: any scale of the posterior's will do.
+    starts
+        ``starts(round, rng)``: the pairs' whitened start positions u (pairs, d) of each round
+        (default: the pilot's draws, or proxy draws, :func:`start_positions`).
+    precond
+        Per pair, the diagonal preconditioner s (pairs, d) of an adapted run, w = s ⊙ u
+        (:mod:`~numpyro_subsample.sgmcmc.adaptation`; default: none).
 
     Returns
     -------
@@ -342,18 +380,23 @@ def probe_bias(
     batch_len = max(steps // BATCHES, 1)
     steps = batch_len * BATCHES
     rng = np.random.default_rng([int(seed), 0xB1A5])
-    tril = np.asarray(scale_tril, np.float64)
-    w0 = start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, rng)
+    if starts is None or sd is None:
+        tril = np.asarray(scale_tril, np.float64)
+        sd = np.sqrt(np.sum(tril * tril, axis=1)) if sd is None else sd  # sqrt(diag(L Lᵀ))
+        if starts is None:
+            def starts(r, g):
+                return start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, g,
+                                       shift=r)
+    w0 = starts(0, rng)
     xi0 = rng.standard_normal((pairs, d))
     scale_h = scale_half = None
     if dynamics.name.endswith("-corrected"):
         scale_h = device_array(injected_noise_scale(noise_cov, h, diffusion)[0], dtype)
         scale_half = device_array(injected_noise_scale(noise_cov, 0.5 * h, diffusion)[0], dtype)
-    sd = np.sqrt(np.sum(tril * tril, axis=1))  # sqrt(diag(L Lᵀ))
     bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
     key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
     sums, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre, scale_tril,
-                         sd, h, (scale_h, scale_half), (w0, xi0), key, data)
+                         sd, h, (scale_h, scale_half), (w0, xi0), key, data, precond)
     evaluations = 3 * pairs * steps
     passes = evaluations * n / potential.num_data
     if not ok.all():  # a chain became non-finite or exploded: no estimate
@@ -365,11 +408,11 @@ def probe_bias(
     affordable = MAX_ESTIMATES // (3 * pairs * steps) - 1
     rounds = min(REFINE_ROUNDS, affordable) if refine and suspect(*estimates[:4]) else 0
     for r in range(1, rounds + 1):  # more pairs from other pilot draws, the same program
-        w0 = start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, rng, shift=r)
+        w0 = starts(r, rng)
         xi0 = rng.standard_normal((pairs, d))
         more, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre,
                              scale_tril, sd, h, (scale_h, scale_half), (w0, xi0),
-                             jax.random.fold_in(key, r), data)
+                             jax.random.fold_in(key, r), data, precond)
         if not ok.all():
             nan = np.full(d, np.nan)
             evaluations = 3 * pairs * (r + 1) * steps
@@ -437,12 +480,13 @@ def warn_if_biased(probe: BiasProbe | None, names: list[str], kernel: str, *,
 
 def skip_reason(pre: Any, dynamics: Dynamics) -> str | None:
     """Why the probe cannot run on the preprocessing ``pre``, or None: a stateful estimator
-    (SAGA's table, SVRG's anchor move with each chain), a structured proxy (the sd units would
-    need the diagonal of Σ̂ = L Lᵀ, not formed), dynamics without ``step_noise``."""
+    (SAGA's table, SVRG's anchor move with each chain), a structured proxy (the starts and sd
+    units of :func:`probe_bias` are those of a dense L: :func:`probe_after_run` probes it
+    after the run), dynamics without ``step_noise``."""
     if pre.estimator.update is not None:
         return f"the estimator {pre.estimator.name!r} keeps a state per chain"
     if not (isinstance(pre.scale_tril, jax.Array) and pre.scale_tril.ndim == 2):
-        return "the proxy is structured"
+        return STRUCTURED_SKIP
     if dynamics.step_noise is None:
         return f"the dynamics {dynamics.name!r} take no given noise"
     return None
@@ -486,3 +530,96 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
     params = pre.params._replace(data_passes=device_array(passes, pre.centre.dtype))
     return pre._replace(step_bias=probe, step_bias_skipped="", data_passes=passes, params=params,
                         seconds=pre.seconds + probe.seconds)
+
+
+def after_run_reason(pre: Any, dynamics: Dynamics, bias_probe: bool = True) -> str | None:
+    """None where :func:`probe_after_run` applies to a run with the preprocessing ``pre``: its
+    own probe was skipped for the adapted preconditioner or a structured proxy
+    (:data:`ADAPTED_SKIP`, :data:`STRUCTURED_SKIP`), with ``bias_probe``, a stateless
+    estimator, no local latent sites and ``dynamics`` with ``step_noise`` and no noise
+    correction; else why the step's bias is not probed (as recorded)."""
+    if not bias_probe:
+        return "bias_probe=False"
+    if pre.step_bias is not None or pre.step_bias_skipped not in (ADAPTED_SKIP, STRUCTURED_SKIP):
+        return pre.step_bias_skipped or "the step was probed in the preprocessing"
+    if pre.potential.local:
+        return "the model has local latent sites"
+    if pre.estimator.update is not None:
+        return f"the estimator {pre.estimator.name!r} keeps a state per chain"
+    if dynamics.step_noise is None or pre.noise_corrected:
+        return f"the dynamics {dynamics.name!r} take no given noise"
+    return None
+
+
+def probe_after_run(pre: Any, data: ModelData, *, draws: np.ndarray,
+                    precond: np.ndarray | None, dynamics: Dynamics, diffusion: float,
+                    seed: int, pairs: int = PROBE_PAIRS) -> BiasProbe:
+    """The probe of :func:`probe_bias` after a run whose preprocessing could not make it: the
+    adapted preconditioner (fixed only at the warm-up's end) or a structured proxy.
+
+    The Richardson-Romberg pairs at h and h/2 (Durmus, Şimşekli, Moulines, Badeau and Richard
+    2016, Sect. 3) take the run's step h, dynamics and estimator and move as its chains did:
+    u with θ = θ̂ + L (s ⊙ u), L the proxy's whitening (dense or structured, only applied),
+    s the final diagonal preconditioner of the chain whose draws start the pair
+    (:mod:`~numpyro_subsample.sgmcmc.adaptation`; ones without one). They start at the
+    chains' last draws (pair p at chain p mod C; further pairs and rounds at earlier draws),
+    which are already near π_h. The figures are in units of the draws' per-coordinate sds,
+    not of diag(L Lᵀ) (which a structured proxy does not form); the estimates are ratios to
+    the pairs' own sd at h/2 in any case. The step is not changed (the run is done): a
+    flagged probe's remedy is a smaller ``step_size``. Costs as :func:`probe_bias`.
+
+    Parameters
+    ----------
+    pre
+        The run's :class:`~numpyro_subsample.sgmcmc.chain.Preprocessed`.
+    data
+        The model's data.
+    draws
+        Flat unconstrained draws (chains, draws, d) of the run after warm-up (a thinned
+        subset will do: :data:`AFTER_RUN_DRAWS` per chain).
+    precond
+        The chains' adapted diagonal preconditioner s (chains, d) from their last state, or
+        None.
+    dynamics, diffusion
+        The kernel's dynamics and the c of its injected noise.
+    seed
+        Seed of the probe's draws.
+    pairs
+        Coupled pairs per round.
+
+    Returns
+    -------
+    BiasProbe
+        With ``after_run=True`` (``chosen_step`` None).
+
+    References
+    ----------
+    Durmus, Şimşekli, Moulines, Badeau and Richard (2016), Sect. 3.
+    """
+    from numpyro_subsample.proxies.whitening import whiten_solve
+
+    x = np.asarray(draws, np.float64)
+    d = x.shape[-1]
+    x = x.reshape(-1, x.shape[-2], d)
+    chains, n = x.shape[:2]
+    sd = x.reshape(-1, d).std(0)
+    sd = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
+    owner = np.arange(pairs) % chains  # pair p starts from chain p mod C, with its s
+    s = (np.ones((pairs, d)) if precond is None
+         else np.asarray(precond, np.float64).reshape(-1, d)[owner % np.shape(precond)[0]])
+    per_chain = -(-pairs // chains)  # pairs per chain and round
+    spacing = max(n // ((REFINE_ROUNDS + 1) * per_chain), 1)
+    centre = np.asarray(pre.centre, np.float64)
+
+    def starts(r: int, rng: np.random.Generator) -> np.ndarray:
+        back = np.arange(pairs) // chains + r * per_chain
+        theta = x[owner, np.clip(n - 1 - back * spacing, 0, n - 1)] - centre
+        w = np.asarray(whiten_solve(pre.scale_tril, device_array(theta, pre.centre.dtype)))
+        return w / s
+
+    probe = probe_bias(pre.potential, data, estimate=pre.estimator.estimate,
+                       estimator_params=pre.estimator.params, dynamics=dynamics,
+                       centre=pre.centre, scale_tril=pre.scale_tril, step_size=pre.step_size,
+                       diffusion=diffusion, seed=seed, pairs=pairs, sd=sd, starts=starts,
+                       precond=s)
+    return probe._replace(after_run=True)
