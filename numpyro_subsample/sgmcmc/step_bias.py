@@ -128,7 +128,7 @@ MAX_ESTIMATES = 13_200
 #: A bias estimated at least ``REDUCE_FROM`` and beyond ``REDUCE_Z`` standard errors reduces a
 #: step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most a factor
 #: ``MAX_REDUCTION``.
-REDUCE_FROM = 0.15
+REDUCE_FROM = 0.2
 REDUCE_Z = 3.0
 BIAS_TARGET = 0.1
 MAX_REDUCTION = 4.0
