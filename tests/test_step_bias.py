@@ -364,3 +364,24 @@ def test_default_runs_with_a_structured_proxy_are_probed_after_them_and_silent(c
     probe = mcmc.run_check.step_bias
     assert probe is not None and probe.after_run and not probe.flagged
     assert np.all(np.abs(probe.mean_bias) < 0.1) and np.all(np.abs(probe.sd_bias) < 0.1)
+
+
+def test_plain_numpyro_run_with_the_adapted_preconditioner_is_probed_by_to_arviz():
+    """Under plain `numpyro.infer.MCMC` nothing checks the run until `to_arviz`, which runs
+    the checks: the pairs after the run then warn on the too large step and its attributes
+    record them."""
+    from numpyro_subsample import to_arviz
+
+    X, y = linreg_data(N=2000, d=3)
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(linreg_model, step_size=1.0, progress_bar=False,
+                      adaptation=AdaptationOptions(preconditioner=True))
+    mcmc = NumPyroMCMC(kernel, num_warmup=500, num_samples=4000, num_chains=2,
+                       chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepBiasWarning)  # nothing during the run itself
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    with pytest.warns(StepBiasWarning, match="from the run's last draws"):
+        idata = to_arviz(mcmc)
+    attrs = idata.sample_stats.attrs
+    assert attrs["step_bias_after_run"] == 1 and attrs["step_bias_flagged"] == 1
