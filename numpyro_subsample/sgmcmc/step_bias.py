@@ -410,9 +410,11 @@ def probe_bias(
     for r in range(1, rounds + 1):  # more pairs from other pilot draws, the same program
         w0 = starts(r, rng)
         xi0 = rng.standard_normal((pairs, d))
+        bits = rng.integers(0, 2**32, 2, dtype=np.uint32)  # no eager key op to compile
         more, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre,
                              scale_tril, sd, h, (scale_h, scale_half), (w0, xi0),
-                             jax.random.fold_in(key, r), data, precond)
+                             jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG),
+                             data, precond)
         if not ok.all():
             nan = np.full(d, np.nan)
             evaluations = 3 * pairs * (r + 1) * steps
