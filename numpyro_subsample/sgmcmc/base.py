@@ -145,14 +145,14 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         :mod:`~numpyro_subsample.sgmcmc.step_bias`) estimate the bias of each coordinate's
         posterior mean and sd at h. A step the kernel's rule chose and the gradient noise
         does not limit (at least half the noise-free rule's) is reduced, to h · 0.1 / |b|
-        (at most 4-fold), where a bias |b| of 0.2 posterior sd (of a mean; 20 % of an sd) or
-        more is beyond 3 standard errors (up to 8 more pairs sharpen estimates of 0.1 or more
-        first); a
+        (at most 4-fold), where a bias |b| of 0.15 posterior sd (of a mean; 15 % of an sd)
+        or more is beyond max(3, (2 log 4d)^½) standard errors (up to 8 more pairs sharpen
+        estimates of 0.1 or more first); a
         :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` names the step and a
         smaller one when a bias of 0.2 or more is significant at the step the run takes (a
         given ``step_size``, or a reduction capped at 4-fold), or when the chains at h
         diverge. It costs 3 × 4 pairs × 200-1000 gradient estimates of the run's subsample
-        size once per data set (at most 0.27 × those of 4 chains × 11,000 steps, 0.3 × where
+        size once per data set (at most 0.27 × those of 4 chains × 11,000 steps, 0.45 × where
         it refines; compiling it costs about as much as compiling the sampling loop) and is
         recorded in
         ``kernel.preprocessed.step_bias``. With the adapted preconditioner (whose scale is

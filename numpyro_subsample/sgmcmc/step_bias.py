@@ -30,7 +30,7 @@ pool all the pairs.
 
 Where the kernel chose h by its rule (no ``step_size`` given) and the gradient noise does not
 limit it (the kernel's test), a bias of :data:`REDUCE_FROM` or
-more beyond :data:`REDUCE_Z` standard errors reduces the step to the one at which the first
+more beyond :func:`reduce_z` standard errors reduces the step to the one at which the first
 order bias is :data:`BIAS_TARGET`, h' = h · BIAS_TARGET / |b| (:attr:`BiasProbe.bias_limited_step`,
 at least h / :data:`MAX_REDUCTION`): the bias of the Euler-type steps is linear in h (Durmus et
 al. 2016, Eq. 5); the run then mixes more slowly, which its ESS check reports.
@@ -82,7 +82,6 @@ __all__ = [
     "MAX_REDUCTION",
     "PROBE_PAIRS",
     "REDUCE_FROM",
-    "REDUCE_Z",
     "REFINE_FROM",
     "REFINE_ROUNDS",
     "REFINE_Z",
@@ -94,6 +93,7 @@ __all__ = [
     "probe_after_run",
     "probe_bias",
     "probe_steps",
+    "reduce_z",
     "not_probed",
     "probed",
     "significance",
@@ -122,14 +122,13 @@ BIAS_TOLERANCE = 0.3
 REFINE_FROM = 0.1
 REFINE_Z = 1.5
 REFINE_ROUNDS = 2
-#: The probe's gradient estimates, refinement included, stay within this many: 0.3 × those of
+#: The probe's gradient estimates, refinement included, stay within this many: 0.45 × those of
 #: a default run of 4 chains × 11,000 steps.
-MAX_ESTIMATES = 13_200
-#: A bias estimated at least ``REDUCE_FROM`` and beyond ``REDUCE_Z`` standard errors reduces a
-#: step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most a factor
-#: ``MAX_REDUCTION``.
-REDUCE_FROM = 0.2
-REDUCE_Z = 3.0
+MAX_ESTIMATES = 19_800
+#: A bias estimated at least ``REDUCE_FROM`` and beyond :func:`reduce_z` standard errors
+#: reduces a step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most
+#: a factor ``MAX_REDUCTION``.
+REDUCE_FROM = 0.15
 BIAS_TARGET = 0.1
 MAX_REDUCTION = 4.0
 
@@ -225,7 +224,7 @@ class BiasProbe(NamedTuple):
     @property
     def bias_limited_step(self) -> float | None:
         """h · :data:`BIAS_TARGET` / |b| for the largest estimate |b| (of a mean, in posterior
-        sds; of an sd, relative) that is at least :data:`REDUCE_FROM`, beyond :data:`REDUCE_Z`
+        sds; of an sd, relative) that is at least :data:`REDUCE_FROM`, beyond :func:`reduce_z`
         standard errors and from at least :data:`MIN_ESS` batch means; at least
         h / :data:`MAX_REDUCTION`. None where no estimate qualifies or the chains diverged."""
         if self.kind.startswith("diverged") or self.ess is None:
@@ -233,7 +232,7 @@ class BiasProbe(NamedTuple):
         b = np.abs(np.concatenate([np.ravel(self.mean_bias), np.ravel(self.sd_bias)]))
         se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
         ess = np.concatenate([np.ravel(self.ess)] * 2)
-        ok = (b >= REDUCE_FROM) & (b > REDUCE_Z * se) & (ess >= MIN_ESS)
+        ok = (b >= REDUCE_FROM) & (b > reduce_z(len(self.mean_bias)) * se) & (ess >= MIN_ESS)
         if not ok.any():
             return None
         return self.step_size * max(BIAS_TARGET / float(np.max(b[ok])), 1.0 / MAX_REDUCTION)
@@ -292,6 +291,13 @@ def probe_steps(step_size: float) -> int:
     the run's subsample size."""
     steps = min(max(RELAXATION_STEPS / max(float(step_size), 1e-12), MIN_STEPS), MAX_STEPS)
     return BATCHES * int(math.ceil(steps / BATCHES))
+
+
+def reduce_z(dim: int) -> float:
+    """The standard errors an estimate must exceed to reduce the step: (2 log 4d)^(1/2), the
+    largest of 2d null estimates' expected size (one fewer than :func:`significance`, as a
+    reduction that was not needed costs effective samples, not correctness), at least 3."""
+    return max(3.0, math.sqrt(2.0 * math.log(4.0 * max(int(dim), 1))))
 
 
 def significance(dim: int) -> float:
