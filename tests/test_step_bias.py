@@ -101,6 +101,16 @@ def test_a_too_large_sgld_step_warns_with_the_bias_and_the_remedy():
     assert np.all(drawn_sd > 1.1 * sd)  # the run is as wrong as the probe says
 
 
+def _run_without_bias_warning(kernel, X, y, num_samples: int):
+    """Two vectorized chains of the package's MCMC, a StepBiasWarning turned into an error."""
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=num_samples, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StepBiasWarning)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    return mcmc
+
+
 def test_a_biased_step_the_rule_chose_is_reduced_and_the_run_is_right():
     """SGLD with max_variance_inflation 0.6 (h = 0.75 by its rule) on a conjugate linear
     regression: the probe finds the sd about 30 % too large, and the kernel, whose step it
@@ -110,11 +120,7 @@ def test_a_biased_step_the_rule_chose_is_reduced_and_the_run_is_right():
     _, sd = linreg_exact(X, y)
     kernel = SGLD(linreg_model, noise=NoiseOptions(max_variance_inflation=0.6),
                   progress_bar=False)
-    mcmc = MCMC(kernel, num_warmup=200, num_samples=8000, num_chains=2,
-                chain_method="vectorized", progress_bar=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", StepBiasWarning)
-        mcmc.run(jax.random.PRNGKey(0), X, y)
+    mcmc = _run_without_bias_warning(kernel, X, y, num_samples=8000)
     probe = kernel.preprocessed.step_bias
     assert probe.step_size > 0.7 and probe.kind == "sd" and not probe.flagged
     assert probe.bias > step_bias.REDUCE_FROM
@@ -180,11 +186,7 @@ def test_a_too_large_step_on_a_scale_model_warns_and_the_run_is_off():
 def test_default_runs_of_a_linear_regression_are_silent(cls):
     X, y = linreg_data(N=10_000, d=4)
     kernel = cls(linreg_model, progress_bar=False)
-    mcmc = MCMC(kernel, num_warmup=200, num_samples=4000, num_chains=2,
-                chain_method="vectorized", progress_bar=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", StepBiasWarning)
-        mcmc.run(jax.random.PRNGKey(0), X, y)
+    mcmc = _run_without_bias_warning(kernel, X, y, num_samples=4000)
     probe = kernel.preprocessed.step_bias
     assert probe is not None and not probe.flagged
     assert mcmc.run_check.step_bias is probe
