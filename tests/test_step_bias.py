@@ -146,8 +146,8 @@ def test_a_step_the_gradient_noise_limits_is_not_reduced():
 
 def test_refinement_and_reduction_rules():
     """More rounds of pairs only where an estimate of 0.1 or more is beyond 1.5 se; the
-    reduction only for an estimate ≥ 0.15 beyond max(3, (2 log 4d)^½) se (and 20 batch
-    means), at most 4-fold."""
+    reduction only for an estimate ≥ 0.15 beyond max(3, (2 log 4d)^½) se, 0.1 or more two se
+    below it (and 20 batch means), at most 4-fold."""
     z = np.zeros(3)
     assert not step_bias.suspect(np.array([0.09, 0.0, 0.0]), z + 0.01, z, z + 0.01)
     assert not step_bias.suspect(np.array([0.2, 0.0, 0.0]), z + 0.2, z, z + 0.01)
@@ -158,6 +158,7 @@ def test_refinement_and_reduction_rules():
                                    0, kind, False, 4, 400, 4800, 1.0, 0.1, np.full(3, ess))
 
     assert probe([0.14, 0, 0], z + 0.01).bias_limited_step is None  # under 0.15
+    assert probe([0.16, 0, 0], z + 0.04).bias_limited_step is None  # 0.16 − 2 se < 0.1
     assert probe([0.3, 0, 0], z + 0.11).bias_limited_step is None  # under 3 se
     assert probe([0.3, 0, 0], z + 0.01, ess=10.0).bias_limited_step is None  # few batches
     assert probe([0.2, -0.25, 0], z + 0.01).bias_limited_step == pytest.approx(0.04)

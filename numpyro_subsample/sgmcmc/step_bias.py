@@ -30,7 +30,8 @@ pool all the pairs.
 
 Where the kernel chose h by its rule (no ``step_size`` given) and the gradient noise does not
 limit it (the kernel's test), a bias of :data:`REDUCE_FROM` or
-more beyond :func:`reduce_z` standard errors reduces the step to the one at which the first
+more beyond :func:`reduce_z` standard errors, and at least :data:`BIAS_TARGET` two standard
+errors below its estimate, reduces the step to the one at which the first
 order bias is :data:`BIAS_TARGET`, h' = h · BIAS_TARGET / |b| (:attr:`BiasProbe.bias_limited_step`,
 at least h / :data:`MAX_REDUCTION`): the bias of the Euler-type steps is linear in h (Durmus et
 al. 2016, Eq. 5); the run then mixes more slowly, which its ESS check reports.
@@ -82,6 +83,7 @@ __all__ = [
     "MAX_REDUCTION",
     "PROBE_PAIRS",
     "REDUCE_FROM",
+    "REDUCE_LOWER_SE",
     "REFINE_FROM",
     "REFINE_ROUNDS",
     "REFINE_Z",
@@ -129,6 +131,9 @@ MAX_ESTIMATES = 19_800
 #: reduces a step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most
 #: a factor ``MAX_REDUCTION``.
 REDUCE_FROM = 0.15
+#: ... and whose lower bound |b| − 2 se is at least ``BIAS_TARGET``: a bias of at least 0.1
+#: with about 98 % confidence, so that an estimate near 0.15 with a wide error does not cut.
+REDUCE_LOWER_SE = 2.0
 BIAS_TARGET = 0.1
 MAX_REDUCTION = 4.0
 
@@ -225,14 +230,16 @@ class BiasProbe(NamedTuple):
     def bias_limited_step(self) -> float | None:
         """h · :data:`BIAS_TARGET` / |b| for the largest estimate |b| (of a mean, in posterior
         sds; of an sd, relative) that is at least :data:`REDUCE_FROM`, beyond :func:`reduce_z`
-        standard errors and from at least :data:`MIN_ESS` batch means; at least
-        h / :data:`MAX_REDUCTION`. None where no estimate qualifies or the chains diverged."""
+        standard errors, with |b| − :data:`REDUCE_LOWER_SE` se ≥ :data:`BIAS_TARGET`, and
+        from at least :data:`MIN_ESS` batch means; at least h / :data:`MAX_REDUCTION`. None
+        where no estimate qualifies or the chains diverged."""
         if self.kind.startswith("diverged") or self.ess is None:
             return None
         b = np.abs(np.concatenate([np.ravel(self.mean_bias), np.ravel(self.sd_bias)]))
         se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
         ess = np.concatenate([np.ravel(self.ess)] * 2)
-        ok = (b >= REDUCE_FROM) & (b > reduce_z(len(self.mean_bias)) * se) & (ess >= MIN_ESS)
+        ok = ((b >= REDUCE_FROM) & (b > reduce_z(len(self.mean_bias)) * se)
+              & (b - REDUCE_LOWER_SE * se >= BIAS_TARGET) & (ess >= MIN_ESS))
         if not ok.any():
             return None
         return self.step_size * max(BIAS_TARGET / float(np.max(b[ok])), 1.0 / MAX_REDUCTION)
