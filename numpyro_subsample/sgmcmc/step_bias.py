@@ -406,41 +406,38 @@ def probe_bias(
     if dynamics.name.endswith("-corrected"):
         scale_h = device_array(injected_noise_scale(noise_cov, h, diffusion)[0], dtype)
         scale_half = device_array(injected_noise_scale(noise_cov, 0.5 * h, diffusion)[0], dtype)
-    bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
-    key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
-    sums, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre, scale_tril,
+
+    def run_round(w0, xi0):  # the keys from the host generator: no eager key op to compile
+        bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
+        key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
+        return run_pairs(estimate, dynamics, batch_len, estimator_params, centre, scale_tril,
                          sd, h, (scale_h, scale_half), (w0, xi0), key, data, precond)
-    evaluations = 3 * pairs * steps
-    passes = evaluations * n / potential.num_data
-    if not ok.all():  # a chain became non-finite or exploded: no estimate
+
+    def diverged(ok, total_pairs):  # a chain became non-finite or exploded: no estimate
         nan = np.full(d, np.nan)
+        evaluations = 3 * total_pairs * steps
         return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
-                         True, pairs, steps, evaluations, float(passes),
+                         True, total_pairs, steps, evaluations,
+                         float(evaluations * n / potential.num_data),
                          time.perf_counter() - t0, nan)
+
+    sums, ok = run_round(w0, xi0)
+    if not ok.all():
+        return diverged(ok, pairs)
     estimates = batch_estimates(sums)
     affordable = MAX_ESTIMATES // (3 * pairs * steps) - 1
     rounds = min(REFINE_ROUNDS, affordable) if refine and suspect(*estimates[:4]) else 0
     for r in range(1, rounds + 1):  # more pairs from other pilot draws, the same program
         w0 = starts(r, rng)
-        xi0 = rng.standard_normal((pairs, d))
-        bits = rng.integers(0, 2**32, 2, dtype=np.uint32)  # no eager key op to compile
-        more, ok = run_pairs(estimate, dynamics, batch_len, estimator_params, centre,
-                             scale_tril, sd, h, (scale_h, scale_half), (w0, xi0),
-                             jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG),
-                             data, precond)
+        more, ok = run_round(w0, rng.standard_normal((pairs, d)))
         if not ok.all():
-            nan = np.full(d, np.nan)
-            evaluations = 3 * pairs * (r + 1) * steps
-            return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
-                             True, pairs * (r + 1), steps, evaluations,
-                             evaluations * n / potential.num_data,
-                             time.perf_counter() - t0, nan)
+            return diverged(ok, pairs * (r + 1))
         sums = np.concatenate([sums, more], axis=0)
     if rounds:
         estimates = batch_estimates(sums)
         pairs *= rounds + 1
-        evaluations = 3 * pairs * steps
-        passes = evaluations * n / potential.num_data
+    evaluations = 3 * pairs * steps
+    passes = evaluations * n / potential.num_data
     mean_bias, mean_se, sd_bias, sd_se, ess = estimates
     worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
     flagged = flagged and bool(ess[worst] >= MIN_ESS)
@@ -559,9 +556,10 @@ def after_run_reason(pre: Any, dynamics: Dynamics, bias_probe: bool = True) -> s
         return pre.step_bias_skipped or "the step was probed in the preprocessing"
     if pre.potential.local:
         return "the model has local latent sites"
-    if pre.estimator.update is not None:
-        return f"the estimator {pre.estimator.name!r} keeps a state per chain"
-    if dynamics.step_noise is None or pre.noise_corrected:
+    reason = skip_reason(pre, dynamics)  # the preprocessing's own reasons, bar the proxy's
+    if reason not in (None, STRUCTURED_SKIP):
+        return reason
+    if pre.noise_corrected:
         return f"the dynamics {dynamics.name!r} take no given noise"
     return None
 
