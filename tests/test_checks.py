@@ -129,6 +129,72 @@ def test_ess_threshold_is_per_chain():
     assert one.ess_threshold == 100 and one.num_chains == 1
 
 
+def test_entries_fixed_by_construction_are_not_frozen_chains():
+    """A coordinate with one value in every draw of every chain (the unit L[0, 0] and the zero
+    L[0, 1] of an ``LKJCholesky`` factor) is the site's construction, not a stuck chain: no
+    message, and the ESS and R-hat are those of the moving coordinates; a chain stuck at its own
+    value is still named, and with one chain so is a constant other than 0 or 1."""
+    x = _ar1(0.5)
+    fixed = np.concatenate([np.ones_like(x[..., :1]), np.zeros_like(x[..., :1]), x], axis=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc = check_run(_Chains(fixed))
+    assert rc.ok and rc.min_ess_bulk > 400, rc
+    stuck = fixed.copy()
+    stuck[1, :, 2] = stuck[1, 0, 2]
+    with pytest.warns(RunDiagnosticsWarning, match=r"theta\[2\] never moved in chain 1"):
+        rc = check_run(_Chains(stuck))
+    assert not any("theta[0]" in m or "theta[1]" in m for m in rc.messages)
+    one = fixed[:1].copy()
+    one[0, :, 3] = 0.37
+    rc = check_run(_Chains(one), warn=False)
+    assert [m for m in rc.messages if "never moved" in m] == ["theta[3] never moved in chain 0"]
+
+
+def _varying_slopes(g, x, y, num_groups, subsample_size=300):
+    import numpyro
+    import numpyro.distributions as dist
+
+    m = numpyro.sample("m", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    s = numpyro.sample("s", dist.HalfNormal(1.0).expand([2]).to_event(1))
+    corr = numpyro.sample("corr", dist.LKJCholesky(2, 2.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", num_groups):
+        ab = numpyro.sample("ab", dist.MultivariateNormal(m, scale_tril=s[:, None] * corr))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+        numpyro.sample("y", dist.Normal(ab[g[i], 0] + ab[g[i], 1] * x[i], sigma), obs=y[i])
+
+
+def test_lkj_site_run_is_silent_and_right():
+    """Varying intercepts and slopes with an ``LKJCholesky`` correlation (its factor has the
+    fixed entries 1 and 0): default SGHMC warns of nothing and its group effects' means are
+    within 0.3 posterior sd of the conjugate ones given the run's own hyperparameters' mean."""
+    rng = np.random.default_rng(3)
+    num_groups = 12
+    g = np.repeat(np.arange(num_groups), rng.integers(60, 300, num_groups)).astype(np.int32)
+    x = rng.normal(size=g.size).astype(np.float32)
+    ab_true = np.array([1.0, -0.5]) + rng.normal(size=(num_groups, 2)) * [0.5, 0.3]
+    y = (ab_true[g, 0] + ab_true[g, 1] * x + rng.normal(size=g.size)).astype(np.float32)
+    mcmc = MCMC(SGHMC(_varying_slopes, progress_bar=False), num_warmup=500,
+                num_samples=4000, num_chains=2, chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mcmc.run(jax.random.PRNGKey(0), g, x, y, num_groups)
+    assert mcmc.run_check.ok
+    draws = {k: np.asarray(v, np.float64) for k, v in mcmc.get_samples().items()}
+    corr = draws["corr"]
+    assert np.all(corr[:, 0, 0] == 1.0) and np.all(corr[:, 0, 1] == 0.0)
+    # the group effects given the posterior means of the rest: a conjugate normal update
+    m, s, sigma = draws["m"].mean(0), draws["s"].mean(0), draws["sigma"].mean()
+    cov = (s[:, None] * corr.mean(0)) @ (s[:, None] * corr.mean(0)).T
+    for j in range(num_groups):
+        Z = np.stack([np.ones(np.sum(g == j)), x[g == j]], 1)
+        prec = np.linalg.inv(cov) + Z.T @ Z / sigma**2
+        mean = np.linalg.solve(prec, np.linalg.solve(cov, m) + Z.T @ y[g == j] / sigma**2)
+        err = (draws["ab"][:, j].mean(0) - mean) / draws["ab"][:, j].std(0)
+        assert np.all(np.abs(err) < 0.3), (j, err)
+
+
 @pytest.mark.parametrize("kernel,num_samples", [(SGHMC, 1500), (SGLD, 3000)])
 def test_means_within_three_mcse_of_the_exact_posterior(kernel, num_samples):
     """Repeated runs at default settings (2 seeds × 8 independent 2-chain runs, 6 coefficients)

@@ -55,9 +55,15 @@ def standardised_errors(draws: np.ndarray, ref: np.ndarray) -> tuple[float, floa
     """Worst standardised mean error and worst |log sd ratio| of ``draws`` against ``ref``.
 
     Both (S, D); errors are in units of the reference's posterior sd, coordinate by
-    coordinate, and the worst coordinate is returned.
+    coordinate, and the worst coordinate is returned. Coordinates constant in the reference
+    (fixed by the site's construction, as the unit diagonal of a correlation matrix) are left
+    out.
     """
     sd = ref.std(0)
+    moves = sd > 0
+    draws, ref, sd = draws[:, moves], ref[:, moves], sd[moves]
+    if not moves.any():
+        return math.nan, math.nan
     mean_err = np.abs(draws.mean(0) - ref.mean(0)) / sd
     sd_err = np.abs(np.log(draws.std(0) / sd))
     return float(mean_err.max()), float(sd_err.max())

@@ -11,7 +11,8 @@ import numpy as np
 
 from numpyro_subsample.core.sites import coordinate_names
 
-__all__ = ["chain_failures", "ess_message", "kernel_probe", "probe_message"]
+__all__ = ["chain_failures", "ess_message", "kernel_probe", "probe_message",
+           "structural_constants"]
 
 _SMALLER_STEP = (
     "pass a smaller step_size (e.g. half), or let the kernel choose a smaller one (a smaller "
@@ -98,17 +99,30 @@ def _step_size(mcmc) -> float | None:
         return None
 
 
+def structural_constants(x: np.ndarray) -> np.ndarray:
+    """The coordinates of draws ``x`` (chains, draws, coordinates) that are constant by the
+    site's construction, not by a stuck chain: one value in every draw of every chain (chains
+    start apart, so stuck chains differ), or, with one chain, a constant 0 or 1 (the fixed
+    entries of a Cholesky factor of a correlation matrix, ``dist.LKJCholesky``)."""
+    flat = x.reshape(-1, x.shape[-1])
+    constant = np.ptp(flat, axis=0) == 0
+    if x.shape[0] >= 2:
+        return constant
+    return constant & np.isin(flat[0], (0.0, 1.0))
+
+
 def chain_failures(mcmc, x: np.ndarray, names: list[str]) -> tuple[list[str], int, np.ndarray]:
     """``(messages, divergences, frozen)``: the stopped chains of a package kernel, else the
     divergent draws; and the coordinates that never moved in a chain ((chains, coordinates),
-    each named in a message, at most 12 messages in all)."""
+    each named in a message, at most 12 messages in all; :func:`structural_constants` left
+    out)."""
     chains, draws, _ = x.shape
     messages = _failures(mcmc)
     extra = mcmc.get_extra_fields()
     divergences = int(np.sum(np.asarray(extra["diverging"]))) if "diverging" in extra else 0
     if divergences and not messages:
         messages.append(f"{divergences} of {chains * draws} draws diverged; {_SMALLER_STEP}")
-    frozen = np.ptp(x, axis=1) == 0  # (chains, coordinates)
+    frozen = (np.ptp(x, axis=1) == 0) & ~structural_constants(x)  # (chains, coordinates)
     for c, k in zip(*np.nonzero(frozen), strict=True):
         if len(messages) < 12:
             messages.append(f"{names[k]} never moved in chain {c}")
