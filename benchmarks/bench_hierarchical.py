@@ -117,9 +117,10 @@ def run_problem(problem, methods, *, warmup: int, samples: int, chains: int, see
     return rows, meta
 
 
-def markdown(rows, metas, command, started, wall, settings, settings_device) -> str:
+def markdown(rows, metas, command, started, wall, settings, settings_device,
+             script: str = "bench_hierarchical.py") -> str:
     lines = [
-        "## bench_hierarchical.py",
+        f"## {script}",
         "",
         f"`{command}` ({started}, {wall / 60:.0f} min; {platform.machine()}, "
         f"{os.cpu_count()} cores, device {settings_device}; the machine was shared "
@@ -146,11 +147,14 @@ def markdown(rows, metas, command, started, wall, settings, settings_device) -> 
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    problems = suite()
+def main(argv=None, *, problems: dict | None = None, script: str = "bench_hierarchical.py",
+         methods: tuple = (*KERNELS, *PROXIES), description: str = __doc__) -> int:
+    """The command line of this benchmark, or of another suite's (``bench_models.py``):
+    ``problems`` (name → ``Problem``), the table's ``script`` name and default ``methods``."""
+    p = argparse.ArgumentParser(description=description.split("\n")[0])
+    problems = suite() if problems is None else problems
     p.add_argument("--problems", default=",".join(problems))
-    p.add_argument("--methods", default=",".join([*KERNELS, *PROXIES]))
+    p.add_argument("--methods", default=",".join(methods))
     p.add_argument("--num-warmup", type=int, default=None)
     p.add_argument("--num-samples", type=int, default=None)
     p.add_argument("--num-chains", type=int, default=4)
@@ -167,7 +171,7 @@ def main(argv=None) -> int:
         p.error(f"unknown problems or methods: {unknown}")
     W = args.num_warmup or (500 if args.quick else 1000)
     S = args.num_samples or (2500 if args.quick else 10_000)
-    command = "python benchmarks/bench_hierarchical.py " + " ".join(
+    command = f"python benchmarks/{script} " + " ".join(
         argv if argv is not None else sys.argv[1:])
     started = time.strftime("%Y-%m-%d %H:%M")
     t0 = time.perf_counter()
@@ -180,9 +184,9 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     settings = f"{args.num_chains} chains x ({W} + {S}) steps, default options"
     text = markdown(rows, metas, command.strip(), started, wall, settings,
-                    args.device or f"{jax.devices()[0].platform} (default)")
+                    args.device or f"{jax.devices()[0].platform} (default)", script)
     print(text)
-    out = Path(args.out) if args.out else RESULTS / "bench_hierarchical.json"
+    out = Path(args.out) if args.out else RESULTS / f"{Path(script).stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows, "meta": metas, "markdown": text}, indent=1,
                               default=json_default))

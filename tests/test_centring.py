@@ -15,6 +15,7 @@ from numpyro_subsample import (
     SGLD,
     AdaptationOptions,
     centring_weights,
+    check_run,
     partially_centred,
 )
 
@@ -284,3 +285,40 @@ def test_weights_are_taken_from_a_start_the_pilot_kept(data):
     not_run = pre._replace(proxy=pre.proxy._replace(kind="laplace", info={}))
     assert centred_potential(centring_on, kept, model_data) is not None
     assert centred_potential(centring_on, not_run, model_data) is None
+
+
+def by_hand(g, y=None, num_groups: int = 30, subsample_size: int = 200):
+    """``grouped_normal`` with its group effects non-centred by hand: a = mu + sigma_a * z."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", num_groups):
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+    a = mu + sigma_a * z
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]], sigma_y),
+                       obs=None if y is None else y[idx])
+
+
+def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
+    """A hand-written a = mu + s * z hides the group effects from partial centring: the
+    detector names z (and nothing in the centred or data-plate-only models), and a run that
+    has not mixed says to write the group effects as a sample site."""
+    from numpyro_subsample import ModelData, build_potential
+    from numpyro_subsample.sgmcmc.centring import hand_noncentred_sites
+
+    g, y, _ = data
+
+    def sites(model):
+        md = ModelData.from_args((g, y), {})
+        return hand_noncentred_sites(build_potential(model, md, jax.random.PRNGKey(0)), md)
+
+    assert sites(by_hand) == ("z",)
+    assert sites(grouped_normal) == () and sites(fixed_scale) == ()
+    kernel = SGLD(by_hand, progress_bar=False, bias_probe=False)
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=100, num_chains=2,
+                chain_method="vectorized", progress_bar=False, check=False)
+    mcmc.run(jax.random.PRNGKey(0), g, y)
+    rc = check_run(mcmc, warn=False)
+    ess = [m for m in rc.messages if m.startswith("min ESS")]
+    assert ess and "write the group effects of z as a sample site, a ~ Normal(m, s)" in ess[0]

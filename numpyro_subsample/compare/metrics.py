@@ -59,11 +59,12 @@ def standardised_errors(draws: np.ndarray, ref: np.ndarray) -> tuple[float, floa
     (fixed by the site's construction, as the unit diagonal of a correlation matrix) are left
     out.
     """
-    sd = ref.std(0)
-    moves = sd > 0
-    draws, ref, sd = draws[:, moves], ref[:, moves], sd[moves]
+    moves = np.ptp(ref, axis=0) > 0
     if not moves.any():
         return math.nan, math.nan
+    if not moves.all():
+        draws, ref = draws[:, moves], ref[:, moves]
+    sd = ref.std(0)
     mean_err = np.abs(draws.mean(0) - ref.mean(0)) / sd
     sd_err = np.abs(np.log(draws.std(0) / sd))
     return float(mean_err.max()), float(sd_err.max())

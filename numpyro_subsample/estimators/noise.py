@@ -295,17 +295,29 @@ def warn_if_noise_limited(
     step_size: float,
     *,
     curvature: float = 1.0,
+    model_remedy: Callable[[], str] | None = None,
     stacklevel: int = 2,
 ) -> None:
     """Warn (:class:`NoiseLimitedStepWarning`) when the step size chosen from the noise is
     below :data:`MIN_USEFUL_STEP`; name the estimator, the noise, the step and the remedy
     (a proxy far from the posterior when v·n/N > :data:`PROXY_MISMATCH_FACTOR` ×
-    max(``curvature``, 1), μ = ``curvature`` the whitened curvature the step rule used)."""
+    max(``curvature``, 1), μ = ``curvature`` the whitened curvature the step rule used; there
+    the remedy ``model_remedy()`` gives, if any: a way of writing the model that the kernels
+    sample better)."""
     if not step_size < MIN_USEFUL_STEP:
         return
     name = estimator.name
     implied = noise * estimator.subsample_size / max(estimator.num_data, 1)
-    if implied > PROXY_MISMATCH_FACTOR * max(float(curvature), 1.0):
+    mismatch = implied > PROXY_MISMATCH_FACTOR * max(float(curvature), 1.0)
+    written = model_remedy() if mismatch and model_remedy is not None else ""
+    if written:
+        remedy = (
+            f"At the proxy's draws this noise implies a whitened curvature of about "
+            f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy "
+            f"assumes: the posterior is far from Gaussian in the coordinates sampled. "
+            f"{written[0].upper()}{written[1:]}."
+        )
+    elif mismatch:
         remedy = (
             f"At the proxy's draws this noise implies a whitened curvature of about "
             f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy "

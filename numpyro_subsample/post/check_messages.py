@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from numpyro_subsample.core.sites import coordinate_names
+from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
 
 __all__ = ["chain_failures", "ess_message", "kernel_probe", "probe_message",
            "structural_constants"]
@@ -45,22 +46,62 @@ def _failures(mcmc) -> list[str]:
     return lines
 
 
+def _noise_limited_step(kernel) -> str:
+    """A tip where the kernel's own step is well under its rule's noise-free step (the
+    subsample's gradient noise limits it; not a step the bias probe cut), else ""."""
+    pre = getattr(kernel, "_pre", None)
+    free, h = getattr(pre, "noise_free_step", math.nan), getattr(pre, "step_size", math.nan)
+    probe = getattr(pre, "step_bias", None)
+    if not (h < 0.5 * free) or getattr(probe, "chosen_step", None) is not None:
+        return ""
+    return (f"use a larger subsample_size (the subsample's gradient noise limits the step to "
+            f"{h:.3g}, against {free:.3g} without it; where parameters shared by all rows "
+            "act through per-group values written by hand, a = m + s * z, writing the group "
+            "effects as a sample site, a ~ Normal(m, s) or MultivariateNormal, keeps that "
+            "noise off the shared parameters)")
+
+
+def _partially_centred(kernel) -> bool:
+    try:
+        return any(s.endswith("_partially_centred") for s in kernel.potential.latent_sites)
+    except Exception:  # noqa: BLE001  (kernels without a potential yet)
+        return False
+
+
+def _hand_noncentred(kernel) -> tuple[str, ...]:
+    """:func:`~numpyro_subsample.sgmcmc.centring.hand_noncentred_sites` of the kernel's model
+    and data, () for kernels without them."""
+    potential, data = getattr(kernel, "_pre", None), getattr(kernel, "_pre_data", None)
+    potential = getattr(potential, "potential", None)
+    if potential is None or data is None:
+        return ()
+    return hand_noncentred_sites(potential, data)
+
+
 def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     """What to try when a run has not mixed, for the kernel at hand; ``factor``: the ratio of
     the ESS needed to the ESS reached (the ESS grows about linearly with the steps)."""
     kernel = mcmc.sampler
     tips = [f"run about {math.ceil(factor)}× more steps" if 1 < factor < 1e3
             else "run more steps"]
+    noise_limited = _noise_limited_step(kernel)
+    if noise_limited:
+        tips.append(noise_limited)
     if type(kernel).__name__ == "SGLD":
         tips.append("use SGHMC")
     try:
         kind = getattr(kernel.proxy, "kind", None)
     except Exception:  # noqa: BLE001  (kernels without a fitted proxy)
         kind = None
+    if kind != "structured" and _partially_centred(kernel):
+        kind = "centred"  # its group effects are sampled partially centred already
     if kind in ("laplace", "variational") and getattr(kernel, "adapt_proxy", None) is False:
         tips.append("leave AdaptationOptions.proxy at its default (pilot chains re-estimate "
                     "the proxy, which a joint mode or a first SVI fit places poorly in "
                     "hierarchical models)")
+    hand = _hand_noncentred(kernel) if kind not in ("centred", "structured") else ()
+    if hand:
+        tips.append(hand_noncentred_remedy(hand))
     elif kind == "adapted":
         tips.append("write hierarchical group effects as a ~ Normal(m, s), centred or "
                     "non-centred with reparam(model, {'a': LocScaleReparam(0)}) outside the "
@@ -69,7 +110,7 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
                     "structured proxy that misses correlated directions whitens them poorly")
-    elif kind is not None:
+    elif kind not in (None, "centred"):
         tips.append("check the proxy (kernel.proxy)")
     return ", or ".join(tips)
 

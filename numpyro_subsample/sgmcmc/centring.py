@@ -45,7 +45,8 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential, build_potential
 
 __all__ = ["PartialCentring", "WrittenForm", "centred_potential", "centring_weights",
-           "partially_centred", "weights_from", "written_form"]
+           "hand_noncentred_remedy", "hand_noncentred_sites", "partially_centred",
+           "weights_from", "written_form"]
 
 #: Sites whose weights are all at least this are left centred (reparameterising them would
 #: change nothing measurable).
@@ -100,6 +101,44 @@ def _latent_scale_sites(scales: Callable, theta, args: tuple, kwargs: dict) -> s
                                          {k: k for k in shapes}))
     return {name for name, v in zip(names, jaxpr.outvars, strict=True)
             if not isinstance(v, Literal) and v in depends}
+
+
+def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
+    """The latent sites that look like group effects written non-centred by hand: a standard
+    Normal(0, 1) site of several values in a plate other than the subsample plate (``z`` of
+    ``a = m + s * z``), which partial centring cannot see (it needs ``a ~ Normal(m, s)``). One
+    trace of the model on the plate's first rows; () where the trace fails."""
+    rows = jnp.arange(potential.plate.subsample_size)
+    seeded = numpyro.handlers.substitute(numpyro.handlers.seed(potential.model, rng_seed=0),
+                                         data={potential.plate.name: rows})
+    args, kwargs = data.args_kwargs()
+    try:
+        with numpyro.handlers.block():
+            tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
+    except Exception:  # noqa: BLE001  (advice only: a model that cannot be traced eagerly)
+        return ()
+    found = []
+    for name, site in tr.items():
+        if site["type"] != "sample" or site["is_observed"]:
+            continue
+        frames = [f.name for f in site["cond_indep_stack"]]
+        if potential.plate.name in frames or not frames or np.size(site["value"]) < 2:
+            continue
+        normal = _base_normal(site["fn"])
+        if normal is not None and np.all(np.asarray(normal.loc) == 0) and np.all(
+                np.asarray(normal.scale) == 1):
+            found.append(name)
+    return tuple(found)
+
+
+def hand_noncentred_remedy(sites: tuple[str, ...]) -> str:
+    """The advice for the group effects :func:`hand_noncentred_sites` found."""
+    return (f"write the group effects of {', '.join(sites)} as a sample site, a ~ Normal(m, s) "
+            "(centred, or non-centred with reparam(model, {'a': LocScaleReparam(0)}) outside "
+            "the model's body: the kernels then sample it partially centred per group) or a "
+            "centred a ~ MultivariateNormal(m, scale_tril=...), instead of a = m + s * z by "
+            "hand, which ties each well-observed group's z to 1/s on a curved ridge and sends "
+            "every group's z through the shared parameters' gradients (docs/adapted_proxy.md)")
 
 
 def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,

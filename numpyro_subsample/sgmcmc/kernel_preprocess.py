@@ -131,11 +131,13 @@ class SGMCMCPreprocessing:
             diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
             chunk_size=self.chunk_size, started=t0,
         )
+        noise_free = self._default_step_size(0.0, corrected, curvature)
+        if self._step_size is None:
+            pre = pre._replace(noise_free_step=float(noise_free))
         if not self.bias_probe:
             return step_bias.not_probed(pre, "bias_probe=False")
         # a step the gradient noise limits (under half the noise-free rule's) already mixes
         # slowly: cutting it further would leave the run unmixed, so the probe only warns
-        noise_free = self._default_step_size(0.0, corrected, curvature)
         reduce_step = self._step_size is None and pre.step_size >= 0.5 * noise_free
         return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
                                  diffusion=self._diffusion, seed=self.seed,

@@ -29,6 +29,7 @@ from numpyro_subsample.estimators.noise import (
     warn_if_noise_limited,
     whitened_noise,
 )
+from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
 from numpyro_subsample.sgmcmc.dynamics import injected_noise_scale
 
@@ -107,6 +108,11 @@ def corrected_noise_scale(noise_cov: Any, step_size: float, dtype: Any, diffusio
     return device_array(s, dtype)
 
 
+def _model_remedy(potential: Potential, data: ModelData) -> str:
+    sites = hand_noncentred_sites(potential, data)
+    return hand_noncentred_remedy(sites) if sites else ""
+
+
 def measured_preprocessed(
     potential: Potential,
     wh: Whitening,
@@ -152,7 +158,8 @@ def measured_preprocessed(
     if corrected and step_size is None:
         h = min(h, correction_step_cap(errors, diffusion, max_variance_inflation))
     if step_size is None:
-        warn_if_noise_limited(estimator, noise, h, curvature=curvature, stacklevel=3)
+        warn_if_noise_limited(estimator, noise, h, curvature=curvature, stacklevel=3,
+                              model_remedy=lambda: _model_remedy(potential, data))
     passes = wh.data_passes + estimator.data_passes + measured.data_passes
     dtype = wh.centre.dtype
     scale = (corrected_noise_scale(measured.cov, h, dtype, diffusion, stacklevel=5)

@@ -157,6 +157,10 @@ class Preprocessed(NamedTuple):
         (:class:`~numpyro_subsample.sgmcmc.step_bias.BiasProbe`), or None where it did not run.
     step_bias_skipped
         Why the step's bias was not probed ("" where it was).
+    noise_free_step
+        The step-size rule's h without gradient noise (at the same curvature), or NaN where
+        the kernel did not choose the step from the rule; a chosen step well below it is
+        limited by the subsample's gradient noise.
 
     References
     ----------
@@ -180,6 +184,7 @@ class Preprocessed(NamedTuple):
     noise_corrected: bool = False  # the dynamics inject N(0, 2ch I − h²V)
     step_bias: Any = None  # sgmcmc.step_bias.BiasProbe of the step, if it ran
     step_bias_skipped: str = ""  # why it did not run
+    noise_free_step: float = float("nan")  # the rule's h at zero noise
 
 
 class Whitening(NamedTuple):
