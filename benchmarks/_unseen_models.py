@@ -14,7 +14,9 @@ to ~2,000 rows written centred (``hier-negbin-c``), with ``LocScaleReparam(0)``
 (``hier-negbin-lsr``) and non-centred by hand, a = mu + tau * z (``hier-negbin-nc``), and
 varying intercepts and slopes with an ``LKJCholesky`` correlation, centred
 (``lkj-centred``, ``MultivariateNormal`` group effects) and non-centred by hand
-(``lkj-varying``).
+(``lkj-varying``); a radon-like varying-intercept model (85 groups, N = 912, n = 100) centred
+with Uniform(0, 100) scales (``radon-like``) and non-centred with ``LocScaleReparam(0)`` applied
+inside the model's body (``radon-nc-inside``).
 """
 
 from __future__ import annotations
@@ -439,6 +441,43 @@ def hier_nb_centred(g, x, y=None, groups=70, subsample_size=500):
                        obs=None if y is None else y[i])
 
 
+def radon_like_data(seed=21):
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(np.round(rng.lognormal(1.9, 1.0, 85)), 1, 116).astype(int)
+    sizes = np.maximum(1, np.round(sizes * 919 / sizes.sum())).astype(int)
+    g = np.repeat(np.arange(85), sizes).astype(np.int32)
+    floor = (rng.uniform(size=g.size) < 0.17).astype(np.float32)
+    u = rng.normal(size=g.size).astype(np.float32)  # a row-level covariate
+    a = 1.5 + 0.32 * rng.normal(size=85)
+    y = (a[g] - 0.66 * floor + 0.2 * u + 0.73 * rng.normal(size=g.size)).astype(np.float32)
+    return (g, floor, u, y), {"N": int(g.size), "groups": 85}
+
+
+def radon_like(g, floor, u, y=None, subsample_size=100):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    sigma_a = numpyro.sample("sigma_a", dist.Uniform(0, 100))
+    sigma_y = numpyro.sample("sigma_y", dist.Uniform(0, 100))
+    b = numpyro.sample("b", dist.Normal(0, 10).expand([2]).to_event(1))
+    with numpyro.plate("groups", 85):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+        numpyro.sample("y", dist.Normal(a[g[i]] + b[0] * floor[i] + b[1] * u[i], sigma_y),
+                       obs=None if y is None else y[i])
+
+
+def radon_nc(g, floor, u, y=None, subsample_size=100):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1))
+    b = numpyro.sample("b", dist.Normal(0, 10).expand([2]).to_event(1))
+    with numpyro.plate("groups", 85):
+        with numpyro.handlers.reparam(config={"a": LocScaleReparam(0)}):
+            a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+        numpyro.sample("y", dist.Normal(a[g[i]] + b[0] * floor[i] + b[1] * u[i], sigma_y),
+                       obs=None if y is None else y[i])
+
+
 hier_nb_lsr = numpyro.handlers.reparam(hier_nb_centred, config={"a": LocScaleReparam(0)})
 
 
@@ -470,6 +509,9 @@ _TABLE = {
     "hier-negbin-nc": (hier_nb, hier_nb_data, ("mu", "tau", "b", "phi", "z"), None),
     "lkj-centred": (lkj_centred, lkj_data, ("m", "s", "sigma"), lkj),
     "lkj-varying": (lkj, lkj_data, ("m", "s", "L", "sigma", "z"), None),
+    "radon-like": (radon_like, radon_like_data, ("mu", "sigma_a", "sigma_y", "b", "a"), None),
+    "radon-nc-inside": (radon_nc, radon_like_data, ("mu", "sigma_a", "sigma_y", "b", "a"),
+                        None),
 }
 
 

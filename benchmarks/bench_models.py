@@ -1,6 +1,6 @@
 """Default kernels on models that were not tuned on, against long full-data NUTS.
 
-Twenty-four models as users write them (``_unseen_models.suite``): GLMs with scale, shape and
+Twenty-six models as users write them (``_unseen_models.suite``): GLMs with scale, shape and
 cut-point parameters, censored survival, zero inflation, mixtures (one with a discrete
 assignment summed out by enumeration), collinear and wide regressions, a small data set, and
 hierarchical models written centred, with ``LocScaleReparam`` and non-centred by hand.

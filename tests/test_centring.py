@@ -300,12 +300,27 @@ def by_hand(g, y=None, num_groups: int = 30, subsample_size: int = 200):
                        obs=None if y is None else y[idx])
 
 
+def reparam_inside(g, y=None, num_groups: int = 30, subsample_size: int = 200):
+    """``grouped_normal`` with ``LocScaleReparam(0)`` applied inside the model's body."""
+    from numpyro.infer.reparam import LocScaleReparam
+
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", num_groups), numpyro.handlers.reparam(
+            config={"a": LocScaleReparam(0)}):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]], sigma_y),
+                       obs=None if y is None else y[idx])
+
+
 def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
     """A hand-written a = mu + s * z hides the group effects from partial centring: the
     detector names z (and nothing in the centred or data-plate-only models), and a run that
     has not mixed says to write the group effects as a sample site."""
     from numpyro_subsample import ModelData, build_potential
-    from numpyro_subsample.sgmcmc.centring import hand_noncentred_sites
+    from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
 
     g, y, _ = data
 
@@ -315,6 +330,12 @@ def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
 
     assert sites(by_hand) == ("z",)
     assert sites(grouped_normal) == () and sites(fixed_scale) == ()
+    assert sites(reparam_inside) == ("a_decentered",)
+    # the kernels' own partial centring, even at weights 0 (a standard Normal then)
+    assert sites(partially_centred(grouped_normal, {"a": np.zeros(30)})) == ()
+    assert hand_noncentred_remedy(("a_decentered",)).startswith(
+        "apply the LocScaleReparam of a outside the model's body, reparam(model, "
+        "config={'a': LocScaleReparam(0)})")
     kernel = SGLD(by_hand, progress_bar=False, bias_probe=False)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=100, num_chains=2,
                 chain_method="vectorized", progress_bar=False, check=False)

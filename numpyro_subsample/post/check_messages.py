@@ -55,10 +55,7 @@ def _noise_limited_step(kernel) -> str:
     if not (h < 0.5 * free) or getattr(probe, "chosen_step", None) is not None:
         return ""
     return (f"use a larger subsample_size (the subsample's gradient noise limits the step to "
-            f"{h:.3g}, against {free:.3g} without it; where parameters shared by all rows "
-            "act through per-group values written by hand, a = m + s * z, writing the group "
-            "effects as a sample site, a ~ Normal(m, s) or MultivariateNormal, keeps that "
-            "noise off the shared parameters)")
+            f"{h:.3g}, against {free:.3g} without it)")
 
 
 def _partially_centred(kernel) -> bool:

@@ -119,7 +119,8 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
         return ()
     found = []
     for name, site in tr.items():
-        if site["type"] != "sample" or site["is_observed"]:
+        if (site["type"] != "sample" or site["is_observed"]
+                or name.endswith("_partially_centred")):  # the kernels' own
             continue
         frames = [f.name for f in site["cond_indep_stack"]]
         if potential.plate.name in frames or not frames or np.size(site["value"]) < 2:
@@ -132,13 +133,29 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
 
 
 def hand_noncentred_remedy(sites: tuple[str, ...]) -> str:
-    """The advice for the group effects :func:`hand_noncentred_sites` found."""
-    return (f"write the group effects of {', '.join(sites)} as a sample site, a ~ Normal(m, s) "
-            "(centred, or non-centred with reparam(model, {'a': LocScaleReparam(0)}) outside "
-            "the model's body: the kernels then sample it partially centred per group) or a "
-            "centred a ~ MultivariateNormal(m, scale_tril=...), instead of a = m + s * z by "
-            "hand, which ties each well-observed group's z to 1/s on a curved ridge and sends "
-            "every group's z through the shared parameters' gradients (docs/adapted_proxy.md)")
+    """The advice for the group effects :func:`hand_noncentred_sites` found: a
+    ``LocScaleReparam`` applied inside the model's body (its ``<a>_decentered`` sites), or a
+    non-centring written by hand."""
+    inside = [s.removesuffix("_decentered") for s in sites if s.endswith("_decentered")]
+    by_hand = [s for s in sites if not s.endswith("_decentered")]
+    tips = []
+    if inside:
+        names = ", ".join(inside)
+        tips.append(
+            f"apply the LocScaleReparam of {names} outside the model's body, "
+            f"reparam(model, config={{'{inside[0]}': LocScaleReparam(0)}}), or write {names} "
+            "centred: inside the body it hides the group effects from the kernels, which "
+            "otherwise sample them partially centred per group")
+    if by_hand:
+        tips.append(
+            f"write the group effects of {', '.join(by_hand)} as a sample site, a ~ "
+            "Normal(m, s) (centred, or non-centred with reparam(model, {'a': "
+            "LocScaleReparam(0)}) outside the model's body: the kernels then sample it "
+            "partially centred per group) or a centred a ~ MultivariateNormal(m, "
+            "scale_tril=...), instead of a = m + s * z by hand")
+    return ("; ".join(tips) + " (a non-centred group effect of a well-observed group lies "
+            "on a curved ridge z ≈ (a − m)/s that a Gaussian proxy whitens poorly, and every "
+            "group's z enters the shared parameters' gradients; docs/adapted_proxy.md)")
 
 
 def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
