@@ -478,6 +478,18 @@ def radon_nc(g, floor, u, y=None, subsample_size=100):
                        obs=None if y is None else y[i])
 
 
+def enum_mix_marginal(y, subsample_size=500):
+    """``enum_mix`` with the assignment summed out by hand: its NUTS reference (NumPyro's
+    NUTS enumerates through funsor, which the package does not need)."""
+    w = numpyro.sample("w", dist.Dirichlet(jnp.ones(2)))
+    loc = numpyro.sample("loc", dist.TransformedDistribution(
+        dist.Normal(0, 5).expand([2]).to_event(1), OrderedTransform()))
+    scale = numpyro.sample("scale", dist.HalfNormal(3))
+    with numpyro.plate("data", y.shape[0], subsample_size=subsample_size) as i:
+        numpyro.sample("y", dist.MixtureSameFamily(dist.Categorical(w), dist.Normal(loc, scale)),
+                       obs=y[i])
+
+
 hier_nb_lsr = numpyro.handlers.reparam(hier_nb_centred, config={"a": LocScaleReparam(0)})
 
 
@@ -501,7 +513,7 @@ _TABLE = {
     "small-logit": (small_logit, small_data, ("a", "b"), None),
     "wide-logit": (wide_logit, wide_data, ("b",), None),
     "mixture2": (mixture, mixture_data, ("w", "loc", "scale"), None),
-    "enum-mix": (enum_mix, mixture_data, ("w", "loc", "scale"), None),
+    "enum-mix": (enum_mix, mixture_data, ("w", "loc", "scale"), enum_mix_marginal),
     "hlogit-centred": (hlogit, hlogit_data, ("mu", "tau", "b", "a"), None),
     "eight-groups": (eight, eight_data, ("mu", "tau", "sigma", "theta"), None),
     "hier-negbin-c": (hier_nb_centred, hier_nb_data, ("mu", "tau", "b", "phi"), hier_nb),

@@ -177,8 +177,12 @@ def main(argv=None, *, problems: dict | None = None, script: str = "bench_hierar
     t0 = time.perf_counter()
     rows, metas = [], {}
     for name in names:
-        r, meta = run_problem(problems[name], methods, warmup=W, samples=S,
-                              chains=args.num_chains, seed=args.seed)
+        try:
+            r, meta = run_problem(problems[name], methods, warmup=W, samples=S,
+                                  chains=args.num_chains, seed=args.seed)
+        except Exception as err:  # noqa: BLE001 - a reference that fails must not stop the rest
+            log(f"{name}: failed: {type(err).__name__}: {err}")
+            continue
         rows += r
         metas[name] = meta
     wall = time.perf_counter() - t0

@@ -421,3 +421,17 @@ def test_gaussian_mean_within_three_mcse_over_seeds(kernel_name):
     z = np.concatenate(z)
     assert np.mean(np.abs(z) <= 3) >= 0.97, np.sort(np.abs(z))[-5:]
     assert 0.7 < np.sqrt(np.mean(z**2)) < 1.4, np.sqrt(np.mean(z**2))
+
+
+def test_compare_errors_leave_out_coordinates_constant_in_the_reference():
+    """compare's standardised errors over the moving coordinates only: a column fixed by a
+    site's construction (sd 0 in the reference) gives no NaN and does not hide the others."""
+    from numpyro_subsample.compare import standardised_errors
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(4000, 3))
+    draws = rng.normal(size=(4000, 3)) + [0.0, 0.5, 0.0]
+    ref[:, 0] = draws[:, 0] = 1.0
+    mean_err, sd_err = standardised_errors(draws, ref)
+    assert 0.4 < mean_err < 0.6 and sd_err < 0.1
+    assert np.isnan(standardised_errors(draws[:, :1], ref[:, :1])).all()
