@@ -50,6 +50,8 @@ from numpyro_subsample import (  # noqa: E402
     MCMC,
     SGHMC,
     SGLD,
+    SGNHT,
+    EnergyConservingHMC,
     centring_weights,
     partially_centred,
 )
@@ -57,6 +59,8 @@ from numpyro_subsample.compare import flatten_draws  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KERNELS = {"sgld": SGLD, "sghmc": SGHMC}
+#: kernels run on request only (``--methods``)
+OTHER_KERNELS = {"sgnht": SGNHT, "ecs": EnergyConservingHMC}
 #: the same kernels on the model partially centred by `centring_weights` (its time is added)
 CENTRED = {"sgld-pc": SGLD, "sghmc-pc": SGHMC}
 PROXIES = {"laplace-proxy": "laplace", "variational-proxy": "variational"}
@@ -94,7 +98,7 @@ def run_problem(problem, methods, *, warmup: int, samples: int, chains: int, see
             run = run_proxy(m, PROXIES[m], problem.model, args, problem.kwargs,
                             num_draws=chains * samples, seed=seed)
         else:
-            def build(cls=KERNELS[m]):
+            def build(cls={**KERNELS, **OTHER_KERNELS}[m]):
                 return cls(problem.model, seed=seed, progress_bar=False)
 
             run = run_kernel(m, build, args, problem.kwargs, num_warmup=warmup,
@@ -166,7 +170,8 @@ def main(argv=None, *, problems: dict | None = None, script: str = "bench_hierar
     names = [s for s in args.problems.split(",") if s]
     methods = [s for s in args.methods.split(",") if s]
     unknown = [n for n in names if n not in problems] + [
-        m for m in methods if m not in KERNELS and m not in PROXIES and m not in CENTRED]
+        m for m in methods
+        if m not in KERNELS and m not in OTHER_KERNELS and m not in PROXIES and m not in CENTRED]
     if unknown:
         p.error(f"unknown problems or methods: {unknown}")
     W = args.num_warmup or (500 if args.quick else 1000)
