@@ -5,8 +5,9 @@ cut-point parameters, censored survival, zero inflation, mixtures (one with a di
 assignment summed out by enumeration), collinear and wide regressions, a small data set, and
 hierarchical models written centred, with ``LocScaleReparam`` and non-centred by hand.
 ``SGLD(model)`` and ``SGHMC(model)`` (on request also ``SGNHT`` and ``EnergyConservingHMC``)
-at default arguments under the package's ``MCMC`` (4 vectorized chains), as in ``bench_hierarchical.py``, whose runs, columns and NUTS references
-(1000 + 10,000 draws, cached) this benchmark shares.
+at default arguments under the package's ``MCMC`` (4 vectorized chains), as in
+``bench_hierarchical.py``, whose runs, columns and NUTS references (1000 + 10,000 draws,
+cached) this benchmark shares.
 
     python benchmarks/bench_models.py                    # 4 chains x (1000 + 10,000)
     python benchmarks/bench_models.py --problems probit,eight-groups --methods sgld
