@@ -97,8 +97,8 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
                     "the proxy, which a joint mode or a first SVI fit places poorly in "
                     "hierarchical models)")
     hand = _hand_noncentred(kernel) if kind not in ("centred", "structured") else ()
-    if hand:
-        tips.append(hand_noncentred_remedy(hand))
+    if hand:  # the remedy that changes most: first
+        tips.insert(0, hand_noncentred_remedy(hand))
     elif kind == "adapted":
         tips.append("write hierarchical group effects as a ~ Normal(m, s), centred or "
                     "non-centred with reparam(model, {'a': LocScaleReparam(0)}) outside the "
