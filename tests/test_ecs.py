@@ -343,3 +343,33 @@ def test_sigma2_ordering_poor_laplace():
     assert mean_s2["hybrid2"] < 0.5 * mean_s2["taylor2"], mean_s2
     assert mean_s2["taylor2-hh"] < 0.2 * mean_s2["taylor2"], mean_s2
     assert mean_s2["hybrid2-hh"] < 0.2 * mean_s2["hybrid2"], mean_s2
+
+
+def test_degenerate_joint_mode_is_refused_with_a_remedy_for_this_kernel():
+    """A centred hierarchical model's joint mode degenerates (σ_a → 0): the Laplace fit is
+    refused, and the message sends the user to the SG kernels (whose default adapts the proxy)
+    rather than to proxy='variational', which this kernel's perturbed target does not forgive."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    from numpyro_subsample.proxies.laplace import LaplaceFitError
+
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(40), rng.integers(1, 30, 40)).astype(np.int32)
+    y = (1.0 + 0.05 * rng.normal(size=40)[g] + rng.normal(size=g.size)).astype(np.float32)
+
+    def model(g, y, subsample_size=50):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        sigma_a = numpyro.sample("sigma_a", dist.Uniform(0.0, 100.0))
+        sigma_y = numpyro.sample("sigma_y", dist.Uniform(0.0, 100.0))
+        with numpyro.plate("groups", 40):
+            a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+        with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+            numpyro.sample("y", dist.Normal(a[g[i]], sigma_y), obs=y[i])
+
+    kernel = EnergyConservingHMC(model, num_blocks=5, progress_bar=False)
+    with pytest.raises(LaplaceFitError, match=r"EnergyConservingHMC could not fit") as info:
+        kernel.preprocess((jnp.asarray(g), jnp.asarray(y)), {})
+    text = str(info.value)
+    assert "'sigma_a'" in text and "SGHMC(model) or SGLD(model)" in text
+    assert "proxy='variational'" not in text
