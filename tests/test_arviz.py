@@ -163,3 +163,31 @@ def test_log_likelihood_options_are_checked(run):
         to_arviz(mcmc, log_likelihood=True, chunk_memory="lots")
     with pytest.raises(ValueError, match="plate_deterministic='some'"):
         to_arviz(mcmc, plate_deterministic="some")
+
+
+def test_observed_data_leaves_out_factor_sites():
+    """``numpyro.factor`` outside the data plate (a penalty) and inside it (a likelihood
+    written by hand) are auxiliary sites without data: ``observed_data`` holds the observed
+    site on all N rows, and neither factor (the outside one made xarray refuse the group)."""
+    import jax.numpy as jnp
+    import numpyro
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 2)).astype(np.float32)
+    y = (X @ np.array([1.0, -0.5]) + rng.normal(size=400)).astype(np.float32)
+
+    def model(X, y, subsample_size=50):
+        b = numpyro.sample("b", dist.Normal(0, 1).expand([2]).to_event(1))
+        numpyro.factor("ridge", -0.5 * jnp.sum(b ** 2))
+        with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as i:
+            numpyro.sample("y", dist.Normal(X[i] @ b, 1.0), obs=y[i])
+            numpyro.factor("extra", -0.01 * (y[i] - X[i] @ b) ** 2)
+
+    mcmc = MCMC(SGLD(model, progress_bar=False), num_warmup=50, num_samples=100,
+                progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        idata = to_arviz(mcmc)
+    assert list(idata.observed_data.data_vars) == ["y"]
+    assert idata.observed_data["y"].shape == (400,)

@@ -96,8 +96,11 @@ def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
     Deterministic sites inside the data plate are evaluated on the plate's first n rows
     (indices 0..n−1, n the model's ``subsample_size``), the same rows for every draw: O(n) per
     draw, never O(N). :func:`numpyro_subsample.post.predictive.predictive` gives all N rows.
+    With local latent sites they are not recorded (they depend on the local values, which are
+    drawn per subsample and not kept; e.g. the ``y`` that ``obs_mask`` makes of ``y_observed``
+    and ``y_unobserved``).
     """
-    if not potential.plate_deterministic_sites:
+    if not potential.plate_deterministic_sites or potential.local:
         return potential.constrain(z, data)
     idx = jnp.arange(potential.plate.subsample_size)
     return potential.constrain_at(z, idx, data)

@@ -44,7 +44,8 @@ __all__ = [
 
 
 def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndarray]:
-    """Observed values of every sample site, with the subsample plate over all N data.
+    """Observed values of every observed sample site (``numpyro.factor`` sites left out), with
+    the subsample plate over all N data.
 
     ``data``: the model's data (default: those of the run, ``ModelData.from_args``).
 
@@ -72,10 +73,11 @@ def full_observed_data(mcmc, data: ModelData | None = None) -> dict[str, np.ndar
         tr = handlers.trace(handlers.substitute(handlers.seed(model, 0), data=samples)).get_trace(
             *args, **kwargs
         )
-    return {
+    return {  # numpyro.factor sites (auxiliary, no data) left out
         name: np.asarray(site["value"])
         for name, site in tr.items()
         if site["type"] == "sample" and site["is_observed"] and not name.startswith("_")
+        and not (site.get("infer") or {}).get("is_auxiliary")
     }
 
 
@@ -235,9 +237,12 @@ def _add_observed_data(idata: az.InferenceData, mcmc, data: ModelData) -> None:
     subsample's)."""
     plate = kernel_of(mcmc).potential.plate
     obs = full_observed_data(mcmc, data)
-    observed = xr.Dataset({
-        k: ([plate.name] + [f"{k}_dim_{j}" for j in range(1, v.ndim)], v) for k, v in obs.items()
-    })
+
+    def dims(k: str, v: np.ndarray) -> list[str]:  # an observed site outside the plate: its own
+        first = [plate.name] if v.ndim and v.shape[0] == plate.size else []
+        return first + [f"{k}_dim_{j}" for j in range(len(first), v.ndim)]
+
+    observed = xr.Dataset({k: (dims(k, v), v) for k, v in obs.items()})
     if "observed_data" in idata.groups():
         del idata.observed_data
     idata.add_groups(observed_data=observed)
