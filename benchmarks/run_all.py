@@ -27,7 +27,9 @@ HERE = Path(__file__).resolve().parent
 EXTRA_SCRIPTS = ("zv_benchmark.py",)
 # Small versions for scripts without a ``--quick`` flag.
 QUICK_ARGS = {"bench_distributed.py": ["--N", "4000", "--draws", "100", "--devices", "1", "4"],
-              "bench_step.py": ["--sizes", "10000,100000", "--steps", "3000"]}
+              "bench_step.py": ["--sizes", "10000,100000", "--steps", "3000"],
+              # bench_hierarchical's command line, whose --quick the script passes on
+              "bench_models.py": ["--quick"]}
 
 
 def benchmark_scripts() -> list[Path]:
