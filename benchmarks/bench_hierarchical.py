@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -60,7 +61,8 @@ from numpyro_subsample.compare import flatten_draws  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 KERNELS = {"sgld": SGLD, "sghmc": SGHMC}
 #: kernels run on request only (``--methods``)
-OTHER_KERNELS = {"sgnht": SGNHT, "ecs": EnergyConservingHMC}
+OTHER_KERNELS = {"sgnht": SGNHT, "ecs": EnergyConservingHMC,
+                 "ecs-variational": partial(EnergyConservingHMC, proxy="variational")}
 #: the same kernels on the model partially centred by `centring_weights` (its time is added)
 CENTRED = {"sgld-pc": SGLD, "sghmc-pc": SGHMC}
 PROXIES = {"laplace-proxy": "laplace", "variational-proxy": "variational"}
