@@ -310,24 +310,22 @@ def warn_if_noise_limited(
     implied = noise * estimator.subsample_size / max(estimator.num_data, 1)
     mismatch = implied > PROXY_MISMATCH_FACTOR * max(float(curvature), 1.0)
     written = model_remedy() if mismatch and model_remedy is not None else ""
+    implied_text = (
+        f"At the proxy's draws this noise implies a whitened curvature of about "
+        f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy assumes: "
+    )
     if written:
-        remedy = (
-            f"At the proxy's draws this noise implies a whitened curvature of about "
-            f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy "
-            f"assumes: the posterior is far from Gaussian in the coordinates sampled. "
-            f"{written[0].upper()}{written[1:]}."
-        )
+        remedy = (implied_text + "the posterior is far from Gaussian in the coordinates "
+                  f"sampled. {written[0].upper()}{written[1:]}.")
     elif mismatch:
-        remedy = (
-            f"At the proxy's draws this noise implies a whitened curvature of about "
-            f"v·n/N = {implied:.3g}, against μ = {float(curvature):.3g} that the proxy "
-            f"assumes: the proxy is far from the posterior there (a posterior that is not "
-            f"nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
-            f"control variates nor a larger subsample make the rule's step useful. Pass "
-            f"adaptation=AdaptationOptions(preconditioner=True) (a diagonal scale adapted "
-            f"during warm-up, with its own step rule), or check the proxy fit's warnings and "
-            f"fit a closer proxy "
-            f"(proxy='variational', or a larger proxy_kwargs={{'rank': k}})."
+        remedy = implied_text + (
+            "the proxy is far from the posterior there (a posterior that is not "
+            "nearly Gaussian, such as a neural network's, or a failed proxy fit), so neither "
+            "control variates nor a larger subsample make the rule's step useful. Pass "
+            "adaptation=AdaptationOptions(preconditioner=True) (a diagonal scale adapted "
+            "during warm-up, with its own step rule), or check the proxy fit's warnings and "
+            "fit a closer proxy "
+            "(proxy='variational', or a larger proxy_kwargs={'rank': k})."
         )
     elif estimator.update is not None or name in ("saga", "svrg"):
         remedy = (

@@ -60,30 +60,41 @@ def _base_normal(fn) -> dist.Normal | None:
     return fn if type(fn) is dist.Normal else None
 
 
+def _on_first_rows(model: Callable, potential, plate_name: str) -> Callable:
+    """``model`` seeded, with the subsample plate ``plate_name`` fixed to its first rows (a
+    random subsample would compile its sampler at every eager call)."""
+    rows = jnp.arange(potential.plate.subsample_size)
+    return numpyro.handlers.substitute(numpyro.handlers.seed(model, rng_seed=0),
+                                       data={plate_name: rows})
+
+
+def _normals_outside(tr, plate_name: str):
+    """``(name, site, normal)`` for each latent sample site of the trace ``tr`` outside the
+    subsample plate ``plate_name`` whose distribution is a Normal (:func:`_base_normal`)."""
+    for name, site in tr.items():
+        if site["type"] != "sample" or site["is_observed"]:
+            continue
+        if any(f.name == plate_name for f in site["cond_indep_stack"]):
+            continue
+        normal = _base_normal(site["fn"])
+        if normal is not None:
+            yield name, site, normal
+
+
 def _site_scales(model: Callable, potential, plate_name: str) -> Callable:
     """``scales(theta, args, kwargs)``: each latent Normal site's scale (broadcast to the
     site's shape) at the flat unconstrained ``theta``, for the sites outside the subsample plate
     ``plate_name``. The plate's subsample is fixed to its first rows: the scales do not depend
-    on it, and a random subsample would compile its sampler at every eager call."""
-    rows = jnp.arange(potential.plate.subsample_size)
-    seeded = numpyro.handlers.substitute(numpyro.handlers.seed(model, rng_seed=0),
-                                         data={plate_name: rows})
+    on it."""
+    seeded = _on_first_rows(model, potential, plate_name)
 
     def scales(theta, args, kwargs):
         latent = constrain_fn(seeded, args, kwargs, potential.unravel(theta))
         with numpyro.handlers.block():
             tr = numpyro.handlers.trace(numpyro.handlers.substitute(seeded, data=latent)
                                         ).get_trace(*args, **kwargs)
-        out = {}
-        for name, site in tr.items():
-            if site["type"] != "sample" or site["is_observed"] or name not in latent:
-                continue
-            if any(f.name == plate_name for f in site["cond_indep_stack"]):
-                continue
-            normal = _base_normal(site["fn"])
-            if normal is not None:
-                out[name] = jnp.broadcast_to(normal.scale, jnp.shape(site["value"]))
-        return out
+        return {name: jnp.broadcast_to(normal.scale, jnp.shape(site["value"]))
+                for name, site, normal in _normals_outside(tr, plate_name) if name in latent}
 
     return scales
 
@@ -108,28 +119,18 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
     Normal(0, 1) site of several values in a plate other than the subsample plate (``z`` of
     ``a = m + s * z``), which partial centring cannot see (it needs ``a ~ Normal(m, s)``). One
     trace of the model on the plate's first rows; () where the trace fails."""
-    rows = jnp.arange(potential.plate.subsample_size)
-    seeded = numpyro.handlers.substitute(numpyro.handlers.seed(potential.model, rng_seed=0),
-                                         data={potential.plate.name: rows})
+    seeded = _on_first_rows(potential.model, potential, potential.plate.name)
     args, kwargs = data.args_kwargs()
     try:
         with numpyro.handlers.block():
             tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
     except Exception:  # noqa: BLE001  (advice only: a model that cannot be traced eagerly)
         return ()
-    found = []
-    for name, site in tr.items():
-        if (site["type"] != "sample" or site["is_observed"]
-                or name.endswith("_partially_centred")):  # the kernels' own
-            continue
-        frames = [f.name for f in site["cond_indep_stack"]]
-        if potential.plate.name in frames or not frames or np.size(site["value"]) < 2:
-            continue
-        normal = _base_normal(site["fn"])
-        if normal is not None and np.all(np.asarray(normal.loc) == 0) and np.all(
-                np.asarray(normal.scale) == 1):
-            found.append(name)
-    return tuple(found)
+    return tuple(
+        name for name, site, normal in _normals_outside(tr, potential.plate.name)
+        if not name.endswith("_partially_centred")  # the kernels' own
+        and site["cond_indep_stack"] and np.size(site["value"]) >= 2
+        and np.all(np.asarray(normal.loc) == 0) and np.all(np.asarray(normal.scale) == 1))
 
 
 def hand_noncentred_remedy(sites: tuple[str, ...]) -> str:
