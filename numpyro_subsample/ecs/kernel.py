@@ -80,23 +80,17 @@ def _check_variance(s2: np.ndarray, m: int, num_data: int, spec) -> None:
     )
 
 
-def _ecs_laplace_message(message: str) -> str:
-    """The Laplace fit's refusal with the remedy for this kernel: its target is perturbed by
-    the proxy's error (the difference estimator's variance grows with it), so the SG
-    kernels' remedies (a variational start adapted on pilot chains) do not carry over."""
-    found = message.split(" The SG kernels' default")[0]
-    boundary = message.split("or a given proxy.", 1)[1].strip() if "or a given proxy." in (
-        message) else ""
-    boundary = boundary.split(" The SG kernels' default")[0]  # its remedy is theirs
-    return (
-        f"EnergyConservingHMC could not fit its Laplace proxy. {found} This kernel needs a "
-        "proxy close to the posterior everywhere the chain goes (the subsample estimator's "
-        "perturbation of its target grows with the proxy's error): a variational proxy of a "
-        "model whose joint mode degenerates has been measured 1.9 posterior sd off "
-        "(benchmarks/RESULTS.md, bench_models.py). Sample such a model with SGHMC(model) or "
-        "SGLD(model), whose default adapts its proxy on pilot chains, or give these sites "
-        "stronger priors." + (" " + boundary if boundary else "")
-    )
+#: The remedy of a refused Laplace fit for this kernel: its target is perturbed by the proxy's
+#: error (the difference estimator's variance grows with it), so the SG kernels' remedies (a
+#: variational start adapted on pilot chains) do not carry over.
+LAPLACE_REMEDY = (
+    "This kernel needs a proxy close to the posterior everywhere the chain goes (the subsample "
+    "estimator's perturbation of its target grows with the proxy's error): a variational proxy "
+    "of a model whose joint mode degenerates has been measured 1.9 posterior sd off "
+    "(benchmarks/RESULTS.md, bench_models.py). Sample such a model with SGHMC(model) or "
+    "SGLD(model), whose default adapts its proxy on pilot chains, or give these sites stronger "
+    "priors."
+)
 
 
 class ECSPreprocessed(NamedTuple):
@@ -315,7 +309,9 @@ class EnergyConservingHMC(SubsampleKernel):
         try:
             return fit_laplace(potential, data, key, **opts)
         except LaplaceFitError as err:
-            raise LaplaceFitError(_ecs_laplace_message(str(err))) from err
+            raise err.with_remedy(
+                LAPLACE_REMEDY, prefix="EnergyConservingHMC could not fit its Laplace proxy. "
+            ) from err
 
     def _preprocess(self, potential: Potential, data: ModelData) -> ECSPreprocessed:
         t0 = time.perf_counter()

@@ -142,12 +142,22 @@ def newton_offsets(grad, cov) -> tuple[float, np.ndarray]:
     return decrement, step / np.sqrt(np.diag(cov))
 
 
-def boundary_message(labels, transformed, centre, kind: str, direction=None) -> str | None:
+#: The remedy of :func:`boundary_message` (the SG kernels').
+BOUNDARY_REMEDY = (
+    "The SG kernels' default (AdaptationOptions(proxy=None)) re-estimates the proxy on pilot "
+    "chains; otherwise use proxy='variational', or a prior that keeps the site away from the "
+    "boundary."
+)
+
+
+def boundary_message(labels, transformed, centre, kind: str, direction=None,
+                     remedy: bool = True) -> str | None:
     """Message for a centre at (or, for a failed fit, heading to) a support's boundary, or None.
 
     A constrained coordinate is at the boundary if |θ̂_k| > :data:`BOUNDARY`; given the
     ``direction`` the optimiser would still move in (−g, or the remaining Newton step, of a
     fit that failed), also if |θ̂_k| > :data:`DRIFT` and that direction points further out.
+    With ``remedy`` the message ends with :data:`BOUNDARY_REMEDY`.
     """
     centre = np.asarray(centre, np.float64)
     at = transformed & ~(np.abs(centre) <= BOUNDARY)
@@ -162,10 +172,8 @@ def boundary_message(labels, transformed, centre, kind: str, direction=None) -> 
         f"support of {where} (unconstrained value; for a log-transformed scale, e^θ; beyond "
         f"±{BOUNDARY:g} is at the boundary). The mode is degenerate, as "
         "for a hierarchical scale at zero (the joint mode of a centred hierarchical model) or "
-        "a probability at 0 or 1, so a Gaussian at the mode is a poor proxy. The SG kernels' "
-        "default (AdaptationOptions(proxy=None)) re-estimates the proxy on pilot chains; "
-        "otherwise use proxy='variational', or a prior that keeps the site away from the "
-        "boundary."
+        "a probability at 0 or 1, so a Gaussian at the mode is a poor proxy."
+        + (" " + BOUNDARY_REMEDY if remedy else "")
     )
 
 

@@ -31,6 +31,7 @@ from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.checks import (
+    BOUNDARY_REMEDY,
     MAX_DECREMENT,
     boundary_message,
     coordinate_labels,
@@ -53,7 +54,22 @@ __all__ = ["LaplaceFitError", "fit_laplace", "proxy_from_moments"]
 class LaplaceFitError(ValueError):
     """The Laplace fit has no usable Gaussian: the potential or its derivatives are not finite
     at the optimiser's mode, or the Hessian there is not positive definite (the message names
-    the sites)."""
+    the sites).
+
+    The message joins ``finding`` (what failed, where), ``remedy`` (what to do: the SG kernels'
+    remedies), ``boundary`` (a centre at a support's boundary, or "") and its remedy; a kernel
+    whose remedies differ re-raises :meth:`with_remedy`."""
+
+    def __init__(self, finding: str, remedy: str = "", boundary: str = "",
+                 boundary_remedy: str = BOUNDARY_REMEDY) -> None:
+        self.finding, self.remedy, self.boundary = finding, remedy, boundary
+        super().__init__(" ".join(p for p in (
+            finding, remedy, boundary, boundary_remedy if boundary else "") if p))
+
+    def with_remedy(self, remedy: str, prefix: str = "") -> LaplaceFitError:
+        """The same finding (after ``prefix``) and boundary with ``remedy`` in place of the SG
+        kernels' remedies."""
+        return LaplaceFitError(prefix + self.finding, remedy, self.boundary, boundary_remedy="")
 
 
 def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,12 +240,12 @@ def _check_finite_at_mode(f, gn: np.ndarray, hn: np.ndarray, theta: jax.Array, l
         return
     bad = np.flatnonzero(~(np.isfinite(hn).all(1) & np.isfinite(gn)))
     where = ", ".join(f"'{labels[k]}'" for k in bad[:5]) or "the value itself"
-    boundary = boundary_message(labels, transformed, theta, "Laplace", -gn)
     raise LaplaceFitError(
         f"The potential or its derivatives are not finite at the optimiser's mode (along "
         f"{where}); check the model's support and the data, or pass a smaller proxy "
-        "learning rate."
-        + (" " + boundary if boundary else "")
+        "learning rate.",
+        boundary=boundary_message(labels, transformed, theta, "Laplace", -gn,
+                                  remedy=False) or "",
     )
 
 
@@ -247,18 +263,18 @@ def _laplace_covariance(hn: np.ndarray, gn: np.ndarray, theta: jax.Array, labels
         # gradient of the others at a failed fit says nothing about their support
         degenerate = load > 0.1 * load.max()
         boundary = boundary_message(labels, transformed & degenerate, theta, "Laplace",
-                                    -gn * degenerate)
+                                    -gn * degenerate, remedy=False)
         raise LaplaceFitError(
             f"The Hessian of the potential at the mode is not positive definite (smallest "
             f"eigenvalue {eig.min():.3g}, {int((eig <= 0).sum())} non-positive); the directions "
             f"of negative curvature load on {describe(labels, load, fmt='{:.2f}')}. The "
             "posterior may be improper or multimodal along these sites (e.g. a saddle between "
             "symmetric modes), its joint mode may be degenerate (a hierarchical scale at zero), "
-            "or the optimisation did not converge. The SG kernels' default "
-            "(AdaptationOptions(proxy=None)) starts such a model from a variational fit and "
-            "adapts the proxy on pilot chains; "
-            "otherwise use stronger priors on these sites, proxy='variational', or a given "
-            "proxy." + (" " + boundary if boundary else "")
+            "or the optimisation did not converge.",
+            "The SG kernels' default (AdaptationOptions(proxy=None)) starts such a model from a "
+            "variational fit and adapts the proxy on pilot chains; otherwise use stronger "
+            "priors on these sites, proxy='variational', or a given proxy.",
+            boundary or "",
         ) from err
 
 
