@@ -1,5 +1,7 @@
 """The potential built from a model, and the errors for bad models and data."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,7 +111,7 @@ def _model_too_large(X, y):
     "model, match",
     [
         (_model_no_subsample, "no subsample plate"),
-        (_model_two_plates, "several subsample plates"),
+        (_model_two_plates, "several subsample plates.*ordinary plates"),
         (_model_local_latent, r"Local latent site 'u' .*also in the plate\(s\) \['pair'\]"),
         (_model_discrete, "Latent site 'k' is discrete"),
         (_model_unindexed_obs, "indexed by the plate's indices"),
@@ -246,3 +248,35 @@ def test_start_is_the_prior_mean_plus_a_reproducible_jitter():
                            [np.log(2.0)], [0.0]])  # names: loc, probs, rate, scale
     jitter = np.stack([np.asarray(p.init_theta) - mean for p in pots])
     assert np.all(np.abs(jitter) < 5 * INIT_JITTER) and np.all(np.abs(jitter) > 0)
+
+
+def _two_sources(X, y, X2, y2):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100) as i:
+        numpyro.sample("y", dist.Normal(X[i] @ b, 1.0), obs=y[i])
+    with numpyro.plate("data2", X2.shape[0]):
+        numpyro.sample("y2", dist.Normal(X2 @ b, 0.5), obs=y2)
+
+
+def test_a_second_ordinary_plate_is_evaluated_in_full_and_the_posterior_is_exact():
+    """The remedy the several-plates error gives: a second data source as an ordinary plate
+    beside the subsample plate; against the exact conjugate posterior of both sources."""
+    from numpyro_subsample import MCMC, SGHMC
+
+    rng = np.random.default_rng(3)
+    X, X2 = rng.normal(size=(2000, 3)), rng.normal(size=(40, 3)) * np.array([1.0, 3.0, 0.3])
+    b = np.array([0.5, -1.0, 0.8])
+    y, y2 = X @ b + rng.normal(size=2000), X2 @ b + 0.5 * rng.normal(size=40)
+    prec = np.eye(3) + X.T @ X + X2.T @ X2 / 0.25
+    cov = np.linalg.inv(prec)
+    mean = cov @ (X.T @ y + X2.T @ y2 / 0.25)
+    args = tuple(np.asarray(a, np.float32) for a in (X, y, X2, y2))
+    mcmc = MCMC(SGHMC(_two_sources), num_warmup=500, num_samples=3000, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mcmc.run(jax.random.PRNGKey(0), *args)
+    draws = np.asarray(mcmc.get_samples()["b"], np.float64)
+    sd = np.sqrt(np.diag(cov))
+    assert np.max(np.abs(draws.mean(0) - mean) / sd) < 0.25
+    assert np.max(np.abs(np.log(draws.std(0) / sd))) < 0.15

@@ -123,8 +123,11 @@ def _find_data_plate(tr: dict) -> DataPlate:
         )
     if len(plates) > 1:
         raise ValueError(
-            f"The model has several subsample plates {sorted(plates)}; only one subsample plate "
-            "is supported. Keep subsample_size on the data plate only."
+            f"The model has several subsample plates {sorted(plates)} (sizes "
+            f"{ {k: v[0] for k, v in sorted(plates.items())} }); only one subsample plate is "
+            "supported. Keep subsample_size on the largest plate and write the others as "
+            "ordinary plates (`numpyro.plate(name, size)`, observed on all their rows): their "
+            "likelihood terms are then evaluated in full at every step, exactly."
         )
     (name, (size, subsample_size)), = plates.items()
     dim = None
