@@ -190,14 +190,15 @@ def test_written_forms_are_found_through_decorators_and_nested_handlers(data):
 
 @pytest.mark.filterwarnings("ignore")
 def test_reparameterisations_that_cannot_be_unwrapped_are_sampled_as_written(data):
-    """A reparam handler inside the model's body, or with a callable config, is the model
-    as written: it is sampled so."""
+    """A reparam handler with a callable config is the model as written: it is sampled so
+    (one inside the model's body is found as a hand-written form:
+    ``test_hand_written_group_effects_are_sampled_centred_and_right``)."""
     from numpyro.infer.reparam import LocScaleReparam
 
     g, y, _ = data
-    for model in (noncentred, numpyro.handlers.reparam(
+    for model in (numpyro.handlers.reparam(
             grouped_normal, config=lambda msg: LocScaleReparam(0) if msg["name"] == "a"
-            else None)):
+            else None),):
         kernel = SGLD(model, progress_bar=False)
         kernel.preprocess((g, y))
         assert kernel.preprocessed.potential.model is model
@@ -238,11 +239,12 @@ def nuts_reference(data):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("written", ["centred", "non-centred"])
+@pytest.mark.parametrize("written", ["centred", "non-centred", "by hand"])
 @pytest.mark.parametrize("kernel", [SGLD, SGHMC])
 def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel, written):
-    """Default SGLD / SGHMC (partially centred by default) on the model written centred or
-    non-centred (``LocScaleReparam(0)``), against long full-data NUTS: every site within 0.15
+    """Default SGLD / SGHMC (partially centred by default) on the model written centred,
+    non-centred (``LocScaleReparam(0)``) or non-centred by hand (a = mu + sigma_a * z,
+    compared through a), against long full-data NUTS: every site within 0.15
     posterior sd in mean and 0.15 in log-sd; SGHMC with no warning, SGLD with at most the
     run check's (its ESS is about 380 of the 400 that 4 chains need here: the step rule's
     curvature over the posterior keeps h at 0.024)."""
@@ -251,7 +253,7 @@ def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel
     from numpyro_subsample import RunDiagnosticsWarning
 
     g, y, _ = data
-    model = grouped_normal if written == "centred" else _noncentred_wrapped()
+    model = {"centred": grouped_normal, "by hand": by_hand}.get(written) or _noncentred_wrapped()
     mcmc = MCMC(kernel(model, progress_bar=False),
                 num_warmup=1000, num_samples=10_000, num_chains=4, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
@@ -260,6 +262,8 @@ def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel
     allowed = (RunDiagnosticsWarning,) if kernel is SGLD else ()
     assert [str(w.message) for w in caught if not issubclass(w.category, allowed)] == []
     draws = mcmc.get_samples()
+    if written == "by hand":
+        draws = {**draws, "a": draws["mu"][:, None] + draws["sigma_a"][:, None] * draws["z"]}
     for site in ("mu", "sigma_a", "sigma_y", "a"):
         r, d = np.asarray(nuts_reference[site]), np.asarray(draws[site])
         sd = r.std(0)
@@ -315,10 +319,102 @@ def reparam_inside(g, y=None, num_groups: int = 30, subsample_size: int = 200):
                        obs=None if y is None else y[idx])
 
 
+def by_hand_log_scale(g, y=None, num_groups: int = 30, subsample_size: int = 200):
+    """``by_hand`` with the group scale a function of a site, exp(log_s): no site to centre
+    on."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    log_s = numpyro.sample("log_s", dist.Normal(-1.0, 1.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", num_groups):
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+    a = mu + jnp.exp(log_s) * z
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(a[g[idx]], sigma_y),
+                       obs=None if y is None else y[idx])
+
+
+def _hand_variant(kind):
+    """``by_hand`` with the mean outside the group effects (``a = s * z``, y ~ N(mu + a, ·)),
+    a group-level predictor in the mean (no site for m), or the group scale also in the
+    likelihood (not a loc-scale use of z)."""
+    u = jnp.linspace(-1.0, 1.0, 30)
+
+    def model(g, y=None, num_groups: int = 30, subsample_size: int = 200):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(2.0))
+        with numpyro.plate("groups", num_groups):
+            z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+        if kind == "mean outside":
+            mean, noise = mu + s * z, sigma_y
+        elif kind == "predictor":
+            mean, noise = mu * u + s * z, sigma_y
+        else:
+            mean, noise = mu + s * z, sigma_y * s
+        with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as idx:
+            numpyro.sample("y", dist.Normal(mean[g[idx]], noise),
+                           obs=None if y is None else y[idx])
+
+    return model
+
+
+def test_hand_written_group_effects_are_found_with_their_loc_and_scale_sites(data):
+    """hand_forms: z of a = m + s * z with the sites of m and s, found by the invariances of
+    the rest of the log density; none where s is not a site or also scales the noise."""
+    from numpyro_subsample import ModelData, build_potential
+    from numpyro_subsample.sgmcmc.centring import HandForm, hand_forms, hand_noncentred_sites
+
+    g, y, _ = data
+    md = ModelData.from_args((g, y), {})
+
+    def forms(model):
+        return hand_forms(build_potential(model, md, jax.random.PRNGKey(0)), md)
+
+    assert forms(by_hand) == {"z": HandForm("mu", "sigma_a")}
+    assert forms(reparam_inside) == {"a_decentered": HandForm("mu", "sigma_a")}
+    assert forms(_hand_variant("mean outside")) == {"z": HandForm("mu", "s")}
+    assert forms(_hand_variant("predictor")) == {"z": HandForm(None, "s")}
+    assert forms(_hand_variant("scale in the noise")) == {}
+    assert forms(by_hand_log_scale) == {}
+    assert forms(grouped_normal) == {} and forms(fixed_scale) == {}
+    potential = build_potential(by_hand_log_scale, md, jax.random.PRNGKey(0))
+    assert hand_noncentred_sites(potential, md) == ("z",)
+
+
+@pytest.mark.filterwarnings("ignore:There are not enough devices")
+@pytest.mark.parametrize("model", [by_hand, reparam_inside], ids=["by hand", "inside body"])
+def test_hand_written_group_effects_are_sampled_centred_and_right(data, nuts_reference, model):
+    """Group effects non-centred by hand (or by a LocScaleReparam inside the body) are
+    sampled in their centred form, partially centred per group; the draws hold the user's
+    sites; default SGHMC, silent and within 0.2 sd (mean and log-sd) of long NUTS."""
+    import warnings
+
+    g, y, _ = data
+    kernel = SGHMC(model, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=500, num_samples=4000, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mcmc.run(jax.random.PRNGKey(0), g, y)
+    z = "z" if model is by_hand else "a_decentered"
+    assert f"{z}_centred_partially_centred" in kernel.preprocessed.potential.latent_sites
+    draws = mcmc.get_samples()
+    assert {"mu", "sigma_a", "sigma_y", z} <= set(draws)
+    a = draws["mu"][:, None] + draws["sigma_a"][:, None] * draws[z]
+    np.testing.assert_allclose(a, draws[f"{z}_centred"], rtol=1e-4, atol=1e-4)
+    for site, d in (("mu", draws["mu"]), ("sigma_a", draws["sigma_a"]),
+                    ("sigma_y", draws["sigma_y"]), ("a", a)):
+        r, d = np.asarray(nuts_reference[site]), np.asarray(d)
+        sd = r.std(0)
+        assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.2, site
+        assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.2, site
+
+
 def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
-    """A hand-written a = mu + s * z hides the group effects from partial centring: the
-    detector names z (and nothing in the centred or data-plate-only models), and a run that
-    has not mixed says to write the group effects as a sample site."""
+    """A hand-written a = mu + exp(log_s) * z, whose scale is no site, hides the group
+    effects from partial centring: the detector names z (and nothing in the centred or
+    data-plate-only models), and a run that has not mixed says to write the group effects
+    as a sample site."""
     from numpyro_subsample import ModelData, build_potential
     from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
 
@@ -336,7 +432,7 @@ def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
     assert hand_noncentred_remedy(("a_decentered",)).startswith(
         "apply the LocScaleReparam of a outside the model's body, reparam(model, "
         "config={'a': LocScaleReparam(0)})")
-    kernel = SGLD(by_hand, progress_bar=False, bias_probe=False)
+    kernel = SGLD(by_hand_log_scale, progress_bar=False, bias_probe=False)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=100, num_chains=2,
                 chain_method="vectorized", progress_bar=False, check=False)
     mcmc.run(jax.random.PRNGKey(0), g, y)
@@ -344,3 +440,19 @@ def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
     ess = [m for m in rc.messages if m.startswith("min ESS")]
     assert ess and ("the chain has not mixed; write the group effects of z as a sample site, "
                     "a ~ Normal(m, s)") in ess[0]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("written", ["non-centred", "by hand"])
+def test_a_rerun_on_new_data_of_a_model_written_non_centred_compiles_nothing(written):
+    """The centred form is found and preprocessed once per data signature: a rerun on new
+    data of the same shapes keeps the partially centred potential and compiles nothing."""
+    from numpyro_subsample.compare.timing import CompileTimer
+
+    model = by_hand if written == "by hand" else _noncentred_wrapped()
+    mcmc = MCMC(SGHMC(model, progress_bar=False), num_warmup=100, num_samples=100,
+                progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.PRNGKey(0), *_grouped_data(seed=3)[:2])
+    with CompileTimer() as cc:
+        mcmc.run(jax.random.PRNGKey(1), *_grouped_data(seed=4)[:2])
+    assert cc.compiled == 0, cc.programs

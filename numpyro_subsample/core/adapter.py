@@ -372,4 +372,6 @@ class SubsampleKernel(MCMCKernel):
         for key in ("_pre", "_pre_data", "_step", "_batched", "_refs"):
             state.pop(key, None)
         state["_potentials"] = {}
+        if "_unwrapped" in state:
+            state["_unwrapped"] = {}
         return state

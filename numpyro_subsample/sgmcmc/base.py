@@ -243,6 +243,9 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             noise_correction = (estimator not in STATEFUL and not structured
                                 and adaptation.preconditioner is not True)
         super().__init__(model, seed=seed)
+        #: per data signature: the centred form a model written non-centred is preprocessed in
+        #: first, and its potential (:func:`~numpyro_subsample.sgmcmc.centring.unwrapped`)
+        self._unwrapped: dict = {}
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
         self._proxy_spec = proxy
@@ -377,6 +380,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         new = copy.copy(self)
         new.centring = False
         new._pre, new._pre_data, new._step, new._potentials = None, None, None, {}
+        new._unwrapped = {}
         if model is not None:
             new._model = model
         return new
@@ -384,14 +388,16 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     def _preprocess_data(self, data: ModelData):
         if self._pre is not None and data.same_values(self._pre_data):
             return self._pre
-        form = None
-        unwrapped = centring.unwrapped(self, data)  # a model the user wrote reparameterised
-        if unwrapped is not None:  # preprocessed first in its centred form
-            form, self._potentials[data.signature()] = unwrapped
+        form, sig = None, data.signature()
+        if sig not in self._unwrapped:  # a model the user wrote non-centred, found once
+            self._unwrapped[sig] = centring.unwrapped(self, data)
+            if self._unwrapped[sig] is not None:  # preprocessed first in its centred form
+                form, self._potentials[sig] = self._unwrapped[sig]
+        # on new data of the same shapes the potential (and the weights) of the first are kept
         pre = super()._preprocess_data(data)
         potential = centring.centred_potential(self, pre, data, form)
         if potential is not None:  # preprocess again, on the partially centred model
-            self._potentials[data.signature()] = potential
+            self._potentials[sig] = potential
             pre = self._preprocess(potential, data)
             self._pre = pre
         return pre

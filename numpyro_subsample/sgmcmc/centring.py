@@ -24,6 +24,12 @@ A model the user wrote reparameterised, ``reparam(model, {a: LocScaleReparam(cen
 its centred form ``model`` and the kernel samples that with :class:`PartialCentring`, which
 also returns the user's ``a_decentered`` as a deterministic site, so that the draws hold every
 site of the model as the user wrote it.
+
+Group effects written non-centred by hand, ``z ~ Normal(0, 1)`` in a group plate and
+``a = m + s * z`` in the body (or a ``LocScaleReparam`` applied inside the body), are found by
+two exact invariances of the rest of the log density (:func:`hand_forms`), sampled in their
+centred form ``<z>_centred`` ~ Normal(m, s) (:class:`HandCentring`) for the weights, and then
+partially centred like the others; z comes back as a deterministic site.
 """
 
 from __future__ import annotations
@@ -37,14 +43,16 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.extend.core import Literal
-from numpyro.infer.reparam import LocScaleReparam
+from numpyro.infer.reparam import LocScaleReparam, Reparam
 from numpyro.infer.util import constrain_fn
+from numpyro.primitives import Messenger
 
 from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential, build_potential
 
-__all__ = ["PartialCentring", "WrittenForm", "centred_potential", "centring_weights",
+__all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centred_form",
+           "centred_potential", "centring_weights", "hand_centred", "hand_forms",
            "hand_noncentred_remedy", "hand_noncentred_sites", "partially_centred",
            "weights_from", "written_form"]
 
@@ -114,23 +122,41 @@ def _latent_scale_sites(scales: Callable, theta, args: tuple, kwargs: dict) -> s
             if not isinstance(v, Literal) and v in depends}
 
 
+def _all_equal(x, value: float) -> bool:
+    """Whether ``x`` is concrete (a constant of the model, not traced) and all ``value``."""
+    try:
+        return bool(np.all(np.asarray(x) == value))
+    except jax.errors.TracerArrayConversionError:
+        return False
+
+
 def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
     """The latent sites that look like group effects written non-centred by hand: a standard
     Normal(0, 1) site of several values in a plate other than the subsample plate (``z`` of
-    ``a = m + s * z``), which partial centring cannot see (it needs ``a ~ Normal(m, s)``). One
-    trace of the model on the plate's first rows; () where the trace fails."""
+    ``a = m + s * z``), which partial centring cannot see (it needs ``a ~ Normal(m, s)``), or
+    the noise ``<a>_decentered`` of a ``LocScaleReparam`` applied inside the model's body
+    (its loc and scale are traced values). One trace of the model on the plate's first rows
+    (traced, not run: nothing compiled); () where the trace fails."""
     seeded = _on_first_rows(potential.model, potential, potential.plate.name)
-    args, kwargs = data.args_kwargs()
-    try:
+    found = []
+
+    def find(d):
+        args, kwargs = d.args_kwargs()
         with numpyro.handlers.block():
             tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
-    except Exception:  # noqa: BLE001  (advice only: a model that cannot be traced eagerly)
+        found.extend(
+            name for name, site, normal in _normals_outside(tr, potential.plate.name)
+            if not name.endswith("_partially_centred")  # the kernels' own
+            and site["cond_indep_stack"] and np.size(site["value"]) >= 2
+            and (name.endswith("_decentered")  # a LocScaleReparam inside the body
+                 or _all_equal(normal.loc, 0.0) and _all_equal(normal.scale, 1.0)))
+        return jnp.zeros(())
+
+    try:
+        jax.make_jaxpr(find)(data)
+    except Exception:  # noqa: BLE001  (a model that cannot be traced on its first rows)
         return ()
-    return tuple(
-        name for name, site, normal in _normals_outside(tr, potential.plate.name)
-        if not name.endswith("_partially_centred")  # the kernels' own
-        and site["cond_indep_stack"] and np.size(site["value"]) >= 2
-        and np.all(np.asarray(normal.loc) == 0) and np.all(np.asarray(normal.scale) == 1))
+    return tuple(found)
 
 
 def hand_noncentred_remedy(sites: tuple[str, ...]) -> str:
@@ -153,11 +179,183 @@ def hand_noncentred_remedy(sites: tuple[str, ...]) -> str:
             "Normal(m, s) (centred, or non-centred with reparam(model, {'a': "
             "LocScaleReparam(0)}) outside the model's body: the kernels then sample it "
             "partially centred per group) or a centred a ~ MultivariateNormal(m, "
-            "scale_tril=...), instead of a = m + s * z by hand")
+            "scale_tril=...): the kernels centre a = m + s * z written by hand only where s "
+            "(and m) are sample sites used in the likelihood through a alone")
     return ("; ".join(tips) + " (a non-centred group effect of a well-observed group lies "
             "on a curved ridge z ≈ (a − m)/s that a Gaussian proxy whitens poorly, and every "
             "group's z enters the shared parameters' gradients; docs/adapted_proxy.md)")
 
+
+
+class HandForm(NamedTuple):
+    """How the model uses a group effect written non-centred by hand, ``a = m + s * z``: the
+    latent sites of m (None: no site, m = 0) and of s (:func:`hand_forms`)."""
+
+    loc: str | None
+    scale: str
+
+
+#: Relative size, against the change a shift of z alone makes, below which a change of the
+#: rest of the log density counts as none (float32 sums over a subsample's rows)
+_INVARIANT = 1e-3
+
+
+def _site_terms(seeded: Callable) -> Callable:
+    """``terms(values, data)``: each sample site's log density (scaled, masked) of the seeded
+    model at the constrained ``values``, summed; one compiled program, the data an
+    argument."""
+
+    @jax.jit
+    def terms(values, data):
+        args, kwargs = data.args_kwargs()
+        with numpyro.handlers.block():
+            tr = numpyro.handlers.trace(numpyro.handlers.substitute(seeded, data=values)
+                                        ).get_trace(*args, **dict(kwargs))
+        out = {}
+        for name, site in tr.items():
+            if site["type"] == "sample":
+                lp = site["fn"].log_prob(site["value"])
+                if site.get("mask") is not None:
+                    lp = jnp.where(site["mask"], lp, 0.0)
+                out[name] = jnp.sum(lp) * (1.0 if site.get("scale") is None else site["scale"])
+        return out
+
+    return terms
+
+
+def _invariant(terms, data, skip: set[str], base: dict, changed: dict, control: dict) -> bool:
+    """Whether moving from ``base`` to ``changed`` leaves the log density without the terms
+    of ``skip`` unchanged, relative to the change that moving to ``control`` makes (which
+    must be clearly non-zero)."""
+
+    def rest(values):
+        t = jax.device_get(terms(values, data))
+        return float(sum(np.float64(v) for k, v in t.items() if k not in skip)), float(
+            sum(abs(np.float64(v)) for v in t.values()))
+
+    f0, size = rest(base)
+    reference = abs(rest(control)[0] - f0)
+    delta = abs(rest(changed)[0] - f0)
+    floor = 1e-5 * (size + 1.0)
+    return bool(np.isfinite(delta) and reference > 10 * floor
+                and delta <= max(_INVARIANT * reference, floor))
+
+
+def hand_forms(potential: Potential, data: ModelData) -> dict[str, HandForm]:
+    """The sites m and s of each group effect written non-centred by hand, ``a = m + s * z``
+    with ``z`` a site of :func:`hand_noncentred_sites`, found by the two invariances of the
+    rest of the log density (every term but the priors of z, m and s) that this use implies:
+    (s, z) → (r s, z / r) and (m, z) → (m + δ, z − δ / s). s: a positive latent site whose
+    shape broadcasts to z's; m: a latent site so, or None where no site passes the second
+    test (then the centred form samples s * z, the group effect less its mean). Evaluated
+    at the potential's start on the subsample plate's first rows (one compiled program);
+    {} where no z passes the first test."""
+    sites = hand_noncentred_sites(potential, data)
+    if not sites:
+        return {}
+    seeded = _on_first_rows(potential.model, potential, potential.plate.name)
+    terms = _site_terms(seeded)
+    base = jax.jit(lambda theta, d: constrain_fn(seeded, *d.args_kwargs(),
+                                                 potential.unravel(theta)))(
+        potential.init_theta, data)
+    shapes = jax.eval_shape(terms, base, data)
+    latent = [n for n in base if n in shapes and n not in sites]
+    forms = {}
+    for z in sites:
+        zv = base[z]
+
+        def fits(name, zv=zv):
+            try:
+                return np.broadcast_shapes(jnp.shape(base[name]), zv.shape) == zv.shape
+            except ValueError:
+                return False
+
+        others = [n for n in latent if n not in forms and fits(n)]
+        control = {**base, z: zv + 1.0}
+        scale = next((s for s in others if bool(jnp.all(base[s] > 0)) and _invariant(
+            terms, data, {z, s}, base, {**base, s: 1.25 * base[s], z: zv / 1.25}, control)),
+            None)
+        if scale is None:
+            continue
+        sv = base[scale]
+        delta = 0.5 * jnp.mean(sv)
+        loc = next((m for m in others if m != scale and _invariant(
+            terms, data, {z, scale, m}, base,
+            {**base, m: base[m] + delta, z: zv - delta / sv}, control)), None)
+        forms[z] = HandForm(loc, scale)
+    if forms:  # m and s must be sampled before z: the centred form must trace
+        try:
+            values = {f"{z}_centred": base[z] for z in forms} | {
+                k: v for k, v in base.items() if k not in forms}
+            jax.eval_shape(_site_terms(_on_first_rows(hand_centred(potential.model, forms),
+                                                      potential, potential.plate.name)),
+                           values, data)
+        except Exception:  # noqa: BLE001
+            return {}
+    return forms
+
+
+class _Latest(Messenger):
+    """Keeps the values of the sample sites ``names`` in ``values`` (emptied at each run of
+    the model), for :class:`HandCentring`."""
+
+    def __init__(self, fn: Callable, values: dict, names: set[str]) -> None:
+        self.values, self.names = values, names
+        super().__init__(fn)
+
+    def __enter__(self):
+        self.values.clear()
+        return super().__enter__()
+
+    def postprocess_message(self, msg) -> None:
+        if msg["type"] == "sample" and msg["name"] in self.names:
+            self.values[msg["name"]] = msg["value"]
+
+
+class HandCentring(Reparam):
+    """The centred form of a group effect written non-centred by hand: the standard Normal
+    site ``z`` of ``a = m + s * z`` is sampled as ``<z>_centred`` ~ Normal(m, s), the group
+    effect itself, and returned as z = (a − m)/s (a deterministic site). The same posterior
+    (Papaspiliopoulos, Roberts and Sköld 2007, Sect. 2); m and s are the current values of
+    the sites ``form`` names (:func:`hand_centred` records them)."""
+
+    def __init__(self, values: dict, form: HandForm) -> None:
+        self.values, self.form = values, form
+
+    def __call__(self, name, fn, obs):
+        if obs is not None:
+            raise ValueError(f"HandCentring applies to latent sites; site {name!r} is "
+                             "observed.")
+        _, expand_shape, event_dim = self._unwrap(fn)
+        m = 0.0 if self.form.loc is None else self.values[self.form.loc]
+        s = self.values[self.form.scale]
+        a = numpyro.sample(f"{name}_centred",
+                           self._wrap(dist.Normal(m, s), expand_shape, event_dim))
+        return None, (a - m) / s
+
+
+def hand_centred(model: Callable, forms: dict[str, HandForm]) -> Callable:
+    """``model`` with each hand-written non-centred site of ``forms`` (:func:`hand_forms`)
+    sampled centred (:class:`HandCentring`)."""
+    values: dict = {}
+    names = {n for f in forms.values() for n in (f.loc, f.scale) if n is not None}
+    return numpyro.handlers.reparam(_Latest(model, values, names),
+                                    config={z: HandCentring(values, f) for z, f in forms.items()})
+
+
+def centred_form(model: Callable, data: ModelData, seed: int = 0) -> WrittenForm | None:
+    """The centred form the kernels preprocess first: of a model the user wrote
+    reparameterised (:func:`written_form`), or of one with group effects non-centred by hand
+    (:func:`hand_forms`, :func:`hand_centred`; ``written`` then empty); None where neither."""
+    form = written_form(model, data)
+    if form is not None or _reparameterised(model):
+        return form
+    potential = build_potential(model, data, preprocess_keys(seed)[0])
+    if potential.local:
+        return None
+    forms = hand_forms(potential, data)
+    return (WrittenForm(hand_centred(model, forms), {}, tuple(f"{z}_centred" for z in forms))
+            if forms else None)
 
 def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
                  seed: int = 0, keep: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
@@ -228,7 +426,7 @@ def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None =
     probabilistic programs. ICML, Sect. 3.
     """
     data = ModelData.from_args(model_args, model_kwargs)
-    form = written_form(kernel.user_model, data)
+    form = centred_form(kernel.user_model, data, kernel.seed)
     kernel = kernel.without_centring(None if form is None else form.model)
     pre = kernel._preprocess_data(data)
     proxy = pre.proxy
@@ -287,12 +485,15 @@ class PartialCentring(LocScaleReparam):
 
 
 class WrittenForm(NamedTuple):
-    """A model the user wrote as ``reparam(model, config)`` with loc-scale sites
-    (:func:`written_form`): ``model`` is its centred form (the other entries of ``config``
-    kept), ``written`` the user's weights per unwrapped site."""
+    """The centred form of a model the user wrote non-centred: as ``reparam(model, config)``
+    with loc-scale sites (:func:`written_form`; ``model`` keeps the other entries of
+    ``config``, ``written`` holds the user's weights per unwrapped site), or by hand
+    (:func:`centred_form`; ``hand`` names the centred sites ``<z>_centred``, which are
+    non-centred, as the user wrote them, where no weights are measured)."""
 
     model: Callable
     written: dict
+    hand: tuple[str, ...] = ()
 
 
 def _written_sites(model) -> tuple[Callable, dict, dict] | None:
@@ -398,12 +599,12 @@ def _centres(kernel) -> bool:
 
 
 def unwrapped(kernel, data: ModelData) -> tuple[WrittenForm, Potential] | None:
-    """The user's reparameterised model in its centred form (:func:`written_form`) and its
-    potential, which the kernel preprocesses first, where partial centring applies to it;
-    None: the model is preprocessed as written."""
+    """The model the user wrote non-centred in its centred form (:func:`centred_form`) and
+    its potential, which the kernel preprocesses first, where partial centring applies to
+    it; None: the model is preprocessed as written."""
     if not _centres(kernel):
         return None
-    form = written_form(kernel.user_model, data)
+    form = centred_form(kernel.user_model, data, kernel.seed)
     if form is None:
         return None
     potential = build_potential(form.model, data, preprocess_keys(kernel.seed)[0])
@@ -417,9 +618,10 @@ def centred_potential(kernel, pre, data: ModelData,
     """The potential of the model partially centred with the weights of ``pre``'s proxy
     (:func:`weights_from`), for a kernel whose ``AdaptationOptions.centring`` allows it.
 
-    With ``form`` (``pre`` is of its centred model), the user's loc-scale sites are sampled
-    with :class:`PartialCentring` at the proxy's weights, or at the user's own where no
-    pilot chains ran on a dense proxy. Without, None where centring is off, where the
+    With ``form`` (``pre`` is of its centred model), the user's loc-scale sites and
+    hand-written group effects are sampled with :class:`PartialCentring` at the proxy's
+    weights, or, where no pilot chains ran on a dense proxy, at the user's own (0 for those
+    written by hand). Without, None where centring is off, where the
     potential is already a centred one, where the model has a reparameterisation that
     :func:`written_form` does not unwrap, local latent sites or no dense proxy that pilot
     chains ran on, or
@@ -432,7 +634,7 @@ def centred_potential(kernel, pre, data: ModelData,
         return None
     dense = (proxy is not None and getattr(proxy, "cov", None) is not None
              and (kernel.centring is True or _pilot_ran(proxy)))
-    keep = () if form is None else tuple(form.written)
+    keep = () if form is None else (*form.written, *form.hand)
     weights = weights_from(proxy, potential, data, keep=keep) if dense else {}
     if form is None:
         if not weights:
@@ -442,5 +644,7 @@ def centred_potential(kernel, pre, data: ModelData,
         config = {site: PartialCentring(jnp.asarray(c)) for site, c in weights.items()}
         config.update({site: PartialCentring(jnp.asarray(weights.get(site, c_u)), written=c_u)
                        for site, c_u in form.written.items()})
+        config.update({site: PartialCentring(jnp.asarray(weights.get(site, 0.0)))
+                       for site in form.hand})
         model = numpyro.handlers.reparam(form.model, config=config)
     return build_potential(model, data, preprocess_keys(kernel.seed)[0])
