@@ -45,6 +45,9 @@ class Problem:
     #: the same posterior with its group effects written centred, where ``model`` is not
     #: (the input of ``centring_weights``)
     centred_model: object = None
+    #: NUTS settings of its reference that differ from ``hier_refs.SETTINGS`` (e.g. a dense
+    #: mass matrix where crossed effects make the posterior a narrow ridge)
+    reference_settings: dict | None = None
 
 
 def _group_sizes(rng, num_groups: int, num_data: int, smallest: int) -> np.ndarray:

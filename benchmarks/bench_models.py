@@ -12,20 +12,31 @@ cached) this benchmark shares.
     python benchmarks/bench_models.py                    # 4 chains x (1000 + 10,000)
     python benchmarks/bench_models.py --problems probit,eight-groups --methods sgld
     python benchmarks/bench_models.py --methods sgnht,ecs --out benchmarks/results/x.json
+    python benchmarks/bench_models.py --batch 2          # the second batch (_unseen_models2)
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _unseen_models  # noqa: E402
+import _unseen_models2  # noqa: E402
 import bench_hierarchical  # noqa: E402
-from _unseen_models import suite  # noqa: E402
+
+BATCHES = {1: _unseen_models.suite, 2: _unseen_models2.suite}
 
 
 def main(argv=None) -> int:
-    return bench_hierarchical.main(argv, problems=suite(), script="bench_models.py",
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--batch", type=int, choices=sorted(BATCHES), default=1)
+    known, rest = pre.parse_known_args(argv)
+    script = "bench_models.py" + ("" if known.batch == 1 else f" --batch {known.batch}")
+    if known.batch != 1 and not any(a.startswith("--out") for a in rest):
+        rest += ["--out", str(bench_hierarchical.RESULTS / f"bench_models_{known.batch}.json")]
+    return bench_hierarchical.main(rest, problems=BATCHES[known.batch](), script=script,
                                    methods=("sgld", "sghmc"), description=__doc__)
 
 

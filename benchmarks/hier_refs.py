@@ -5,6 +5,7 @@ full-data NumPyro NUTS, 1000 + 10,000 draws, cached by ``_refs.get_reference``.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ SETTINGS = _refs.RefSettings(num_warmup=1000, num_samples=10_000, target_accept_
 
 
 def reference(problem, compute: bool = True, settings: _refs.RefSettings = SETTINGS):
+    if problem.reference_settings:
+        settings = dataclasses.replace(settings, **problem.reference_settings)
     args = tuple(jnp.asarray(a) for a in problem.args)
     n = int(problem.args[0].shape[0])
     model, name = problem.model, problem.name
