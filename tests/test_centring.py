@@ -456,3 +456,34 @@ def test_a_rerun_on_new_data_of_a_model_written_non_centred_compiles_nothing(wri
     with CompileTimer() as cc:
         mcmc.run(jax.random.PRNGKey(1), *_grouped_data(seed=4)[:2])
     assert cc.compiled == 0, cc.programs
+
+
+def _weak_groups(noise_sd: float):
+    """30 groups of 8 rows, group sd 0.5, noise sd ``noise_sd``: little data per group."""
+    rng = np.random.default_rng(5)
+    g = np.repeat(np.arange(30), 8)
+    y = 1.0 + SIGMA_A * rng.normal(size=30)[g] + noise_sd * rng.normal(size=240)
+    return jnp.asarray(g, jnp.int32), jnp.asarray(y, jnp.float32)
+
+
+def test_hand_written_group_effects_whose_centred_form_fails_are_sampled_as_written():
+    """Where the centred form cannot be preprocessed (noise sd 6 against group sd 0.5, 8 rows
+    a group: its proxy's draws overflow, which the model written centred reports as a
+    NonFiniteNoiseError instead of a LinAlgError from deep inside), the user's non-centred
+    model is sampled as written, without the centred form's warnings."""
+    import warnings
+
+    from numpyro_subsample.estimators.noise import NonFiniteNoiseError
+
+    args = _weak_groups(6.0)
+    kernel = SGHMC(by_hand, progress_bar=False, bias_probe=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel.preprocess(args)
+    assert [str(w.message) for w in caught] == []
+    assert kernel.preprocessed.potential.model is by_hand
+    assert next(iter(kernel._unwrapped.values())) is None  # found, failed, not tried again
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NonFiniteNoiseError, match="not finite at any of the"):
+            SGHMC(grouped_normal, progress_bar=False, bias_probe=False).preprocess(args)

@@ -130,15 +130,36 @@ def _projections(cov: np.ndarray, basis: np.ndarray) -> np.ndarray:
     return np.einsum("ik,ik->k", basis, cov @ basis)
 
 
+class NonFiniteNoiseError(ValueError):
+    """The gradient estimator was not finite at any proxy draw where its noise was measured."""
+
+
+def _non_finite_error(count: int) -> NonFiniteNoiseError:
+    return NonFiniteNoiseError(
+        f"The gradient estimator's noise is not finite at any of the {count} proxy draws "
+        "where it was measured: the proxy puts its draws where the model's log density or "
+        "its gradient overflows (e.g. a group scale near 0 in a hierarchical model written "
+        "centred, whose joint mode degenerates). Write the group effects non-centred, "
+        "reparam(model, {'a': LocScaleReparam(0)}), or pass proxy='variational' or a "
+        "step_size.")
+
+
 def _summarise(cov_at: Callable[[int], np.ndarray], points: Sequence[int]):
-    """``(mean, its eigenvalues, eigenvectors, projections (len(points), d))`` of the
-    covariances ``cov_at(p)`` over ``points``, each formed twice and never all at once."""
-    total = cov_at(points[0])
-    for p in points[1:]:
-        total += cov_at(p)
-    cov = total / len(points)
+    """``(mean, its eigenvalues, eigenvectors, projections (len(kept), d))`` of the
+    covariances ``cov_at(p)`` over the ``points`` where they are finite (a proxy draw
+    where the model's density overflows tells nothing of the noise where the chain runs),
+    each formed twice and never all at once; :class:`NonFiniteNoiseError` where none is."""
+    total, kept = None, []
+    for p in points:
+        v = cov_at(p)
+        if np.all(np.isfinite(v)):
+            total = v if total is None else total + v
+            kept.append(p)
+    if not kept:
+        raise _non_finite_error(len(points))
+    cov = total / len(kept)
     lam, basis = np.linalg.eigh(cov)
-    along = np.stack([_projections(cov_at(p), basis) for p in points])
+    along = np.stack([_projections(cov_at(p), basis) for p in kept])
     return cov, lam, basis, along
 
 
@@ -245,8 +266,12 @@ def extend_noise(
     rows = []
     for p in range(int(num_points)):
         v = cov_at(p)
-        total += v
+        if not np.all(np.isfinite(v)):
+            continue  # a draw where the model overflows (as in _summarise)
+        total = total + v
         rows.append(_projections(v, measured.basis))
+    if not rows:
+        return measured._replace(points=points, data_passes=passes)
     along = np.concatenate([measured.along, np.stack(rows)])
     cov = total / along.shape[0]
     order = np.argsort(along.mean(0), kind="stable")

@@ -11,6 +11,7 @@ noise, step size) with the methods of its base
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -27,12 +28,14 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import check_options, keyword_params
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import LocalConfig
+from numpyro_subsample.estimators.noise import NonFiniteNoiseError
 from numpyro_subsample.estimators.registry import (
     STATEFUL,
     check_estimator_request,
 )
 from numpyro_subsample.estimators.zv import covariate_choice
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.laplace import LaplaceFitError
 from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.sgmcmc import adaptation, centring, step_bias
 from numpyro_subsample.sgmcmc import preprocess as prep
@@ -394,13 +397,41 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             if self._unwrapped[sig] is not None:  # preprocessed first in its centred form
                 form, self._potentials[sig] = self._unwrapped[sig]
         # on new data of the same shapes the potential (and the weights) of the first are kept
-        pre = super()._preprocess_data(data)
+        caught = []
+        if form is not None and form.hand:
+            pre, caught = self._preprocess_hand_form(data, sig)
+            if pre is None:  # its centred form failed: the model as written
+                form = None
+                pre = super()._preprocess_data(data)
+        else:
+            pre = super()._preprocess_data(data)
         potential = centring.centred_potential(self, pre, data, form)
+        if potential is not None and potential.model is not self.user_model:
+            for w in caught:  # the centred form's warnings, where its weights are used
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         if potential is not None:  # preprocess again, on the partially centred model
             self._potentials[sig] = potential
             pre = self._preprocess(potential, data)
             self._pre = pre
         return pre
+
+    def _preprocess_hand_form(self, data: ModelData, sig) -> tuple[Preprocessed | None, list]:
+        """The preprocessing of the centred form of group effects written non-centred by hand
+        (:func:`~numpyro_subsample.sgmcmc.centring.centred_form`) and its warnings, held back
+        until its weights are used; None, silently, where the centred form cannot be
+        preprocessed (a degenerate joint mode, a proxy whose draws overflow): the model is
+        then sampled as written, which the user chose."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                pre = super()._preprocess_data(data)
+            except (LaplaceFitError, NonFiniteNoiseError):
+                pre = None
+        if pre is None:
+            self._unwrapped[sig] = None
+            self._potentials.pop(sig, None)
+            self._pre = None
+        return pre, list(caught)
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
