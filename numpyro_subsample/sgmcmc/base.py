@@ -406,10 +406,10 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         else:
             pre = super()._preprocess_data(data)
         potential = centring.centred_potential(self, pre, data, form)
-        if potential is not None and potential.model is not self.user_model:
-            for w in caught:  # the centred form's warnings, where its weights are used
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         if potential is not None:  # preprocess again, on the partially centred model
+            if potential.model is not self.user_model:  # the centred form's weights used
+                for w in caught:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self._potentials[sig] = potential
             pre = self._preprocess(potential, data)
             self._pre = pre

@@ -349,14 +349,18 @@ def hand_centred(model: Callable, forms: dict[str, HandForm]) -> Callable:
                                     config={z: HandCentring(values, f) for z, f in forms.items()})
 
 
-def centred_form(model: Callable, data: ModelData, seed: int = 0) -> WrittenForm | None:
+def centred_form(model: Callable, data: ModelData, seed: int = 0,
+                 potential_of: Callable[[], Potential] | None = None) -> WrittenForm | None:
     """The centred form the kernels preprocess first: of a model the user wrote
     reparameterised (:func:`written_form`), or of one with group effects non-centred by hand
-    (:func:`hand_forms`, :func:`hand_centred`; ``written`` then empty); None where neither."""
+    (:func:`hand_forms`, :func:`hand_centred`; ``written`` then empty); None where neither.
+    ``potential_of`` gives the potential of ``model`` where the hand-written forms are
+    looked for (a kernel's cached one); default: built here."""
     form = written_form(model, data)
     if form is not None or _reparameterised(model):
         return form
-    potential = build_potential(model, data, preprocess_keys(seed)[0])
+    potential = (build_potential(model, data, preprocess_keys(seed)[0])
+                 if potential_of is None else potential_of())
     if potential.local:
         return None
     forms = hand_forms(potential, data)
@@ -610,7 +614,8 @@ def unwrapped(kernel, data: ModelData) -> tuple[WrittenForm, Potential] | None:
     it; None: the model is preprocessed as written."""
     if not _centres(kernel):
         return None
-    form = centred_form(kernel.user_model, data, kernel.seed)
+    form = centred_form(kernel.user_model, data, kernel.seed,
+                        potential_of=lambda: kernel.potential_for(data))
     if form is None:
         return None
     potential = build_potential(form.model, data, preprocess_keys(kernel.seed)[0])
