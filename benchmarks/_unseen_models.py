@@ -527,11 +527,20 @@ _TABLE = {
 }
 
 
-def suite(names=None) -> dict[str, Problem]:
-    """The suite's problems (all, or ``names``), in the table's order."""
+def problems_from(table: dict, names=None, reference_settings: dict | None = None
+                  ) -> dict[str, Problem]:
+    """The problems of a table ``{name: (model, data, sites, reference model)}`` (all, or
+    ``names``), in its order; ``reference_settings``: per name, NUTS settings of its
+    reference that differ from the suite's."""
     out = {}
-    for name, (model, data, sites, reference_model) in _TABLE.items():
+    for name, (model, data, sites, reference_model) in table.items():
         if names is None or name in names:
             args, info = data()
-            out[name] = Problem(name, model, args, {}, sites, info, reference_model)
+            out[name] = Problem(name, model, args, {}, sites, info, reference_model,
+                                reference_settings=(reference_settings or {}).get(name))
     return out
+
+
+def suite(names=None) -> dict[str, Problem]:
+    """The suite's problems (all, or ``names``), in the table's order."""
+    return problems_from(_TABLE, names)

@@ -18,6 +18,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from _hier_models import Problem
+from _unseen_models import problems_from
 
 
 def _sizes(rng, groups, mean_log, sd_log, lo, hi):
@@ -285,10 +286,4 @@ _REFERENCE_SETTINGS = {"crossed-scales": {"dense_mass": True}}
 
 def suite(names=None) -> dict[str, Problem]:
     """The batch's problems (all, or ``names``), in the table's order."""
-    out = {}
-    for name, (model, data, sites, reference_model) in _TABLE.items():
-        if names is None or name in names:
-            args, info = data()
-            out[name] = Problem(name, model, args, {}, sites, info, reference_model,
-                                reference_settings=_REFERENCE_SETTINGS.get(name))
-    return out
+    return problems_from(_TABLE, names, _REFERENCE_SETTINGS)
