@@ -245,12 +245,9 @@ def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel
     """Default SGLD / SGHMC (partially centred by default) on the model written centred,
     non-centred (``LocScaleReparam(0)``) or non-centred by hand (a = mu + sigma_a * z,
     compared through a), against long full-data NUTS: every site within 0.15
-    posterior sd in mean and 0.15 in log-sd; SGHMC with no warning, SGLD with at most the
-    run check's (its ESS is about 380 of the 400 that 4 chains need here: the step rule's
-    curvature over the posterior keeps h at 0.024)."""
+    posterior sd in mean and 0.15 in log-sd, with no warning (SGLD's step, h ≈ 0.024 through
+    the curvature's spread, takes several steps per draw)."""
     import warnings
-
-    from numpyro_subsample import RunDiagnosticsWarning
 
     g, y, _ = data
     model = {"centred": grouped_normal, "by hand": by_hand}.get(written) or _noncentred_wrapped()
@@ -259,8 +256,9 @@ def test_partially_centred_default_run_matches_nuts(data, nuts_reference, kernel
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mcmc.run(jax.random.PRNGKey(0), g, y)
-    allowed = (RunDiagnosticsWarning,) if kernel is SGLD else ()
-    assert [str(w.message) for w in caught if not issubclass(w.category, allowed)] == []
+    assert [str(w.message) for w in caught] == []
+    if kernel is SGLD:
+        assert mcmc.sampler.steps_per_draw > 1
     draws = mcmc.get_samples()
     if written == "by hand":
         draws = {**draws, "a": draws["mu"][:, None] + draws["sigma_a"][:, None] * draws["z"]}

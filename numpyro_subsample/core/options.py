@@ -162,6 +162,10 @@ _SGMCMC: dict[str, Option] = {
     "chunk_size": _CHUNK,
     "bias_probe": _flag("whether the step's bias is probed by coupled runs at h and h/2 "
                          "after the step is chosen"),
+    "steps_per_draw": _positive_int(
+        "the steps of the dynamics per recorded draw (None: chosen by the kernel)",
+        "Pass a positive integer, or None (SGLD: more than one where its own step is below "
+        "its unit-curvature step).", none=True),
     "store_datum_grads": _flag("whether the N×d table of ∇f_i(θ̂) is kept"),
     "init_strategy": Option("str", "where each chain starts", choices=("proxy", "centre"),
                             remedy="Pass 'proxy' (a draw from N(θ̂, Σ̂), the default) or "

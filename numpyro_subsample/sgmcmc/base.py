@@ -57,7 +57,7 @@ from numpyro_subsample.sgmcmc.options import (
     check_record,
     legacy_records,
 )
-from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
+from numpyro_subsample.sgmcmc.stepsize import MAX_STEPS_PER_DRAW, sgld_step_size
 
 __all__ = ["SGMCMCKernel"]
 
@@ -167,6 +167,15 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         ``"saga"``/``"svrg"`` (a state per chain): the reason is then in
         ``kernel.preprocessed.step_bias_skipped`` and the run check's record, without a
         warning.
+    steps_per_draw
+        Steps of the dynamics per recorded draw (each draw is the chain's state after k
+        steps, as with NumPyro's ``thinning`` but inside the compiled step; the data passes
+        count every step). Default None: 1 for a given ``step_size`` and for SGHMC and SGNHT;
+        for SGLD k = round(h_1 / h) (at most 8) where the step h it chose is below its
+        unit-curvature step h_1 (the curvature's spread, the bias probe or the gradient
+        noise took it there), so that a draw mixes about as far as one at h_1
+        (:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`); read it from
+        :attr:`steps_per_draw`.
     **estimator_options
         Further options of the estimator (see its module). The keywords of the previous
         release (``zv_stream``, ``zv_degree``, ``zv_covariates``, ``zv_fn``,
@@ -188,6 +197,10 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     supports_structured: ClassVar[bool] = True
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
+    #: The most steps of the dynamics per draw where the kernel's own step is below its
+    #: unit-curvature step (:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`): SGLD's
+    #: draws mix in about 1/h steps; SGHMC's and SGNHT's, with momentum, need none (1).
+    max_steps_per_draw: ClassVar[int] = MAX_STEPS_PER_DRAW
     #: (the last state of a run, its probe by :meth:`probe_after_run`)
     _after_run_probe: tuple | None = None
 
@@ -211,6 +224,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         seed: int = 0,
         progress_bar: bool | None = None,
         bias_probe: bool = True,
+        steps_per_draw: int | None = None,
         **estimator_options: Any,
     ) -> None:
         label = type(self).__name__
@@ -227,7 +241,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             preconditioning=preconditioning, replace=replace, proxy_kwargs=proxy_kwargs,
             chunk_size=chunk_size, store_datum_grads=store_datum_grads,
             init_strategy=init_strategy, seed=seed, progress_bar=progress_bar,
-            bias_probe=bias_probe,
+            bias_probe=bias_probe, steps_per_draw=steps_per_draw,
             **({} if isinstance(proxy, (Proxy, StructuredProxy)) else {"proxy": proxy}),
         )
         self._estimator_request = estimator
@@ -269,6 +283,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         zv = zv or ZVOptions()
         self.zv_degree, self.zv_covariates, self.zv_fn = zv.degree, zv.covariates, zv.fn
         self.bias_probe = bool(bias_probe)
+        self._steps_per_draw = None if steps_per_draw is None else int(steps_per_draw)
 
     # -- what a subclass chooses ------------------------------------------------------------
     _diffusion = 1.0  # c of the injected noise N(0, 2ch I)
@@ -314,6 +329,13 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     def step_size(self) -> float:
         """The time step h in use (see the class docstring)."""
         return self.preprocessed.step_size
+
+    @property
+    def steps_per_draw(self) -> int:
+        """The steps of the dynamics per draw (the ``steps_per_draw`` given, else as the
+        class docstring says)."""
+        k = self.preprocessed.params.steps_per_draw
+        return 1 if k is None else int(k)
 
     def with_step_size(self, step_size: float) -> SGMCMCKernel:
         """A copy with time step ``step_size`` sharing the preprocessing (step-halving)."""
@@ -434,7 +456,10 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         return pre, list(caught)
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
-        return f"step size {self.step_size:.2e}. n={int(np.asarray(state.subsample_size).max())}"
+        k = self.steps_per_draw
+        steps = f" × {k} per draw" if k > 1 else ""
+        return (f"step size {self.step_size:.2e}{steps}. "
+                f"n={int(np.asarray(state.subsample_size).max())}")
 
     def _config(self, pre: Preprocessed, num_warmup: int, traced: bool) -> SGMCMCConfig:
         local = bool(pre.potential.local)

@@ -79,13 +79,16 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     estimate at the initial position without moving (so a chain's first draw is its initial
     position, and ``init_one`` compiles no estimator). A stateful estimator's state is made by
     ``init_one`` and advanced by every ``step`` (``update``); the data passes it spends beyond
-    the subsample are added to ``data_passes``.
+    the subsample are added to ``data_passes``. With ``params.steps_per_draw`` = k, ``step``
+    moves the dynamics k times per draw after the first, which evaluates the estimate at the
+    start once (``state.i`` counts draws).
     """
     pot, dynamics = cfg.potential, cfg.dynamics
     inv_n = 1.0 / pot.num_data
     zv_flat = _zv_function(cfg)
 
-    def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
+    def move(state: SGMCMCState, data: ModelData) -> SGMCMCState:
+        """One step of the dynamics; ``state.i`` (the draw's index) is left to ``step``."""
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
         first = state.i == 0  # the initial state holds no gradient: evaluate it, do not move
@@ -96,15 +99,24 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
         if adapt is not None:
             adapt = _restarted_adaptation(state, adapt, g, first, keep)
-        new = SGMCMCState(
-            i=state.i + 1, z=jax.tree.map(keep, pot.unravel(theta), state.z),
+        return state._replace(
+            z=jax.tree.map(keep, pot.unravel(theta), state.z),
             w=keep(w, state.w), momentum=keep(mom, state.momentum),
             thermostat=keep(xi, state.thermostat), grad=keep(-g, state.grad),
             subsample_size=jnp.asarray(n, jnp.int32), diverging=~ok, fail_step=fail_step,
             fail_coord=fail_coord,
             data_passes=state.data_passes + n * inv_n + extra_passes,
-            rng_key=key, params=p, zv_stats=state.zv_stats, est_state=est_state, adapt=adapt,
+            rng_key=key, est_state=est_state, adapt=adapt,
         )
+
+    def step(state: SGMCMCState, data: ModelData) -> SGMCMCState:
+        k = state.params.steps_per_draw
+        if k is None:
+            new = move(state, data)
+        else:  # k steps per draw; the first draw only evaluates the estimate at the start
+            trips = jnp.where(state.i == 0, 1, k)
+            new = jax.lax.fori_loop(0, trips, lambda _, s: move(s, data), state)
+        new = new._replace(i=state.i + 1)
         if zv_flat is not None:
             new = new._replace(zv_stats=_zv_accumulate(cfg, zv_flat, state.zv_stats, new, data))
         return new

@@ -173,6 +173,7 @@ class DistributedSGLD(SGLD):
     supports_structured = False
     supports_adaptation = False
     supports_proxy_adaptation = False
+    max_steps_per_draw = 1  # its shard programs take one step per draw
 
     def __init__(
         self,
@@ -197,6 +198,11 @@ class DistributedSGLD(SGLD):
         check_record(type(self).__name__, "noise", records["noise"])
         if records["zv"] is not None:
             raise ValueError("zv=ZVOptions(...) is not supported by DistributedSGLD.")
+        if kwargs.get("steps_per_draw") not in (None, 1):
+            raise ValueError(
+                f"DistributedSGLD takes one step per draw (got steps_per_draw="
+                f"{kwargs['steps_per_draw']!r}); a shard's trajectory_length sets its steps per "
+                "visit, and MCMC(thinning=k) keeps every k-th draw.")
         if kwargs.get("store_datum_grads") is not None:
             raise ValueError(
                 "DistributedSGLD keeps ∇f_i(θ̂) on the device of each shard; do not pass "

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import jax.numpy as jnp
+
 from numpyro_subsample.core.adapter import preprocess_keys, resolve_progress
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
@@ -30,6 +32,7 @@ from numpyro_subsample.sgmcmc.chain import Preprocessed, Whitening
 from numpyro_subsample.sgmcmc.curvature import measured_curvature
 from numpyro_subsample.sgmcmc.local_preprocess import local_preprocessing
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed
+from numpyro_subsample.sgmcmc.stepsize import steps_per_draw
 
 __all__ = ["SGMCMCPreprocessing"]
 
@@ -95,7 +98,7 @@ class SGMCMCPreprocessing:
         return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
                               structured=self._is_structured(potential.dim))
 
-    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+    def _preprocessed_core(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
             return self._preprocess_local(potential, data)
         t0 = time.perf_counter()
@@ -142,7 +145,23 @@ class SGMCMCPreprocessing:
         return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
                                  diffusion=self._diffusion, seed=self.seed,
                                  kernel=type(self).__name__, reduce_step=reduce_step,
-                                 stacklevel=5)
+                                 stacklevel=6)
+
+    def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
+        """The preprocessing, with the steps of the dynamics per draw: the ``steps_per_draw``
+        given, else where the kernel chose the step on the measured path (its noise-free
+        step is known) and it is below its unit-curvature one,
+        :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw` (up to the class's
+        ``max_steps_per_draw``)."""
+        pre = self._preprocessed_core(potential, data)
+        k = self._steps_per_draw
+        if k is None and self.max_steps_per_draw > 1 and pre.noise_free_step > 0:
+            unit = self._default_step_size(0.0, pre.noise_corrected, 1.0)
+            k = steps_per_draw(pre.step_size, unit, self.max_steps_per_draw)
+        if k is None or k == 1:
+            return pre
+        return pre._replace(params=pre.params._replace(
+            steps_per_draw=jnp.asarray(k, jnp.int32)))
 
     def _preprocess_local(self, potential: Potential, data: ModelData) -> Preprocessed:
         """A model with local latent sites (:func:`.local_preprocess.local_preprocessing`)."""

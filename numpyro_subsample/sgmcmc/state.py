@@ -29,7 +29,9 @@ class SamplerParams(NamedTuple):
     (``scale_tril``: a :data:`~numpyro_subsample.proxies.whitening.Scale`, dense triangular or
     structured), the step size h, the estimator's arrays and, for a noise-corrected dynamic,
     the matrix S of the injected noise S ξ
-    (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`)."""
+    (:func:`~numpyro_subsample.sgmcmc.dynamics.injected_noise_scale`) and the steps of the
+    dynamics per draw k (an int32 scalar; None: one,
+    :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`)."""
 
     centre: jax.Array
     scale_tril: Scale
@@ -38,6 +40,7 @@ class SamplerParams(NamedTuple):
     init_tril: Scale  # square root of the proxy covariance, for initial draws
     data_passes: jax.Array  # data passes spent on the preprocessing
     noise_scale: jax.Array | None = None
+    steps_per_draw: jax.Array | None = None
 
 
 class SGMCMCState(NamedTuple):

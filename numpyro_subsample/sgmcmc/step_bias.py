@@ -34,7 +34,8 @@ more beyond :func:`reduce_z` standard errors, and at least :data:`BIAS_TARGET` t
 errors below its estimate, reduces the step to the one at which the first
 order bias is :data:`BIAS_TARGET`, h' = h · BIAS_TARGET / |b| (:attr:`BiasProbe.bias_limited_step`,
 at least h / :data:`MAX_REDUCTION`): the bias of the Euler-type steps is linear in h (Durmus et
-al. 2016, Eq. 5); the run then mixes more slowly, which its ESS check reports.
+al. 2016, Eq. 5); the run then mixes more slowly per step (SGLD takes more steps per draw,
+:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`; otherwise its ESS check reports it).
 :func:`warn_if_biased` raises a :class:`StepBiasWarning` when, at the step the run takes, one
 of the estimates is at least :data:`FLAG_BIAS` and beyond :func:`significance` standard errors
 (a given step, or a reduction capped at h / :data:`MAX_REDUCTION`), or when the chains at h

@@ -25,13 +25,28 @@ uncorrected rules (the correction needs the d × d matrix V) with μ the largest
 curvature the proxy reports (:func:`~numpyro_subsample.sgmcmc.preprocess.whitened_curvature`:
 for a low-rank fit its first discarded Ritz value over its complement curvature, at least 1),
 so that the stiffest direction, not a unit one, meets the bound.
+
+Steps per draw. A draw of overdamped Langevin dynamics at step h decorrelates a whitened
+coordinate of curvature λ in about 1/(hλ) steps: the integrated autocorrelation time of its
+mean is (2 − hλ)/(hλ) (the AR(1) above), about 20 draws at the unit-curvature step
+h_1 = 2δ/(1 + δ) (δ = 0.05). Where the curvature's spread μ, the bias probe or the noise
+bound takes h below h_1, each draw mixes h/h_1 as far. SGLD then moves k = round(h_1/h)
+steps per draw (:func:`steps_per_draw`, at most :data:`MAX_STEPS_PER_DRAW`), so that a
+draw of its default run mixes about as far as one at h_1: the stationary distribution is
+unchanged (k steps of the same chain per recorded draw, as NUTS takes several leapfrog
+steps per draw), the run costs k times the gradient estimates. Where h_1/h exceeds twice
+the cap the steps would not make the run mix, and k = 1 (the run check then says so).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["sgld_step_size", "sghmc_step_size", "sgnht_step_size"]
+__all__ = ["MAX_STEPS_PER_DRAW", "sgld_step_size", "sghmc_step_size", "sgnht_step_size",
+           "steps_per_draw"]
+
+#: The most steps of the dynamics per draw that :func:`steps_per_draw` asks for.
+MAX_STEPS_PER_DRAW = 8
 
 
 def _checked_inflation(max_variance_inflation: float) -> float:
@@ -143,3 +158,23 @@ def sgnht_step_size(v: float, alpha: float, delta: float, mu: float) -> float:
     """
     h_thermo = 4 * delta / (alpha + (alpha * alpha + 4 * delta * v) ** 0.5)
     return min(h_thermo, sghmc_step_size(v, alpha, delta, mu))
+
+
+def steps_per_draw(step_size: float, unit_step: float,
+                   max_steps: int = MAX_STEPS_PER_DRAW) -> int:
+    """k = round(h_1 / h) steps of the dynamics per draw, at most ``max_steps``; 1 where
+    h_1 / h exceeds 2 · ``max_steps`` (module docstring).
+
+    Parameters
+    ----------
+    step_size
+        The step h the run takes.
+    unit_step
+        h_1: the rule's step at unit curvature and no gradient noise.
+    max_steps
+        The cap on k.
+    """
+    ratio = float(unit_step) / float(step_size)
+    if not ratio > 1.0 or ratio > 2 * max_steps:
+        return 1
+    return int(min(max_steps, max(1, int(ratio + 0.5))))
