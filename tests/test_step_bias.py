@@ -146,8 +146,8 @@ def test_a_step_the_gradient_noise_limits_is_not_reduced():
 
 def test_refinement_and_reduction_rules():
     """More rounds of pairs only where an estimate of 0.1 or more is beyond 1.5 se; the
-    reduction only for an estimate ≥ 0.15 beyond max(3, (2 log 4d)^½) se, 0.1 or more two se
-    below it (and 20 batch means), at most 4-fold."""
+    reduction only for an estimate ≥ 0.15 beyond 3 se whatever d, 0.1 or more two se below it
+    (and 20 batch means), at most 4-fold."""
     z = np.zeros(3)
     assert not step_bias.suspect(np.array([0.09, 0.0, 0.0]), z + 0.01, z, z + 0.01)
     assert not step_bias.suspect(np.array([0.2, 0.0, 0.0]), z + 0.2, z, z + 0.01)
@@ -164,6 +164,12 @@ def test_refinement_and_reduction_rules():
     assert probe([0.2, -0.25, 0], z + 0.01).bias_limited_step == pytest.approx(0.04)
     assert probe([2.0, 0, 0], z + 0.01).bias_limited_step == pytest.approx(0.025)  # 4-fold cap
     assert probe([2.0, 0, 0], z + 0.01, kind="diverged").bias_limited_step is None
+    # 400 coordinates: a group scale's −0.285 ± 0.076 (3.75 se, a 400-group model's τ) cuts
+    d = 400
+    many = step_bias.BiasProbe(0.1, np.r_[-0.285, np.zeros(d - 1)], np.full(d, 0.076),
+                               np.zeros(d), np.full(d, 0.01), 0, "mean", False, 8, 800, 19200,
+                               1.0, 0.1, np.full(d, 50.0))
+    assert many.bias_limited_step == pytest.approx(0.1 * 0.1 / 0.285)
 
 
 @pytest.mark.slow

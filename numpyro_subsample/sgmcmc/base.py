@@ -149,7 +149,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         posterior mean and sd at h. A step the kernel's rule chose and the gradient noise
         does not limit (at least half the noise-free rule's) is reduced, to h · 0.1 / |b|
         (at most 4-fold), where a bias |b| of 0.15 posterior sd (of a mean; 15 % of an sd)
-        or more is beyond max(3, (2 log 4d)^½) standard errors and 0.1 or more two standard
+        or more is beyond 3 standard errors and 0.1 or more two standard
         errors below its estimate (up to 8 more pairs sharpen estimates of 0.1 or more
         first); a
         :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` names the step and a

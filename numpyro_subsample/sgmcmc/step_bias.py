@@ -30,7 +30,7 @@ pool all the pairs.
 
 Where the kernel chose h by its rule (no ``step_size`` given) and the gradient noise does not
 limit it (the kernel's test), a bias of :data:`REDUCE_FROM` or
-more beyond :func:`reduce_z` standard errors, and at least :data:`BIAS_TARGET` two standard
+more beyond :data:`REDUCE_Z` standard errors, and at least :data:`BIAS_TARGET` two standard
 errors below its estimate, reduces the step to the one at which the first
 order bias is :data:`BIAS_TARGET`, h' = h · BIAS_TARGET / |b| (:attr:`BiasProbe.bias_limited_step`,
 at least h / :data:`MAX_REDUCTION`): the bias of the Euler-type steps is linear in h (Durmus et
@@ -85,6 +85,7 @@ __all__ = [
     "PROBE_PAIRS",
     "REDUCE_FROM",
     "REDUCE_LOWER_SE",
+    "REDUCE_Z",
     "REFINE_FROM",
     "REFINE_ROUNDS",
     "REFINE_Z",
@@ -96,7 +97,6 @@ __all__ = [
     "probe_after_run",
     "probe_bias",
     "probe_steps",
-    "reduce_z",
     "not_probed",
     "probed",
     "significance",
@@ -128,10 +128,15 @@ REFINE_ROUNDS = 2
 #: The probe's gradient estimates, refinement included, stay within this many: 0.45 × those of
 #: a default run of 4 chains × 11,000 steps.
 MAX_ESTIMATES = 19_800
-#: A bias estimated at least ``REDUCE_FROM`` and beyond :func:`reduce_z` standard errors
+#: A bias estimated at least ``REDUCE_FROM`` and beyond ``REDUCE_Z`` standard errors
 #: reduces a step the kernel chose to one with an estimated bias of ``BIAS_TARGET``, by at most
 #: a factor ``MAX_REDUCTION``.
 REDUCE_FROM = 0.15
+#: The standard errors of that bias: not corrected for the number of coordinates (as
+#: :func:`significance` is): a reduction that was not needed costs gradient estimates (SGLD's
+#: further steps per draw) or effective samples, not correctness, and the lower bound below
+#: keeps estimates with wide errors from cutting.
+REDUCE_Z = 3.0
 #: ... and whose lower bound |b| − 2 se is at least ``BIAS_TARGET``: a bias of at least 0.1
 #: with about 98 % confidence, so that an estimate near 0.15 with a wide error does not cut.
 REDUCE_LOWER_SE = 2.0
@@ -230,7 +235,7 @@ class BiasProbe(NamedTuple):
     @property
     def bias_limited_step(self) -> float | None:
         """h · :data:`BIAS_TARGET` / |b| for the largest estimate |b| (of a mean, in posterior
-        sds; of an sd, relative) that is at least :data:`REDUCE_FROM`, beyond :func:`reduce_z`
+        sds; of an sd, relative) that is at least :data:`REDUCE_FROM`, beyond :data:`REDUCE_Z`
         standard errors, with |b| − :data:`REDUCE_LOWER_SE` se ≥ :data:`BIAS_TARGET`, and
         from at least :data:`MIN_ESS` batch means; at least h / :data:`MAX_REDUCTION`. None
         where no estimate qualifies or the chains diverged."""
@@ -239,7 +244,7 @@ class BiasProbe(NamedTuple):
         b = np.abs(np.concatenate([np.ravel(self.mean_bias), np.ravel(self.sd_bias)]))
         se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
         ess = np.concatenate([np.ravel(self.ess)] * 2)
-        ok = ((b >= REDUCE_FROM) & (b > reduce_z(len(self.mean_bias)) * se)
+        ok = ((b >= REDUCE_FROM) & (b > REDUCE_Z * se)
               & (b - REDUCE_LOWER_SE * se >= BIAS_TARGET) & (ess >= MIN_ESS))
         if not ok.any():
             return None
@@ -299,13 +304,6 @@ def probe_steps(step_size: float) -> int:
     the run's subsample size."""
     steps = min(max(RELAXATION_STEPS / max(float(step_size), 1e-12), MIN_STEPS), MAX_STEPS)
     return BATCHES * int(math.ceil(steps / BATCHES))
-
-
-def reduce_z(dim: int) -> float:
-    """The standard errors an estimate must exceed to reduce the step: (2 log 4d)^(1/2), the
-    largest of 2d null estimates' expected size (one fewer than :func:`significance`, as a
-    reduction that was not needed costs effective samples, not correctness), at least 3."""
-    return max(3.0, math.sqrt(2.0 * math.log(4.0 * max(int(dim), 1))))
 
 
 def significance(dim: int) -> float:
