@@ -1,5 +1,5 @@
 """The pilot chains of the adapted proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): P chains of
-the kernel's own dynamics, vectorized, with the control-variate estimator at the current proxy,
+the kernel's pilot dynamics, vectorized, with the control-variate estimator at the current proxy,
 run in blocks of one compiled program so that every window shares it."""
 
 from __future__ import annotations
