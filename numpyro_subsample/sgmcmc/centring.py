@@ -60,13 +60,6 @@ __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centre
 #: change nothing measurable).
 CENTRED_ENOUGH = 0.99
 
-#: Group effects written non-centred by hand are sampled as written unless some group's weight
-#: reaches this: weights below it change little from the user's c = 0, and the centred form's
-#: pilot chains can fall into the neck of its funnel (a group scale near 0), where every
-#: weight comes out near 0 although the posterior's are not.
-HAND_CENTRING_MIN = 0.5
-
-
 def _base_normal(fn) -> dist.Normal | None:
     """The Normal under a site's expand / to_event wrappers, or None."""
     while isinstance(fn, (dist.ExpandedDistribution, dist.Independent)):
@@ -498,8 +491,7 @@ class WrittenForm(NamedTuple):
     """The centred form of a model the user wrote non-centred: as ``reparam(model, config)``
     with loc-scale sites (:func:`written_form`; ``model`` keeps the other entries of
     ``config``, ``written`` holds the user's weights per unwrapped site), or by hand
-    (:func:`centred_form`; ``hand`` names the centred sites ``<z>_centred``; where no
-    weight of theirs reaches ``HAND_CENTRING_MIN`` the model is sampled as written)."""
+    (:func:`centred_form`; ``hand`` names the centred sites ``<z>_centred``)."""
 
     model: Callable
     written: dict
@@ -631,13 +623,11 @@ def centred_potential(kernel, pre, data: ModelData,
 
     With ``form`` (``pre`` is of its centred model), the user's loc-scale sites and
     hand-written group effects are sampled with :class:`PartialCentring` at the proxy's
-    weights, or, where no pilot chains ran on a dense proxy, at the user's own; those
-    written by hand are sampled as written where no weight reaches ``HAND_CENTRING_MIN``.
-    Without, None where centring is off, where the
-    potential is already a centred one, where the model has a reparameterisation that
-    :func:`written_form` does not unwrap, local latent sites or no dense proxy that pilot
-    chains ran on, or
-    where no site has weights below ``CENTRED_ENOUGH``."""
+    weights, or, where no pilot chains ran on a dense proxy, at the user's own. Without,
+    None where centring is off, where the potential is already a centred one, where the
+    model has a reparameterisation that :func:`written_form` does not unwrap, local latent
+    sites or no dense proxy that pilot chains ran on, or where no site has weights below
+    ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
     if not _centres(kernel) or potential.local:
         return None
@@ -652,10 +642,6 @@ def centred_potential(kernel, pre, data: ModelData,
         if not weights:
             return None
         model = partially_centred(kernel.user_model, weights)
-    elif form.hand and not form.written and all(
-            np.max(weights.get(site, 0.0)) < HAND_CENTRING_MIN for site in form.hand):
-        others = {site: c for site, c in weights.items() if site not in form.hand}
-        model = partially_centred(kernel.user_model, others)  # z as the user wrote it
     else:
         config = {site: PartialCentring(jnp.asarray(c)) for site, c in weights.items()}
         config.update({site: PartialCentring(jnp.asarray(weights.get(site, c_u)), written=c_u)

@@ -127,9 +127,6 @@ class SGHMC(SGMCMCKernel):
             return corrected_dynamics(self._dynamics_name, self.friction)
         return self._plain_dynamics(self.friction)
 
-    def _pilot_dynamics(self) -> tuple[Dynamics, Callable[[float, float], float]]:
-        return self._dynamics(False), lambda v, mu: self._default_step_size(v, False, mu)
-
     def _default_step_size(self, noise: float, corrected: bool | None = None,
                            curvature: float = 1.0) -> float:
         return self._step_rule(noise, self.friction, self.max_variance_inflation, curvature,

@@ -78,10 +78,13 @@ class SGMCMCPreprocessing:
 
     def _pilot_dynamics(self) -> tuple[Dynamics, Callable[[float, float], float]]:
         """The pilot chains' dynamics and step rule ``rule(v, μ)``
-        (:mod:`~numpyro_subsample.sgmcmc.warmup`): SGHMC's with friction 1 for SGLD, whose
-        own draws cross a posterior about four times more slowly per step and, started in a
-        centred hierarchical model's funnel by a collapsed variational fit, do not leave it
-        within the pilot; the kernel's own for SGHMC and SGNHT."""
+        (:mod:`~numpyro_subsample.sgmcmc.warmup`): SGHMC's, with the kernel's friction for
+        SGHMC and friction 1 for SGLD and SGNHT. Started in a centred hierarchical model's
+        funnel by a collapsed variational fit, pilot chains of SGLD's dynamics (which cross a
+        posterior about four times more slowly per step) and of SGNHT's stayed in its neck;
+        the partial-centring weights taken there all came out near 0."""
+        if self._dynamics_name == "sghmc":
+            return self._dynamics(False), lambda v, mu: self._default_step_size(v, False, mu)
         delta = self.max_variance_inflation
         return sghmc_dynamics(1.0), lambda v, mu: sghmc_step_size(v, 1.0, delta, mu)
 

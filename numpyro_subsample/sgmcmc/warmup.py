@@ -8,9 +8,9 @@ metric in windows of growing length during warm-up (Carpenter et al. 2017; Stan 
 Manual, "HMC algorithm parameters"), the proxy is here re-estimated from the draws of ``P``
 pilot chains (vectorized) in windows w = 1, …, W:
 
-1. the chains run ``windows[w]`` steps of the kernel's pilot dynamics (SGHMC's for SGLD,
-   whose own chains cross the posterior too slowly to leave a funnel's neck; the kernel's
-   own for SGHMC and SGNHT) with the control-variate
+1. the chains run ``windows[w]`` steps of SGHMC's dynamics (the kernel's friction for SGHMC,
+   1 for SGLD and SGNHT, whose own pilot chains stayed in a funnel's neck where a variational
+   start put them) with the control-variate
    estimator (Baker et al. 2019, Eq. 4) centred at θ̂_w, whitened by L_w and with the diagonal
    scale of :mod:`~numpyro_subsample.sgmcmc.adaptation` adapted within the window (its step
    rule needs no noise measurement, so a poor proxy only slows the pilot down);
