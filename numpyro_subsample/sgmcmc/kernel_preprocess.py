@@ -34,6 +34,7 @@ from numpyro_subsample.sgmcmc.curvature import measured_curvature
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, sghmc_dynamics
 from numpyro_subsample.sgmcmc.local_preprocess import local_preprocessing
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed
+from numpyro_subsample.sgmcmc.options import NoiseOptions
 from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, steps_per_draw
 
 __all__ = ["SGMCMCPreprocessing"]
@@ -82,10 +83,12 @@ class SGMCMCPreprocessing:
         SGHMC and friction 1 for SGLD and SGNHT. Started in a centred hierarchical model's
         funnel by a collapsed variational fit, pilot chains of SGLD's dynamics (which cross a
         posterior about four times more slowly per step) and of SGNHT's stayed in its neck;
-        the partial-centring weights taken there all came out near 0."""
+        the partial-centring weights taken there all came out near 0. Their δ is at most the
+        default 0.05: the pilot's draws estimate the posterior's moments, which a larger δ
+        would inflate."""
         if self._dynamics_name == "sghmc":
             return self._dynamics(False), lambda v, mu: self._default_step_size(v, False, mu)
-        delta = self.max_variance_inflation
+        delta = min(self.max_variance_inflation, NoiseOptions().max_variance_inflation)
         return sghmc_dynamics(1.0), lambda v, mu: sghmc_step_size(v, 1.0, delta, mu)
 
     def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
