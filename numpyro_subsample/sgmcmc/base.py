@@ -170,10 +170,11 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     steps_per_draw
         Steps of the dynamics per recorded draw (each draw is the chain's state after k
         steps, as with NumPyro's ``thinning`` but inside the compiled step; the data passes
-        count every step). Default None: 1 for a given ``step_size`` and for SGHMC and SGNHT;
-        for SGLD k = round(h_1 / h) (at most 8) where the step h it chose is below its
-        unit-curvature step h_1 (the curvature's spread, the bias probe or the gradient
-        noise took it there), so that a draw mixes about as far as one at h_1
+        count every step). Default None: 1 for a given ``step_size``; else k = round(h_1 / h)
+        (at most 8) where the step h the kernel chose is below SGLD's unit-curvature step
+        h_1 = 2δ/(1 + δ) (the curvature's spread, the bias probe or the gradient noise took it
+        there), so that a draw mixes about as far as one of SGLD at h_1 (SGHMC's and SGNHT's
+        rules take h ≥ h_1 but where noise or curvature limit them)
         (:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`); read it from
         :attr:`steps_per_draw`.
     **estimator_options
@@ -197,9 +198,8 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     supports_structured: ClassVar[bool] = True
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
-    #: The most steps of the dynamics per draw where the kernel's own step is below its
-    #: unit-curvature step (:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`): SGLD's
-    #: draws mix in about 1/h steps; SGHMC's and SGNHT's, with momentum, need none (1).
+    #: The most steps of the dynamics per draw where the kernel's own step is below SGLD's
+    #: unit-curvature step (:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`).
     max_steps_per_draw: ClassVar[int] = MAX_STEPS_PER_DRAW
     #: (the last state of a run, its probe by :meth:`probe_after_run`)
     _after_run_probe: tuple | None = None

@@ -108,7 +108,6 @@ class SGHMC(SGMCMCKernel):
 
     _default_friction = 1.0
     _dynamics_name = "sghmc"
-    max_steps_per_draw = 1  # its momentum carries a draw as far at the steps its rule takes
     _plain_dynamics = staticmethod(sghmc_dynamics)
     _step_rule = staticmethod(sghmc_step_size)
 

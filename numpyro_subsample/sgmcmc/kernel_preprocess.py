@@ -35,7 +35,7 @@ from numpyro_subsample.sgmcmc.dynamics import Dynamics, sghmc_dynamics
 from numpyro_subsample.sgmcmc.local_preprocess import local_preprocessing
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed
 from numpyro_subsample.sgmcmc.options import NoiseOptions
-from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, steps_per_draw
+from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgld_step_size, steps_per_draw
 
 __all__ = ["SGMCMCPreprocessing"]
 
@@ -168,13 +168,13 @@ class SGMCMCPreprocessing:
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         """The preprocessing, with the steps of the dynamics per draw: the ``steps_per_draw``
         given, else where the kernel chose the step on the measured path (its noise-free
-        step is known) and it is below its unit-curvature one,
+        step is known) and it is below SGLD's unit-curvature one 2δ/(1 + δ),
         :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw` (up to the class's
         ``max_steps_per_draw``)."""
         pre = self._preprocessed_core(potential, data)
         k = self._steps_per_draw
         if k is None and self.max_steps_per_draw > 1 and pre.noise_free_step > 0:
-            unit = self._default_step_size(0.0, pre.noise_corrected, 1.0)
+            unit = sgld_step_size(0.0, self.max_variance_inflation, 1.0, corrected=True)
             k = steps_per_draw(pre.step_size, unit, self.max_steps_per_draw)
         if k is None or k == 1:
             return pre

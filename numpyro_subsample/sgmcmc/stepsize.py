@@ -30,12 +30,15 @@ Steps per draw. A draw of overdamped Langevin dynamics at step h decorrelates a 
 coordinate of curvature λ in about 1/(hλ) steps: the integrated autocorrelation time of its
 mean is (2 − hλ)/(hλ) (the AR(1) above), about 20 draws at the unit-curvature step
 h_1 = 2δ/(1 + δ) (δ = 0.05). Where the curvature's spread μ, the bias probe or the noise
-bound takes h below h_1, each draw mixes h/h_1 as far. SGLD then moves k = round(h_1/h)
+bound takes h below h_1, each draw mixes h/h_1 as far. The kernels then move k = round(h_1/h)
 steps per draw (:func:`steps_per_draw`, at most :data:`MAX_STEPS_PER_DRAW`), so that a
-draw of its default run mixes about as far as one at h_1: the stationary distribution is
-unchanged (k steps of the same chain per recorded draw, as NUTS takes several leapfrog
-steps per draw), the run costs k times the gradient estimates. Where h_1/h exceeds twice
-the cap the steps would not make the run mix, and k = 1 (the run check then says so).
+draw of a default run mixes about as far as one of SGLD at h_1 (SGHMC and SGNHT, whose
+autocorrelation time in time units, 2α/λ, is at most SGLD's 2/λ for α ≤ 1, take k > 1 only
+where noise or curvature hold their steps below h_1, far under their rules' 0.2-0.39): the
+stationary distribution is unchanged (k steps of the same chain per recorded draw, as NUTS
+takes several leapfrog steps per draw), the run costs k times the gradient estimates. Where
+h_1/h exceeds twice the cap the steps would not make the run mix, and k = 1 (the run check
+then says so).
 """
 
 from __future__ import annotations
