@@ -72,7 +72,7 @@ class PilotSettings(NamedTuple):
 
 def run_window(pilot: PilotSettings, proxy: Proxy, length: int, keys: np.ndarray,
                 theta_start: np.ndarray | None):
-    """One window of ``length`` vectorized steps of the kernel's dynamics with the
+    """One window of ``length`` vectorized steps of the pilot's dynamics with the
     control-variate estimator at ``proxy``, from ``theta_start`` (draws of the proxy where
     None). Returns the final states, the second half of the draws of w (steps, P, d), which
     chains failed, and the estimator's data passes."""
