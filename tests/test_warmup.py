@@ -273,16 +273,30 @@ def _radon_like_data(seed: int = 21):
     return tuple(jnp.asarray(x) for x in (g, floor, u, y))
 
 
-def radon_centred(g, floor, u, y=None, subsample_size: int = 100):
+def _radon(g, floor, u, y=None, subsample_size: int = 100, inside: bool = False):
+    """A radon-like varying-intercept model, centred, or with ``LocScaleReparam(0)`` applied
+    inside the body (``inside``)."""
+    import contextlib
+
     mu = numpyro.sample("mu", dist.Normal(0, 10))
     sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1))
     sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1))
     b = numpyro.sample("b", dist.Normal(0, 10).expand([2]).to_event(1))
     with numpyro.plate("groups", 85):
-        a = numpyro.sample("a", dist.Normal(mu, sigma_a))
+        with (numpyro.handlers.reparam(config={"a": LocScaleReparam(0)}) if inside
+              else contextlib.nullcontext()):
+            a = numpyro.sample("a", dist.Normal(mu, sigma_a))
     with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
         numpyro.sample("y", dist.Normal(a[g[i]] + b[0] * floor[i] + b[1] * u[i], sigma_y),
                        obs=None if y is None else y[i])
+
+
+def radon_centred(g, floor, u, y=None, subsample_size: int = 100):
+    _radon(g, floor, u, y, subsample_size)
+
+
+def radon_inside(g, floor, u, y=None, subsample_size: int = 100):
+    _radon(g, floor, u, y, subsample_size, inside=True)
 
 
 def test_pilot_chains_move_with_sghmc_dynamics():
@@ -292,20 +306,6 @@ def test_pilot_chains_move_with_sghmc_dynamics():
     assert SGLD(radon_centred)._pilot_dynamics()[0] == sghmc_dynamics(1.0)
     assert SGHMC(radon_centred, friction=2.0)._pilot_dynamics()[0] == sghmc_dynamics(2.0)
     assert SGNHT(radon_centred)._pilot_dynamics()[0] == sghmc_dynamics(1.0)
-
-
-def radon_inside(g, floor, u, y=None, subsample_size: int = 100):
-    """:func:`radon_centred` with ``LocScaleReparam(0)`` applied inside the body."""
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
-    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1))
-    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(1))
-    b = numpyro.sample("b", dist.Normal(0, 10).expand([2]).to_event(1))
-    with numpyro.plate("groups", 85):
-        with numpyro.handlers.reparam(config={"a": LocScaleReparam(0)}):
-            a = numpyro.sample("a", dist.Normal(mu, sigma_a))
-    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
-        numpyro.sample("y", dist.Normal(a[g[i]] + b[0] * floor[i] + b[1] * u[i], sigma_y),
-                       obs=None if y is None else y[i])
 
 
 @pytest.fixture(scope="module")
