@@ -57,7 +57,7 @@ from numpyro_subsample.sgmcmc.options import (
     check_record,
     legacy_records,
 )
-from numpyro_subsample.sgmcmc.stepsize import MAX_STEPS_PER_DRAW, sgld_step_size
+from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 __all__ = ["SGMCMCKernel"]
 
@@ -198,9 +198,6 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     supports_structured: ClassVar[bool] = True
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
-    #: The most steps of the dynamics per draw where the kernel's own step is below SGLD's
-    #: unit-curvature step (:func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`).
-    max_steps_per_draw: ClassVar[int] = MAX_STEPS_PER_DRAW
     #: (the last state of a run, its probe by :meth:`probe_after_run`)
     _after_run_probe: tuple | None = None
 
@@ -429,9 +426,8 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             pre = super()._preprocess_data(data)
         potential = centring.centred_potential(self, pre, data, form)
         if potential is not None:  # preprocess again, on the partially centred model
-            if potential.model is not self.user_model:  # the centred form's weights used
-                for w in caught:
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            for w in caught:  # the centred form's weights are used: its warnings stand
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             self._potentials[sig] = potential
             pre = self._preprocess(potential, data)
             self._pre = pre

@@ -60,6 +60,7 @@ __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centre
 #: change nothing measurable).
 CENTRED_ENOUGH = 0.99
 
+
 def _base_normal(fn) -> dist.Normal | None:
     """The Normal under a site's expand / to_event wrappers, or None."""
     while isinstance(fn, (dist.ExpandedDistribution, dist.Independent)):

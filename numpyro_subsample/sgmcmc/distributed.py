@@ -173,7 +173,6 @@ class DistributedSGLD(SGLD):
     supports_structured = False
     supports_adaptation = False
     supports_proxy_adaptation = False
-    max_steps_per_draw = 1  # its shard programs take one step per draw
 
     def __init__(
         self,

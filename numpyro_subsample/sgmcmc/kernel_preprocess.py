@@ -86,10 +86,11 @@ class SGMCMCPreprocessing:
         the partial-centring weights taken there all came out near 0. Their δ is at most the
         default 0.05: the pilot's draws estimate the posterior's moments, which a larger δ
         would inflate."""
-        if self._dynamics_name == "sghmc":
-            return self._dynamics(False), lambda v, mu: self._default_step_size(v, False, mu)
-        delta = min(self.max_variance_inflation, NoiseOptions().max_variance_inflation)
-        return sghmc_dynamics(1.0), lambda v, mu: sghmc_step_size(v, 1.0, delta, mu)
+        own = self._dynamics_name == "sghmc"
+        friction = self.friction if own else 1.0
+        delta = (self.max_variance_inflation if own else
+                 min(self.max_variance_inflation, NoiseOptions().max_variance_inflation))
+        return sghmc_dynamics(friction), lambda v, mu: sghmc_step_size(v, friction, delta, mu)
 
     def _whitening(self, potential: Potential, data: ModelData, key) -> Whitening:
         """The proxy (fitted with ``key`` unless given, then adapted on pilot chains where
@@ -169,13 +170,12 @@ class SGMCMCPreprocessing:
         """The preprocessing, with the steps of the dynamics per draw: the ``steps_per_draw``
         given, else where the kernel chose the step on the measured path (its noise-free
         step is known) and it is below SGLD's unit-curvature one 2δ/(1 + δ),
-        :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw` (up to the class's
-        ``max_steps_per_draw``)."""
+        :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`."""
         pre = self._preprocessed_core(potential, data)
         k = self._steps_per_draw
-        if k is None and self.max_steps_per_draw > 1 and pre.noise_free_step > 0:
+        if k is None and pre.noise_free_step > 0:
             unit = sgld_step_size(0.0, self.max_variance_inflation, 1.0, corrected=True)
-            k = steps_per_draw(pre.step_size, unit, self.max_steps_per_draw)
+            k = steps_per_draw(pre.step_size, unit)
         if k is None or k == 1:
             return pre
         return pre._replace(params=pre.params._replace(
