@@ -373,5 +373,5 @@ class SubsampleKernel(MCMCKernel):
             state.pop(key, None)
         state["_potentials"] = {}
         if "_unwrapped" in state:
-            state["_unwrapped"] = {}
+            state["_unwrapped"], state["_centred_kept"] = {}, set()
         return state

@@ -62,6 +62,14 @@ from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 __all__ = ["SGMCMCKernel"]
 
 
+def _recorded(fn: Callable[[], Any]) -> tuple[Any, list]:
+    """``fn()`` and the warnings it raised, held back (re-raised once its result is used)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, list(caught)
+
+
 class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     """Stochastic-gradient MCMC for a NumPyro model with a subsample plate.
 
@@ -260,6 +268,9 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         #: per data signature: the centred form a model written non-centred is preprocessed in
         #: first, and its potential (:func:`~numpyro_subsample.sgmcmc.centring.unwrapped`)
         self._unwrapped: dict = {}
+        #: the data signatures whose centred form's step the partially centred one's did not
+        #: reach (:func:`~numpyro_subsample.sgmcmc.centring.centring_pays`): kept centred
+        self._centred_kept: set = set()
         self.estimator_options = estimator_options
         self._step_size = None if step_size is None else float(step_size)
         self._proxy_spec = proxy
@@ -402,7 +413,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         new = copy.copy(self)
         new.centring = False
         new._pre, new._pre_data, new._step, new._potentials = None, None, None, {}
-        new._unwrapped = {}
+        new._unwrapped, new._centred_kept = {}, set()
         if model is not None:
             new._model = model
         return new
@@ -416,21 +427,30 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             if self._unwrapped[sig] is not None:  # preprocessed first in its centred form
                 form, self._potentials[sig] = self._unwrapped[sig]
         # on new data of the same shapes the potential (and the weights) of the first are kept
-        caught = []
         if form is not None and form.hand:
             pre, caught = self._preprocess_hand_form(data, sig)
-            if pre is None:  # its centred form failed: the model as written
-                form = None
+            if pre is None:  # its centred form failed: the model as written, its warnings
+                form, caught = None, []
                 pre = super()._preprocess_data(data)
         else:
-            pre = super()._preprocess_data(data)
-        potential = centring.centred_potential(self, pre, data, form)
+            pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
+        potential = (None if sig in self._centred_kept
+                     else centring.centred_potential(self, pre, data, form))
         if potential is not None:  # preprocess again, on the partially centred model
-            for w in caught:  # the centred form's weights are used: its warnings stand
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            self._potentials[sig] = potential
-            pre = self._preprocess(potential, data)
+            partial, partial_caught = _recorded(lambda: self._preprocess(potential, data))
+            if centring.centring_pays(pre, partial):  # the weights' warnings stand too
+                caught = [*caught, *partial_caught]
+            else:  # the centred form's step is better
+                self._centred_kept.add(sig)
+                potential = centring.centred_potential(self, pre, data, form, centred=True)
+                if potential is not None:  # a form the user wrote: its centred form
+                    partial, caught = _recorded(lambda: self._preprocess(potential, data))
+            if potential is not None:
+                self._potentials[sig] = potential
+                pre = partial
             self._pre = pre
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return pre
 
     def _preprocess_hand_form(self, data: ModelData, sig) -> tuple[Preprocessed | None, list]:
