@@ -22,12 +22,14 @@ from numpyro_subsample.estimators.local import LocalConfig, LocalState, update_r
 
 __all__ = [
     "CV_SWEEPS",
+    "WARM_SWEEPS",
     "MAX_LOCAL_CV_NUMBERS",
     "MIN_PILOT_STEPS",
     "PILOT_VISITS",
     "local_control_variate",
     "local_estimator_choice",
     "local_pilot",
+    "local_warm_start",
     "pilot_steps",
 ]
 
@@ -52,8 +54,8 @@ def pilot_steps(num_data: int, subsample_size: int) -> int:
 
 
 def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Array,
-                data: ModelData, num_steps: int,
-                learning_rate: float = 0.1) -> tuple[jax.Array, LocalState, jax.Array]:
+                data: ModelData, num_steps: int, learning_rate: float = 0.1,
+                state: LocalState | None = None) -> tuple[jax.Array, LocalState, jax.Array]:
     """A start for the chains of a model with local sites: stochastic-approximation search
     of the marginal posterior mode (Robbins and Monro 1951; the gradient of
     :func:`local_estimator`, its local sites drawn by their inner update, is the Fisher
@@ -63,13 +65,14 @@ def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Ar
     (Polyak-Ruppert averaging), with the local sites' last state and the mean of ĝ² over
     that quarter (per coordinate: the curvature plus the estimator's noise there). Paper
     002 (Baker et al. 2019, Sect. 3) starts SGLD from a stochastic optimisation likewise. Costs
-    ``num_steps`` · n / N data passes; one compiled scan."""
+    ``num_steps`` · n / N data passes; one compiled scan. ``state``: the local sites' start
+    (:func:`local_warm_start`), else their prior means."""
     opt = optax.adam(optax.cosine_decay_schedule(learning_rate, int(num_steps), alpha=0.01))
     tail = max(1, int(num_steps) // 4)
 
     @jax.jit
-    def run(params, theta, key, data):
-        state, _ = estimator.init_state(params, data)
+    def run(params, theta, key, data, start):
+        state = estimator.init_state(params, data)[0] if start is None else start
 
         def body(carry, k):
             t, s, st = carry
@@ -81,12 +84,16 @@ def local_pilot(estimator: GradientEstimator, theta0: jax.Array, rng_key: jax.Ar
         (_, _, state), (path, sq) = jax.lax.scan(body, (theta, opt.init(theta), state), keys)
         return jnp.mean(path[-tail:], axis=0), state, jnp.mean(sq[-tail:], axis=0)
 
-    return run(estimator.params, theta0, rng_key, data)
+    return run(estimator.params, theta0, rng_key, data, state)
 
 
 #: Inner updates of every datum's local sites at θ̂ for :func:`local_control_variate`: the
 #: first half is discarded, the gradients of the second half averaged.
 CV_SWEEPS = 20
+
+#: Inner updates of every datum's local sites at the pilot's start
+#: (:func:`local_warm_start`).
+WARM_SWEEPS = 10
 
 
 def local_control_variate(potential: Potential, cfg: LocalConfig, theta_hat: jax.Array,
@@ -98,6 +105,31 @@ def local_control_variate(potential: Potential, cfg: LocalConfig, theta_hat: jax
     updates of every datum's local sites at θ̂ from ``state`` (the pilot's), the per-datum
     gradients averaged over the second half. ``sweeps`` data passes of the inner update and
     of per-datum gradients; memory N × d (the table) and chunk × d."""
+    table, state = _sweeps(potential, cfg, theta_hat, state, rng_key, data, chunk_size,
+                           sweeps, gradients=True)
+    return (table, jnp.sum(table, axis=0)), state
+
+
+def local_warm_start(potential: Potential, cfg: LocalConfig, theta: jax.Array,
+                     state: LocalState, rng_key: jax.Array, data: ModelData,
+                     chunk_size: int, sweeps: int = WARM_SWEEPS) -> LocalState:
+    """The local sites' state after ``sweeps`` inner updates of every datum at θ (the
+    pilot's start) from ``state``, so that the Fisher-identity gradient of the pilot's first
+    steps sees draws of the conditionals, not the sites' prior means: a scale s of local
+    effects e_i ~ N(0, s) whose e_i all start at 0 sees ∂/∂log s = Σ (e_i²/s² − 1) = −N, and
+    a pilot that moves s faster than the rows' rare inner updates follow collapses to s → 0
+    (a Poisson regression with an observation-level effect: s 0.01 against 0.39). ``sweeps``
+    data passes of the inner update."""
+    _, state = _sweeps(potential, cfg, theta, state, rng_key, data, chunk_size, sweeps,
+                       gradients=False)
+    return state
+
+
+def _sweeps(potential: Potential, cfg: LocalConfig, theta: jax.Array, state: LocalState,
+            rng_key: jax.Array, data: ModelData, chunk_size: int, sweeps: int,
+            gradients: bool) -> tuple[jax.Array | None, LocalState]:
+    """``sweeps`` inner updates of every datum's local sites at θ, chunk by chunk, with (if
+    ``gradients``) the (N, d) table of per-datum gradients averaged over the second half."""
     N = potential.num_data
     chunk, num_chunks = min(int(chunk_size), N), -(-N // min(int(chunk_size), N))
     keep = max(1, int(sweeps) // 2)
@@ -121,20 +153,24 @@ def local_control_variate(potential: Potential, cfg: LocalConfig, theta_hat: jax
                 i, k = ik
                 rows, state = update_rows(cfg, potential.local, k, state, idx, log_density,
                                           values, data)
-                grads = jax.jacrev(lambda t: potential.terms(t, idx, data, rows)[1])(theta)
-                return (state, acc + jnp.where(i >= int(sweeps) - keep, grads, 0.0)), None
+                if gradients:
+                    grads = jax.jacrev(lambda t: potential.terms(t, idx, data, rows)[1])(theta)
+                    acc = acc + jnp.where(i >= int(sweeps) - keep, grads, 0.0)
+                return (state, acc), None
 
             keys = jax.random.split(jax.random.fold_in(key, c), int(sweeps))
-            zero = jnp.zeros((chunk, theta.shape[0]), theta.dtype)
+            zero = jnp.zeros((chunk, theta.shape[0]) if gradients else (), theta.dtype)
             (state, acc), _ = jax.lax.scan(sweep, (state, zero),
                                            (jnp.arange(int(sweeps)), keys))
-            rows = acc / keep
-            table = table.at[idx].set(jnp.where(mask[:, None], rows, table[idx]))
+            if gradients:
+                rows = acc / keep
+                table = table.at[idx].set(jnp.where(mask[:, None], rows, table[idx]))
             return (table, state), None
 
-        table = jnp.zeros((N, theta.shape[0]), theta.dtype)
+        table = jnp.zeros((N, theta.shape[0]) if gradients else (), theta.dtype)
         (table, state), _ = jax.lax.scan(one_chunk, (table, state),
                                          jnp.arange(num_chunks, dtype=jnp.int32))
-        return (table, jnp.sum(table, axis=0)), state
+        return table, state
 
-    return run(theta_hat, state, rng_key, data)
+    table, state = run(theta, state, rng_key, data)
+    return (table if gradients else None), state

@@ -16,8 +16,10 @@ from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.estimators.local import LocalConfig, local_estimator
 from numpyro_subsample.estimators.local_start import (
     CV_SWEEPS,
+    WARM_SWEEPS,
     local_control_variate,
     local_pilot,
+    local_warm_start,
     pilot_steps,
 )
 from numpyro_subsample.estimators.selection import uniform_design
@@ -35,8 +37,10 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     (:mod:`~numpyro_subsample.estimators.local`): no proxy, the uniform design, and
 
     - a start: the end of a stochastic-approximation pilot
-      (:func:`~numpyro_subsample.estimators.local_start.local_pilot`) unless a ``step_size`` is
-      given with ``estimator="uniform"``;
+      (:func:`~numpyro_subsample.estimators.local_start.local_pilot`), its local sites first
+      moved towards their conditionals at its start
+      (:func:`~numpyro_subsample.estimators.local_start.local_warm_start`), unless a
+      ``step_size`` is given with ``estimator="uniform"``;
     - ``estimator="cv"`` (the default while N · d ≤
       :data:`~numpyro_subsample.estimators.local_start.MAX_LOCAL_CV_NUMBERS`): control
       variates at the pilot's θ̂ with the table of ḡ_i(θ̂)
@@ -95,8 +99,11 @@ def local_preprocessing(label: str, potential: Potential, given: dict, replace: 
     cv = given["estimator"] == "cv"
     if data is not None and (adapted or cv):
         steps = pilot_steps(potential.num_data, potential.plate.subsample_size)
-        centre, state, moment = local_pilot(estimator, wh.centre, rng_key, data, steps)
-        passes = steps * estimator.subsample_size / potential.num_data
+        warm = local_warm_start(potential, local, wh.centre, estimator.init_state(
+            estimator.params, data)[0], jax.random.fold_in(rng_key, 2), data, chunk_size)
+        centre, state, moment = local_pilot(estimator, wh.centre, rng_key, data, steps,
+                                            state=warm)
+        passes = WARM_SWEEPS + steps * estimator.subsample_size / potential.num_data
         if adapted and given["step_size"] is None and not structured:
             # the adaptation's coordinates: unit mean ĝ² of the plain estimator at θ̂
             tril = jnp.diag(jax.lax.rsqrt(moment + jnp.finfo(moment.dtype).tiny))
