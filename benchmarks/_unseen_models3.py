@@ -20,12 +20,8 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from _hier_models import Problem
-from _unseen_models import problems_from
+from _unseen_models import _X, problems_from
 from _unseen_models2 import _rows, _sizes
-
-
-def _X(rng, n, d):
-    return rng.normal(size=(n, d)).astype(np.float32)
 
 
 def lad_data(n=15000, seed=201):

@@ -459,17 +459,18 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         until its weights are used; None, silently, where the centred form cannot be
         preprocessed (a degenerate joint mode, a proxy whose draws overflow): the model is
         then sampled as written, which the user chose."""
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        def attempt() -> Preprocessed | None:
             try:
-                pre = super()._preprocess_data(data)
+                return super(SGMCMCKernel, self)._preprocess_data(data)
             except (LaplaceFitError, NonFiniteNoiseError):
-                pre = None
+                return None
+
+        pre, caught = _recorded(attempt)
         if pre is None:
             self._unwrapped[sig] = None
             self._potentials.pop(sig, None)
             self._pre = None
-        return pre, list(caught)
+        return pre, caught
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         k = self.steps_per_draw
