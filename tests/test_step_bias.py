@@ -172,6 +172,25 @@ def test_refinement_and_reduction_rules():
     assert many.bias_limited_step == pytest.approx(0.1 * 0.1 / 0.285)
 
 
+def test_escalation_rule():
+    """Further rounds where an estimate of 0.2 or more beyond 2 se neither reduces the step
+    nor is dominated by one that does (a radon-like model's group scale: -0.295 ± 0.109 from 8
+    pairs, which does not cut at 2.7 se; 0.22 sd off at that step)."""
+    z, e = np.zeros(3), np.full(3, 50.0)
+    assert step_bias.undecided(np.array([-0.295, 0, 0]), z + 0.109, z, z + 0.01, e)
+    assert not step_bias.undecided(np.array([-0.19, 0, 0]), z + 0.05, z, z + 0.01, e)  # < 0.2
+    assert not step_bias.undecided(np.array([0.3, 0, 0]), z + 0.16, z, z + 0.01, e)  # < 2 se
+    assert not step_bias.undecided(np.array([0.3, 0, 0]), z + 0.05, z, z + 0.01, e)  # cuts
+    # a cut from a larger estimate decides the step; a larger undecided one does not
+    assert not step_bias.undecided(np.array([0.5, 0.25, 0]), np.array([0.05, 0.1, 0.01]),
+                                   z, z + 0.01, e)
+    assert step_bias.undecided(np.array([0.3, 0.5, 0]), np.array([0.05, 0.2, 0.01]),
+                               z, z + 0.01, e)
+    assert not step_bias.undecided(z, z + 0.01, np.array([np.nan, 0, 0]), z + 0.01, e)
+    # the escalated probe stays within 0.8 x a default run's estimates at any step
+    assert step_bias.MAX_ESCALATED_ESTIMATES <= 0.82 * DEFAULT_RUN_ESTIMATES
+
+
 @pytest.mark.slow
 def test_a_too_large_step_on_a_scale_model_warns_and_the_run_is_off():
     """SGLD at h = 0.6 on the logistic regression with a HalfNormal prior scale: the run's
