@@ -14,6 +14,7 @@ cached) this benchmark shares.
     python benchmarks/bench_models.py --methods sgnht,ecs --out benchmarks/results/x.json
     python benchmarks/bench_models.py --batch 2          # the second batch (_unseen_models2)
     python benchmarks/bench_models.py --batch 3          # the third batch (_unseen_models3)
+    python benchmarks/bench_models.py --batch 4          # the fourth batch (_unseen_models4)
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _unseen_models  # noqa: E402
 import _unseen_models2  # noqa: E402
 import _unseen_models3  # noqa: E402
+import _unseen_models4  # noqa: E402
 import bench_hierarchical  # noqa: E402
 
-BATCHES = {1: _unseen_models.suite, 2: _unseen_models2.suite, 3: _unseen_models3.suite}
+BATCHES = {1: _unseen_models.suite, 2: _unseen_models2.suite, 3: _unseen_models3.suite,
+           4: _unseen_models4.suite}
 
 
 def main(argv=None) -> int:
