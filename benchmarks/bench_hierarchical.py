@@ -192,6 +192,10 @@ def main(argv=None, *, problems: dict | None = None, script: str = "bench_hierar
             continue
         rows += r
         metas[name] = meta
+        # each compiled CPU program holds memory mappings: a run over many models reached the
+        # kernel's vm.max_map_count (65530) at the twentieth of --batch 1 ("LLVM compilation
+        # error: Cannot allocate memory"); the next problem compiles its own programs anyway
+        jax.clear_caches()
     wall = time.perf_counter() - t0
     settings = f"{args.num_chains} chains x ({W} + {S}) steps, default options"
     text = markdown(rows, metas, command.strip(), started, wall, settings,
