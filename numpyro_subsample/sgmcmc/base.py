@@ -165,8 +165,8 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         given ``step_size``, or a reduction capped at 4-fold), or when the chains at h
         diverge. It costs 3 × 4 pairs × 200-1000 gradient estimates of the run's subsample
         size once per data set (at most 0.27 × those of 4 chains × 11,000 steps, 0.45 × where
-        it refines, 0.82 × where an estimate of 0.2 or more stays undecided; compiling it costs about as much as compiling the sampling loop) and is
-        recorded in
+        it refines, 0.82 × where an estimate of 0.2 or more stays undecided; compiling it
+        costs about as much as compiling the sampling loop) and is recorded in
         ``kernel.preprocessed.step_bias``. With the adapted preconditioner (whose scale is
         fixed only at the warm-up's end) or a structured proxy, the pairs run after the run
         instead, in its check (:meth:`probe_after_run`, from the chains' last draws with their
