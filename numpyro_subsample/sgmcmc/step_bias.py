@@ -256,9 +256,8 @@ class BiasProbe(NamedTuple):
         where no estimate qualifies or the chains diverged."""
         if self.kind.startswith("diverged") or self.ess is None:
             return None
-        b = np.abs(np.concatenate([np.ravel(self.mean_bias), np.ravel(self.sd_bias)]))
-        se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
-        ess = np.concatenate([np.ravel(self.ess)] * 2)
+        b, se, ess = _flat(self.mean_bias, self.mean_bias_se, self.sd_bias, self.sd_bias_se,
+                           self.ess)
         ok = _reducing(b, se, ess)
         if not ok.any():
             return None
@@ -272,7 +271,7 @@ class BiasProbe(NamedTuple):
         does not rule out a bias it was built to find. Infinite after a divergence."""
         if self.kind.startswith("diverged"):
             return float("inf")
-        se = np.concatenate([np.ravel(self.mean_bias_se), np.ravel(self.sd_bias_se)])
+        _, se, _ = _flat(self.mean_bias, self.mean_bias_se, self.sd_bias, self.sd_bias_se)
         worst = float(np.nanmax(se)) if se.size and np.isfinite(se).any() else float("inf")
         return max(FLAG_BIAS, significance(len(self.mean_bias)) * worst)
 
@@ -440,23 +439,20 @@ def probe_bias(
     estimates = batch_estimates(sums)
     affordable = MAX_ESTIMATES // (3 * pairs * steps) - 1
     rounds = min(REFINE_ROUNDS, affordable) if refine and suspect(*estimates[:4]) else 0
-    for r in range(1, rounds + 1):  # more pairs from other pilot draws, the same program
-        w0 = starts(r, rng)
-        more, ok = run_round(w0, rng.standard_normal((pairs, d)))
-        if not ok.all():
-            return diverged(ok, pairs * (r + 1))
-        sums = np.concatenate([sums, more], axis=0)
-    if rounds:
-        estimates = batch_estimates(sums)
-    r = rounds
-    while (refine and undecided(*estimates)
-           and 3 * pairs * (r + 2) * steps <= MAX_ESCALATED_ESTIMATES):
-        r += 1  # an estimate between noise and a cut: more pairs until it is decided
+
+    def more_rounds(r: int) -> bool:  # the refinement's rounds, then while an estimate is open
+        return r < rounds or (refine and undecided(*estimates)
+                              and 3 * pairs * (r + 2) * steps <= MAX_ESCALATED_ESTIMATES)
+
+    r = 0
+    while more_rounds(r):  # more pairs from other pilot draws, the same program
+        r += 1
         more, ok = run_round(starts(r, rng), rng.standard_normal((pairs, d)))
         if not ok.all():
             return diverged(ok, pairs * (r + 1))
         sums = np.concatenate([sums, more], axis=0)
-        estimates = batch_estimates(sums)
+        if r >= rounds:
+            estimates = batch_estimates(sums)
     pairs *= r + 1
     evaluations = 3 * pairs * steps
     passes = evaluations * n / potential.num_data
@@ -467,6 +463,14 @@ def probe_bias(
                      steps, evaluations, float(passes), time.perf_counter() - t0, ess)
 
 
+
+
+def _flat(mean_bias, mean_se, sd_bias, sd_se, ess=None):
+    """|bias|, standard errors and ESS of the means' and the sds' estimates, one flat array
+    each (the means' first; ``ess`` per coordinate, repeated; None without it)."""
+    b = np.abs(np.concatenate([np.ravel(mean_bias), np.ravel(sd_bias)]))
+    se = np.concatenate([np.ravel(mean_se), np.ravel(sd_se)])
+    return b, se, None if ess is None else np.concatenate([np.ravel(ess)] * 2)
 
 
 def _reducing(b, se, ess) -> np.ndarray:
@@ -480,9 +484,7 @@ def undecided(mean_bias, mean_se, sd_bias, sd_se, ess) -> bool:
     standard errors and larger than every estimate that may reduce the step, but may not
     itself (:attr:`BiasProbe.bias_limited_step`): the probe then runs further rounds of pairs,
     within :data:`MAX_ESCALATED_ESTIMATES` gradient estimates."""
-    b = np.abs(np.concatenate([np.ravel(mean_bias), np.ravel(sd_bias)]))
-    se = np.concatenate([np.ravel(mean_se), np.ravel(sd_se)])
-    ess = np.concatenate([np.ravel(ess)] * 2)
+    b, se, ess = _flat(mean_bias, mean_se, sd_bias, sd_se, ess)
     b = np.nan_to_num(b, nan=0.0)
     cuts = _reducing(b, se, ess)
     largest = float(np.max(b[cuts])) if cuts.any() else 0.0
@@ -493,8 +495,7 @@ def undecided(mean_bias, mean_se, sd_bias, sd_se, ess) -> bool:
 def suspect(mean_bias, mean_se, sd_bias, sd_se) -> bool:
     """Whether some estimate is at least :data:`REFINE_FROM` and beyond :data:`REFINE_Z`
     standard errors: the probe then runs :data:`REFINE_ROUNDS` more rounds of pairs."""
-    b = np.abs(np.concatenate([np.ravel(mean_bias), np.ravel(sd_bias)]))
-    se = np.concatenate([np.ravel(mean_se), np.ravel(sd_se)])
+    b, se, _ = _flat(mean_bias, mean_se, sd_bias, sd_se)
     return bool(np.any((b >= REFINE_FROM) & (b > REFINE_Z * se)))
 
 
