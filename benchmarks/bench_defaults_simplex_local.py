@@ -2,8 +2,8 @@
 
     python benchmarks/bench_defaults_simplex_local.py [--quick] [--only GROUP]
 
-GROUP: lda, lda-rule, lda-sgld-steps or local-simplex (``lda-rule`` and ``lda-sgld-steps`` only
-with ``--only``).
+GROUP: lda, lda-rule, lda-sgld-steps, local-simplex or local (``lda-rule`` and
+``lda-sgld-steps`` only with ``--only``).
 
 Each row is a kernel built with the model only (plus the options the row names), run by the
 package's ``MCMC`` with 4 vectorised chains, 1000 warm-up and 5000 sampling steps, against the
@@ -35,7 +35,7 @@ import numpyro.distributions as dist
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import NUTS
 
-from numpyro_subsample import MCMC, SGHMC, SGLD, SGRLD
+from numpyro_subsample import MCMC, SGHMC, SGLD, SGRLD, LocalConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _runs import add_device_option  # noqa: E402
@@ -128,8 +128,8 @@ def local_rows(quick: bool):
         prec = 1.0 / 100.0 + N / 1.25
         mean, sd = y.sum() / 1.25 / prec, prec**-0.5
         kernels = [("SGLD(model)", lambda: SGLD(random_effect)),
-                   ("SGLD(model, estimator='uniform')",
-                    lambda: SGLD(random_effect, estimator="uniform")),
+                   ("SGLD(model, local=LocalConfig(nodes=0))",
+                    lambda: SGLD(random_effect, local=LocalConfig(nodes=0))),
                    ("SGHMC(model)", lambda: SGHMC(random_effect))]
         for label, build in kernels[:2] if quick else kernels:
             yield run(f"{label} random effect N={N} n={n}", build(), (y,), {"n": n}, "mu",
@@ -215,7 +215,7 @@ def lda_rule_rows():
     noise) and the noise-free one 4δ/max(rate) (δ = 0.05)."""
     from lda import lda_local_gibbs, lda_model, sklearn_online_lda, synthetic_corpus, to_tokens
 
-    from numpyro_subsample import LocalConfig, ModelData
+    from numpyro_subsample import ModelData
 
     # not public: the benchmark measures SGRLD's step rule term by term (relaxation rates,
     # the local sites' drift moments), which only these internals expose
@@ -270,7 +270,8 @@ def local_simplex_rows():
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rows")
-    p.add_argument("--only", choices=("lda", "lda-rule", "lda-sgld-steps", "local-simplex"),
+    p.add_argument("--only", choices=("lda", "lda-rule", "lda-sgld-steps", "local-simplex",
+                                      "local"),
                    help="only these rows")
     add_device_option(p)
     args = p.parse_args()
@@ -280,7 +281,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     groups = {"lda": [lda_rows()], "lda-rule": [lda_rule_rows()],
               "lda-sgld-steps": [lda_sgld_step_rows()],
-              "local-simplex": [local_simplex_rows()]}.get(args.only) or (
+              "local-simplex": [local_simplex_rows()],
+              "local": [local_rows(quick)]}.get(args.only) or (
         dirichlet_rows(quick), mixture_rows(), local_simplex_rows(), local_rows(quick), lda_rows())
     for rows in groups:
         for row in rows:

@@ -91,7 +91,7 @@ def test_random_intercepts_posterior(intercepts, kernel, update):
     with warnings.catch_warnings():  # SGLD's note on its step_size convention
         warnings.simplefilter("ignore", DeprecationWarning)
         k = kernel(model=intercepts_model, estimator="uniform",
-                   local=LocalConfig(update=update), **opts)
+                   local=LocalConfig(update=update, nodes=0), **opts)
     mcmc = MCMC(k, num_warmup=2000, num_samples=20000, num_chains=8,
                 chain_method="vectorized", progress_bar=False)
     with warnings.catch_warnings(record=True) as seen:
@@ -213,14 +213,17 @@ def test_local_control_variate_unbiased(intercepts):
 
 
 def test_local_sites_errors(intercepts):
-    """Clear errors, raised before sampling, for what local sites do not support."""
+    """Clear errors, raised before sampling, for what local sites drawn by MALA
+    (``LocalConfig(nodes=0)``) do not support."""
     Y, _, _ = intercepts
+    mala = LocalConfig(nodes=0)
     with pytest.raises(ValueError, match=r"local latent sites \['z'\].*estimator='cv' or "
                                          r"'uniform' \(got 'preferential'\)"):
-        MCMC(SGHMC(intercepts_model, estimator="preferential", step_size=1e-6), num_warmup=1,
-             num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
+        MCMC(SGHMC(intercepts_model, estimator="preferential", step_size=1e-6, local=mala),
+             num_warmup=1, num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     with pytest.raises(ValueError, match="a step_size or the adapted preconditioner"):
-        MCMC(SGHMC(intercepts_model, adaptation=AdaptationOptions(preconditioner=False)),
+        MCMC(SGHMC(intercepts_model, adaptation=AdaptationOptions(preconditioner=False),
+                   local=mala),
              num_warmup=1,
              num_samples=1, progress_bar=False).run(jax.random.PRNGKey(0), Y)
     with pytest.raises(ValueError, match="EnergyConservingHMC does not support local"):
@@ -306,20 +309,24 @@ def effect_model(y, n=500):
         numpyro.sample("y", dist.Normal(mu + z, 1.0), obs=y[idx])
 
 
-@pytest.mark.parametrize("kernel, runner", [(SGLD, "package"), (SGHMC, "numpyro")])
-def test_random_effect_at_default_arguments(kernel, runner):
+@pytest.mark.parametrize("kernel, runner, local", [
+    (SGLD, "package", None), (SGHMC, "numpyro", None), (SGLD, "package", LocalConfig(nodes=0))],
+    ids=["SGLD-package", "SGHMC-numpyro", "SGLD-package-mala"])
+def test_random_effect_at_default_arguments(kernel, runner, local):
     """``SGLD(model)`` / ``SGHMC(model)`` with every argument left out on a model with a local
-    site (no hand tuning): control variates at the end of a pilot, which the chains start
-    from, and the adapted preconditioner's step. μ's exact posterior: y_i ~ N(μ, 1.25)
-    marginally. Mean within 0.2 posterior sd and log-sd within 0.15 with over 150 effective
-    draws (Monte Carlo error under 0.08 sd; about 700 in a trial), and no warning."""
+    site (no hand tuning): by default z integrated out of each datum's term by quadrature, and
+    the kernel's usual path (Laplace proxy, control variates); with ``LocalConfig(nodes=0)``
+    z drawn by MALA, control variates at the end of a pilot, which the chains start from, and
+    the adapted preconditioner's step. μ's exact posterior: y_i ~ N(μ, 1.25) marginally. Mean
+    within 0.2 posterior sd and log-sd within 0.15 with over 150 effective draws (Monte Carlo
+    error under 0.08 sd; about 700 in a trial), and no warning."""
     from numpyro_subsample import MCMC as PackageMCMC
 
     rng = np.random.default_rng(11)
     y = (1.3 + 0.5 * rng.normal(size=1000) + rng.normal(size=1000)).astype(np.float32)
     prec = 1.0 / 100.0 + y.size / 1.25
     mean, sd = y.sum() / 1.25 / prec, prec**-0.5
-    k = kernel(effect_model)
+    k = kernel(effect_model) if local is None else kernel(effect_model, local=local)
     run = PackageMCMC if runner == "package" else MCMC
     mcmc = run(k, num_warmup=1000, num_samples=8000, num_chains=4, chain_method="vectorized",
                progress_bar=False)
@@ -328,7 +335,11 @@ def test_random_effect_at_default_arguments(kernel, runner):
         mcmc.run(jax.random.PRNGKey(2), y)
     assert not [w for w in seen if issubclass(w.category, UserWarning)], [
         str(w.message) for w in seen]
-    assert k.estimator_name == "cv" and k.preprocessed.data_passes > 40  # pilot + CV table
+    assert k.estimator_name == "cv"
+    if local is None:
+        assert k.potential.integrated_sites == ("z",) and not k.potential.local
+    else:
+        assert k.potential.local_sites == ("z",) and k.preprocessed.data_passes > 40  # pilot
     s = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])
     assert effective_sample_size(s) > 150
     assert abs(s.mean() - mean) / sd < 0.2
@@ -353,7 +364,7 @@ def test_the_pilot_of_a_local_scale_starts_from_its_conditionals():
     rng = np.random.default_rng(12)
     x = rng.normal(size=5000).astype(np.float32)
     y = rng.poisson(np.exp(1.0 + 0.5 * x + 0.4 * rng.normal(size=5000))).astype(np.float32)
-    k = SGLD(olre_model, progress_bar=False)
+    k = SGLD(olre_model, progress_bar=False, local=LocalConfig(nodes=0))
     pre = k.preprocess((x, y))
     s = float(jnp.exp(pre.potential.unravel(pre.centre)["s"]))
     assert 0.25 < s < 0.55, s

@@ -97,10 +97,10 @@ def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
     (indices 0..n−1, n the model's ``subsample_size``), the same rows for every draw: O(n) per
     draw, never O(N). :func:`numpyro_subsample.post.predictive.predictive` gives all N rows.
     With local latent sites they are not recorded (they depend on the local values, which are
-    drawn per subsample and not kept; e.g. the ``y`` that ``obs_mask`` makes of ``y_observed``
-    and ``y_unobserved``).
+    drawn or integrated per subsample and not kept; e.g. the ``y`` that ``obs_mask`` makes of
+    ``y_observed`` and ``y_unobserved``).
     """
-    if not potential.plate_deterministic_sites or potential.local:
+    if not potential.plate_deterministic_sites or potential.local or potential.integrated:
         return potential.constrain(z, data)
     idx = jnp.arange(potential.plate.subsample_size)
     return potential.constrain_at(z, idx, data)
@@ -242,7 +242,8 @@ class SubsampleKernel(MCMCKernel):
         sig = data.signature()
         pot = self._potentials.get(sig)
         if pot is None:
-            pot = build_potential(self._model, data, preprocess_keys(self.seed)[0])
+            pot = self._integrated(build_potential(self._model, data,
+                                                   preprocess_keys(self.seed)[0]))
             if pot.local and not self.supports_local:
                 raise ValueError(
                     f"{type(self).__name__} does not support local latent sites (continuous "
@@ -252,6 +253,11 @@ class SubsampleKernel(MCMCKernel):
                 )
             self._potentials[sig] = pot
         return pot
+
+    def _integrated(self, potential: Potential) -> Potential:
+        """The potential the kernel samples: as built, unless the kernel integrates local
+        sites out of it (:mod:`~numpyro_subsample.core.quadrature`)."""
+        return potential
 
     def preprocess(self, model_args: tuple = (), model_kwargs: dict | None = None):
         """Build (or fetch from the cache) everything computed once per data set.

@@ -219,6 +219,9 @@ _LOCAL: dict[str, Option] = {
                      "**model_kwargs) -> rows, or None (MALA steps)."),
     "steps": _positive_int("the MALA steps per update of the local latent sites",
                            "Pass a positive integer, e.g. steps=5 (the default)."),
+    "nodes": _positive_int("the Gauss-Hermite nodes of a scalar local site integrated out",
+                           "Pass a positive integer, e.g. nodes=15 (the default), or 0 to draw "
+                           "the site by MALA steps.", low=0),
 }
 
 _SGHMC: dict[str, Option] = {

@@ -20,7 +20,9 @@ Continuous latent sites inside the plate are *local* variables z_i (one value pe
 a document's topic proportions): they are not part of θ; ``terms(θ, idx, data, local)`` takes
 their constrained values for the rows ``idx`` and returns f_i(θ, z_i) = −log p(z_i | θ)
 − log p(x_i | z_i, θ). The kernels that support them (:mod:`numpyro_subsample.estimators.local`)
-draw z_i for the rows of each subsample given θ and estimate the gradient with them.
+draw z_i for the rows of each subsample given θ and estimate the gradient with them, or, for
+one site of one scalar value per datum, integrate it out of f_i by adaptive Gauss-Hermite
+quadrature (:mod:`.quadrature`).
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class Potential:
     enumerated_dims: tuple[tuple[str, int], ...] = ()
     # the continuous local latent sites of the plate (not part of θ), in model order
     local: tuple[LocalSite, ...] = ()
+    # local sites integrated out of each f_i (:mod:`.quadrature`): neither in θ nor in `local`
+    integrated: tuple[LocalSite, ...] = ()
 
     @property
     def dim(self) -> int:
@@ -140,12 +144,18 @@ class Potential:
     def num_data(self) -> int:
         return self.plate.size
 
+    @property
+    def integrated_sites(self) -> tuple[str, ...]:
+        """The local sites integrated out of each f_i by quadrature (not in θ)."""
+        return tuple(s.name for s in self.integrated)
+
     def _refuse_local(self, what: str) -> None:
-        if self.local:
+        if self.local or self.integrated:
             raise ValueError(
                 f"{what} is not available for a model with local latent sites "
-                f"{list(self.local_sites)} inside the subsample plate: it depends on their "
-                "values, which are drawn for the rows of each subsample only and not kept."
+                f"{list(self.local_sites + self.integrated_sites)} inside the subsample "
+                "plate: it depends on their values, which are drawn or integrated for the rows "
+                "of each subsample only and not kept."
             )
 
     def local_joint_at(self, values: dict, local: dict, idx: jax.Array,

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from numpyro.distributions import biject_to
 
 from numpyro_subsample.core.potential import LocalSite, ModelData, Potential
+from numpyro_subsample.core.quadrature import DEFAULT_NODES
 from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.selection import SamplingDesign
@@ -92,17 +93,24 @@ class LocalConfig(NamedTuple):
         sites outside the plate), or None for MALA.
     init_step
         The first MALA step (adapted per datum afterwards).
+    nodes
+        Gauss-Hermite nodes (default 15) with which SGLD, SGHMC and SGNHT integrate a local
+        site of one scalar value per datum (the model's only one) out of each datum's term
+        (:mod:`~numpyro_subsample.core.quadrature`), instead of drawing it; 0 draws it as
+        other local sites. Not used with ``update``.
 
     References
     ----------
     Roberts and Tweedie (1996) (MALA); Roberts and Rosenthal (2007) (diminishing
     adaptation of the step); Patterson and Teh (2013), Sect. 4-5 (local variables drawn for
-    each minibatch in SG-MCMC).
+    each minibatch in SG-MCMC); Pinheiro and Bates (1995), Sect. 3.2 (adaptive Gauss-Hermite
+    quadrature).
     """
 
     steps: int = DEFAULT_LOCAL_STEPS
     update: Callable | None = None
     init_step: float = 0.1
+    nodes: int = DEFAULT_NODES
 
 
 def init_local_state(local: tuple[LocalSite, ...], num_data: int, dtype: Any,

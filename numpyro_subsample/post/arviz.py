@@ -276,6 +276,7 @@ def _run_attrs(kernel) -> dict:
         "num_data": int(potential.plate.size),
         "plate": potential.plate.name,
         "local_sites": ",".join(potential.local_sites) or None,
+        "integrated_sites": ",".join(potential.integrated_sites) or None,
     }
     return {k: v for k, v in attrs.items() if v is not None}
 

@@ -137,6 +137,14 @@ def _check_request(potential, guide, guide_params, covariance, max_full_rank_dim
             "need funsor and TraceEnum_ELBO to sum them out. Use proxy='laplace' (the "
             "default), which fits the potential with those sites summed out."
         )
+    if potential.integrated:
+        raise ValueError(
+            "The variational proxy does not support the local site "
+            f"{', '.join(repr(s) for s in potential.integrated_sites)} integrated out of each "
+            "datum's term by quadrature: NumPyro's SVI would fit a guide to it as a site. Use "
+            "proxy='laplace' (the default), which fits the potential with it integrated out, or "
+            "local=LocalConfig(nodes=0) to draw it instead."
+        )
     if guide_params is not None and guide is None:
         raise ValueError(
             "guide_params= needs the guide= they were fitted for; pass both (e.g. "

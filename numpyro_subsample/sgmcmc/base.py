@@ -240,7 +240,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         adaptation = records["adaptation"] or AdaptationOptions()
         noise = records["noise"] or NoiseOptions()
         zv, local = records["zv"], records["local"] or LocalConfig()
-        local = local._replace(steps=int(local.steps))
+        local = local._replace(steps=int(local.steps), nodes=int(local.nodes))
         check_options(
             "SGMCMCKernel", label=label, step_size=step_size,
             preconditioning=preconditioning, replace=replace, proxy_kwargs=proxy_kwargs,

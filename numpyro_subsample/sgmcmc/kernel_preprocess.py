@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from numpyro_subsample.core.adapter import preprocess_keys, resolve_progress
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
+from numpyro_subsample.core.quadrature import check_quadrature, integrable_site, integrate_local
 from numpyro_subsample.estimators.local_start import local_estimator_choice
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
@@ -27,6 +28,7 @@ from numpyro_subsample.estimators.registry import (
     configure_estimator,
 )
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.whitening import whiten_rmatvec
 from numpyro_subsample.sgmcmc import adaptation, step_bias, warmup
 from numpyro_subsample.sgmcmc import preprocess as prep
 from numpyro_subsample.sgmcmc.chain import Preprocessed, Whitening
@@ -42,6 +44,15 @@ __all__ = ["SGMCMCPreprocessing"]
 
 class SGMCMCPreprocessing:
     """The preprocessing methods of the stochastic-gradient kernels (module docstring)."""
+
+    def _integrated(self, potential: Potential) -> Potential:
+        """With one local site of one scalar value per datum, the potential with that site
+        integrated out of each f_i by adaptive Gauss-Hermite quadrature
+        (:mod:`~numpyro_subsample.core.quadrature`; ``LocalConfig.nodes``, 0 draws it)."""
+        if (self.supports_local and self.local.update is None and self.local.nodes > 0
+                and integrable_site(potential) is not None):
+            return integrate_local(potential, self.local.nodes)
+        return potential
 
     def _needs_proxy(self) -> bool:
         return self.preconditioning or self.estimator_name in NEEDS_PROXY
@@ -172,6 +183,11 @@ class SGMCMCPreprocessing:
         step is known) and it is below SGLD's unit-curvature one 2δ/(1 + δ),
         :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`."""
         pre = self._preprocessed_core(potential, data)
+        if potential.integrated:
+            centre = potential.init_theta if pre.centre is None else pre.centre
+            check_quadrature(potential, centre, data, type(self).__name__,
+                             whiten=lambda g: g if pre.scale_tril is None else
+                             whiten_rmatvec(pre.scale_tril, g), stacklevel=5)
         k = self._steps_per_draw
         if k is None and pre.noise_free_step > 0:
             unit = sgld_step_size(0.0, self.max_variance_inflation, 1.0, corrected=True)

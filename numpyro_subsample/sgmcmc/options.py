@@ -237,7 +237,7 @@ def check_record(label: str, name: str, value: Any) -> None:
         )
     if cls is LocalConfig and value is not None:
         check_options("LocalConfig", label=f"{label}: LocalConfig", steps=value.steps,
-                      update=value.update)
+                      update=value.update, nodes=value.nodes)
 
 
 def _new_spelling(name: str, given: dict[str, Any]) -> str:

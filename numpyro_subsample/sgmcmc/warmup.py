@@ -160,9 +160,11 @@ def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
     ``info["warnings"]`` instead of raised (the adapted proxy replaces it). Where the Laplace
     fit has no positive definite Hessian (:class:`~numpyro_subsample.proxies.laplace.
     LaplaceFitError`: the degenerate joint mode of a centred hierarchical model, a saddle), the
-    start is ``fit("variational")``, and :func:`safe_start` if that fails too."""
+    start is ``fit("variational")`` (not with a local site integrated out of the terms), and
+    :func:`safe_start` if that fails too."""
     tried = []
-    for kind in ([spec, "variational"] if spec == "laplace" else [spec]):
+    fallback = spec == "laplace" and not potential.integrated
+    for kind in ([spec, "variational"] if fallback else [spec]):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ProxyFitWarning)
             try:
