@@ -116,6 +116,7 @@ _SLOW_IN_CI = frozenset({
     "test_noise_correction.py::test_correction_removes_the_variance_inflation[SGHMC]",
     "test_noise.py::test_refined_noise_bounds_the_correction_error",
     "test_local.py::test_random_effect_at_default_arguments[SGHMC-numpyro]",
+    "test_quadrature.py::test_default_run_with_a_positive_local_site_is_right_and_silent[SGHMC]",  # noqa: E501
     "test_adaptation.py::test_scale_frozen_after_warmup_and_default_with_structured_proxy",
     "test_structured_proxies.py::test_bnn_fit_runs_and_keeps_curvature_positive",
     "test_variational.py::test_cv_preferential_with_variational_proxy",
