@@ -39,6 +39,7 @@ from numpyro_subsample.compare import CompileTimer, flatten_draws, min_ess, stan
 # recorder and proxy draws, so that these rows are checked and drawn as its rows are
 from numpyro_subsample.compare.checks import check_code, record_warnings, run_checks, shorten
 from numpyro_subsample.compare.proxy_runs import proxy_draws
+from numpyro_subsample.core.quadrature import integrable_site, integrate_local
 
 
 @dataclass
@@ -129,8 +130,9 @@ def run_proxy(method: str, kind: str, model: Callable, args: tuple, kwargs: dict
     """Independent draws from the proxy alone (no MCMC): N(θ̂, Σ̂) of ``kind`` ``"laplace"``
     (:func:`~numpyro_subsample.fit_laplace`) or ``"variational"``
     (:func:`~numpyro_subsample.fit_variational`, its defaults), constrained like the model's
-    draws (``compare.proxy_runs.proxy_draws``); timed from the model trace to the draws,
-    compilation included."""
+    draws (``compare.proxy_runs.proxy_draws``), a scalar local site integrated out as the
+    kernels do (:mod:`numpyro_subsample.core.quadrature`); timed from the model trace to the
+    draws, compilation included."""
     run = Run(method)
     k_model, k_fit, k_draw = jax.random.split(jax.random.PRNGKey(seed), 3)
     with record_warnings() as recorded:
@@ -139,6 +141,8 @@ def run_proxy(method: str, kind: str, model: Callable, args: tuple, kwargs: dict
                 t0 = time.perf_counter()
                 data = ModelData.from_args(args, kwargs)
                 potential = build_potential(model, data, k_model)
+                if integrable_site(potential) is not None:  # as SGLD / SGHMC / SGNHT do
+                    potential = integrate_local(potential)
                 fit = fit_laplace if kind == "laplace" else fit_variational
                 proxy = fit(potential, data, k_fit, store_datum_grads=False)
                 jax.block_until_ready(proxy.scale_tril)
