@@ -3,6 +3,7 @@
 from numpyro_subsample import datasets
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import DataPlate, Potential, build_potential
+from numpyro_subsample.core.quadrature import QuadratureWarning
 from numpyro_subsample.ecs.kernel import ECSState, EnergyConservingHMC
 from numpyro_subsample.ecs.options import HMCOptions, LikelihoodOptions, PreferentialOptions
 from numpyro_subsample.estimators.base import ControlVariate, GradientEstimator, make_estimator
@@ -73,6 +74,7 @@ __all__ = [
     "StrataOptions",
     "ZVOptions",
     "LocalConfig",
+    "QuadratureWarning",
     "SGMCMCState",
     "Preprocessed",
     "BiasProbe",

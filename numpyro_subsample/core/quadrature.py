@@ -64,7 +64,9 @@ _MAX_NEWTON_MOVE = 3.0  # a Newton step moves u by at most this many current sca
 
 
 class QuadratureWarning(UserWarning):
-    """The quadrature rule of an integrated local site may be too coarse."""
+    """A local site integrated out by quadrature may bias the posterior: the rule with 2K + 1
+    nodes moves the gradient by more than :data:`MAX_SHIFT` posterior sd; the message names
+    the site, the figure and the remedies (:func:`check_quadrature`)."""
 
 
 def integrable_site(potential: Any) -> LocalSite | None:
