@@ -131,7 +131,6 @@ _SLOW_IN_CI = frozenset({
     "test_centring.py::test_reparameterisations_that_cannot_be_unwrapped_are_sampled_as_written",  # noqa: E501
     "test_progress.py::test_proxy_bars_follow_the_mcmc[True-EnergyConservingHMC]",
     "test_sghmc.py::test_exact_linreg[SGNHT-stratified-3000]",
-    "test_cli_faults.py::test_resume_skips_saved_runs_and_finishes",
     "test_arviz.py::test_observed_data_leaves_out_factor_sites",
     "test_noise.py::test_exact_covariance_matches_monte_carlo[cv-preferential-{'subsample_size': 10, 'adaptive': True, 'v0': 'proxy'}]",  # noqa: E501
     "test_noise.py::test_float64_exact_covariance_equals_the_formula",
@@ -139,6 +138,26 @@ _SLOW_IN_CI = frozenset({
     "test_structured_kernels.py::test_structured_proxy_matches_exact_posterior[SGLD-low-rank-cv-preferential]",  # noqa: E501
     "test_structured_kernels.py::test_structured_proxy_matches_exact_posterior[SGHMC-diagonal-cv-stratified]",  # noqa: E501
     "test_step_bias.py::test_default_runs_with_a_structured_proxy_are_probed_after_them_and_silent[sghmc-diagonal]",  # noqa: E501
+    "test_enumeration.py::test_sgld_matches_nuts",
+    "test_enumeration.py::test_sghmc_matches_nuts",
+    "test_enumeration.py::test_sgnht_runs",
+    "test_enumeration.py::test_energy_conserving_hmc_matches_nuts",
+    "test_enumeration.py::test_to_arviz_log_likelihood_is_the_marginal",
+    "test_ecs.py::test_taylor_matches_full_nuts",
+    "test_no_data_constants.py::test_default_run_captures_no_data[package-ECS]",
+    "test_centring.py::test_weights_of_crossed_effects_follow_their_conditional_variance",
+    "test_sgld.py::test_uniform_with_default_step_matches_exact_posterior",
+    "test_sghmc.py::test_exact_linreg[SGHMC-stratified-3000]",
+    "test_quadrature.py::test_default_run_with_a_positive_local_site_is_right_and_silent[SGLD]",  # noqa: E501
+    "test_data_memory.py::test_package_mcmc_makes_no_references_and_gives_numpyros_draws[vectorized-SGHMC]",  # noqa: E501
+    "test_data_memory.py::test_package_mcmc_makes_no_references_and_gives_numpyros_draws[thinned-SGHMC]",  # noqa: E501
+    "test_compile.py::test_rerun_on_new_same_shape_data_compiles_nothing[sequential-1]",
+    "test_noise.py::test_exact_covariance_matches_monte_carlo[cv-{'subsample_size': 10, 'adaptive': True, 'v0': 'proxy'}]",  # noqa: E501
+    "test_structured_kernels.py::test_wide_model_runs_without_a_square_array[None]",
+    "test_bad_input.py::test_subsample_size_equal_to_n_runs_on_every_row[SGHMC]",
+    "test_draw_steps.py::test_given_steps_per_draw_keep_the_posterior_and_thin_inside_the_step[numpyro]",  # noqa: E501
+    "test_sgrld.py::test_dirichlet_categorical_posterior[uniform-1000-4e-05-16]",
+    "test_structured_proxies.py::test_low_rank_recovers_every_marginal_sd_of_a_mixed_model[4-0.001]",  # noqa: E501
 })
 
 
