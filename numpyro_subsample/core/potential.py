@@ -102,6 +102,10 @@ class Potential:
         The plate, ``terms`` above, flat θ → sites, a start, the site names.
     constrain, model, data_leaves, enumerated_dims, local
         Unconstrain's inverse, the model, plate-indexed data, enumerated and local sites.
+    integrated
+        Local sites integrated out of each f_i by quadrature
+        (:func:`~numpyro_subsample.core.quadrature.integrate_local`): in neither θ nor
+        ``local``.
 
     References
     ----------
