@@ -158,6 +158,7 @@ _SLOW_IN_CI = frozenset({
     "test_draw_steps.py::test_given_steps_per_draw_keep_the_posterior_and_thin_inside_the_step[numpyro]",  # noqa: E501
     "test_sgrld.py::test_dirichlet_categorical_posterior[uniform-1000-4e-05-16]",
     "test_structured_proxies.py::test_low_rank_recovers_every_marginal_sd_of_a_mixed_model[4-0.001]",  # noqa: E501
+    "test_no_data_constants.py::test_a_run_with_an_integrated_local_site_captures_no_data[numpyro]",  # noqa: E501
 })
 
 

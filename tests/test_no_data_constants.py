@@ -128,3 +128,22 @@ def test_progress_bar_steps_do_not_carry_the_data():
     mcmc.run(jax.random.PRNGKey(0), X, y)
     for leaf in jax.tree.leaves(mcmc.last_state):
         assert np.ndim(leaf) == 0 or np.shape(leaf)[0] != N, np.shape(leaf)
+
+
+def olre_model(x, y=None, n=100):
+    """A Poisson regression with an observation-level effect, integrated out by quadrature."""
+    a = numpyro.sample("a", dist.Normal(0.0, 3.0))
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=n) as i:
+        e = numpyro.sample("e", dist.Normal(0.0, s))
+        numpyro.sample("y", dist.Poisson(jnp.exp(a + 0.5 * x[i] + e)), obs=y[i])
+
+
+@pytest.mark.parametrize("mcmc_cls", [NumPyroMCMC, MCMC], ids=["numpyro", "package"])
+def test_a_run_with_an_integrated_local_site_captures_no_data(no_data_constants, mcmc_cls):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=N).astype(np.float32)
+    y = rng.poisson(np.exp(1.0 + 0.5 * x + 0.3 * rng.normal(size=N))).astype(np.float32)
+    kernel = SGLD(olre_model, progress_bar=False)
+    _run(mcmc_cls, kernel, (x, y))
+    assert kernel.potential.integrated_sites == ("e",)
