@@ -100,7 +100,7 @@ def constrained(potential: Potential, z: dict, data: ModelData) -> dict:
     drawn or integrated per subsample and not kept; e.g. the ``y`` that ``obs_mask`` makes of
     ``y_observed`` and ``y_unobserved``).
     """
-    if not potential.plate_deterministic_sites or potential.local or potential.integrated:
+    if not potential.plate_deterministic_sites or potential.plate_latent_sites:
         return potential.constrain(z, data)
     idx = jnp.arange(potential.plate.subsample_size)
     return potential.constrain_at(z, idx, data)

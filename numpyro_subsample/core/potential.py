@@ -153,11 +153,17 @@ class Potential:
         """The local sites integrated out of each f_i by quadrature (not in θ)."""
         return tuple(s.name for s in self.integrated)
 
+    @property
+    def plate_latent_sites(self) -> tuple[str, ...]:
+        """Every continuous latent site of the plate, drawn (``local``) or integrated: the
+        sites whose values the draws do not hold."""
+        return self.local_sites + self.integrated_sites
+
     def _refuse_local(self, what: str) -> None:
-        if self.local or self.integrated:
+        if self.plate_latent_sites:
             raise ValueError(
                 f"{what} is not available for a model with local latent sites "
-                f"{list(self.local_sites + self.integrated_sites)} inside the subsample "
+                f"{list(self.plate_latent_sites)} inside the subsample "
                 "plate: it depends on their values, which are drawn or integrated for the rows "
                 "of each subsample only and not kept."
             )

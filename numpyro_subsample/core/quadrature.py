@@ -127,14 +127,14 @@ class IntegratedTerms:
         transform = biject_to(site.support)
         t_np, w_np = np.polynomial.hermite.hermgauss(int(self.nodes))
 
-        def log_integrand(th, u):  # ℓ_i(u) per row: −f_i(θ, T(u)) + log|T'(u)|
+        def joint(th, u):  # f0(θ) and ℓ_i(u) per row: −f_i(θ, T(u)) + log|T'(u)|
             z = transform(u)
-            _, fi = terms(th, idx, data, {site.name: z})
-            return -fi + transform.log_abs_det_jacobian(u, z)
+            f0, fi = terms(th, idx, data, {site.name: z})
+            return f0, -fi + transform.log_abs_det_jacobian(u, z)
 
         frozen = jax.lax.stop_gradient(theta)
         u0 = jnp.broadcast_to(transform.inv(jnp.asarray(site.init, dtype)), (m,))
-        u_hat, scale, flat = _mode_and_scale(lambda u: log_integrand(frozen, u), u0,
+        u_hat, scale, flat = _mode_and_scale(lambda u: joint(frozen, u)[1], u0,
                                              self.newton_steps)
         u_hat, scale = jax.lax.stop_gradient(u_hat), jax.lax.stop_gradient(scale)
         t = jnp.asarray(t_np, dtype)[:, None]
@@ -142,16 +142,15 @@ class IntegratedTerms:
                  + jnp.log(jnp.sqrt(jnp.asarray(2.0, dtype)) * scale)[None])
         u_nodes = u_hat[None] + jnp.sqrt(jnp.asarray(2.0, dtype)) * scale[None] * t
         # the mode first: a flat row's term is its integrand anywhere (its site masked out)
-        ell = jax.vmap(lambda u: log_integrand(theta, u))(
-            jnp.concatenate([u_hat[None], u_nodes]))  # (1 + K, m)
+        f0, ell = jax.vmap(lambda u: joint(theta, u))(
+            jnp.concatenate([u_hat[None], u_nodes]))  # (1 + K,), (1 + K, m)
         ell = jnp.where(jnp.isnan(ell), -jnp.inf, ell)
-        f0 = terms(theta, idx[:1], data, {site.name: transform(u_hat[:1])})[0]
-        return f0, jnp.where(flat, -ell[0], -logsumexp(ell[1:] + log_w, axis=0))
+        return f0[0], jnp.where(flat, -ell[0], -logsumexp(ell[1:] + log_w, axis=0))
 
 
 def integrate_local(potential: Any, nodes: int = DEFAULT_NODES) -> Any:
     """The potential of ``potential``'s model with its one scalar local site integrated out
-    of each f_i (:func:`integrated_terms`): no local sites left, the site listed in
+    of each f_i (:class:`IntegratedTerms`): no local sites left, the site listed in
     ``integrated``."""
     site = integrable_site(potential)
     if site is None:

@@ -91,10 +91,10 @@ def log_likelihood_pass(
     ``chunk_size`` data (estimated, the other half). A chunk holds at least one draw. One
     compiled program per potential and chunk shape.
     """
-    if potential.local or potential.integrated:
+    if potential.plate_latent_sites:
         raise ValueError(
             "log p(x_i | θ) of a model with local latent sites "
-            f"{list(potential.local_sites + potential.integrated_sites)} "
+            f"{list(potential.plate_latent_sites)} "
             f"inside the plate '{potential.plate.name}' is an integral over them, which the "
             "draws (global sites only) cannot give; leave log_likelihood out, or marginalise "
             "the local sites out of the model."

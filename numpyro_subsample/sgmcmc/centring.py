@@ -365,7 +365,7 @@ def centred_form(model: Callable, data: ModelData, seed: int = 0,
         return form
     potential = (build_potential(model, data, preprocess_keys(seed)[0])
                  if potential_of is None else potential_of())
-    if potential.local or potential.integrated:
+    if potential.plate_latent_sites:
         return None
     forms = hand_forms(potential, data)
     return (WrittenForm(hand_centred(model, forms), {}, tuple(f"{z}_centred" for z in forms))
@@ -452,9 +452,9 @@ def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None =
             f"{type(kernel).__name__}'s proxy is {getattr(proxy, 'kind', None)!r}. Use SGLD, "
             "SGHMC or SGNHT with the default proxy.")
     potential = kernel.potential_for(data)
-    if potential.local or potential.integrated:
+    if potential.plate_latent_sites:
         raise ValueError("centring_weights does not apply to models with local latent sites "
-                         f"({list(potential.local_sites + potential.integrated_sites)}).")
+                         f"({list(potential.plate_latent_sites)}).")
     return weights_from(proxy, potential, data, num_draws=num_draws, seed=seed,
                         keep=() if form is None else tuple(form.written))
 
@@ -661,8 +661,7 @@ def centred_potential(kernel, pre, data: ModelData,
     sites or no dense proxy that pilot chains ran on, or where no site has weights below
     ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
-    if not _centres(kernel) or potential.local or potential.integrated or (
-            centred and form is None):
+    if not _centres(kernel) or potential.plate_latent_sites or (centred and form is None):
         return None
     if form is None and (potential.model is not kernel.user_model
                          or _reparameterised(kernel.user_model)):
