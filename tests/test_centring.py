@@ -220,11 +220,11 @@ def test_init_params_must_name_the_sampled_sites(data):
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_partially_centred_needs_a_dense_proxy(data):
+def test_partially_centred_needs_a_gaussian_proxy(data):
     g, y, _ = data
     kernel = SGLD(grouped_normal, estimator="uniform", preconditioning=False, step_size=1e-3,
                   progress_bar=False)
-    with pytest.raises(ValueError, match="dense Gaussian proxy"):
+    with pytest.raises(ValueError, match="needs a kernel with a Gaussian proxy"):
         centring_weights(kernel, (g, y))
 
 

@@ -51,6 +51,7 @@ from numpyro_subsample.proxies.covariance import scale_matvec
 from numpyro_subsample.proxies.lanczos import lanczos_eigh
 from numpyro_subsample.proxies.structured import StructuredProxy, fit_structured
 from numpyro_subsample.proxies.whitening import whiten_matvec, whiten_rmatvec, whiten_solve
+from numpyro_subsample.sgmcmc.pilot_structured import WhitenedHessian, adapted_structured
 
 # compilation takes most of these tests' time: most XLA optimisations off (conftest.py)
 pytestmark = pytest.mark.fast_compile
@@ -296,8 +297,11 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     pre = kernel.preprocessed
     assert isinstance(pre.proxy, StructuredProxy) and pre.proxy.info["rank"] == 10
     assert kernel.noise_correction is False and pre.params.noise_scale is None
-    assert np.isfinite(pre.noise) == (adapt is False) and 0 < pre.step_size < 1
-    assert (mcmc.last_state.adapt is None) == (adapt is False)
+    # by default the pilot adapts the proxy here (then the step is measured, as with adapt=False)
+    measured = adapt is False or adapted_structured(pre.proxy)
+    assert adapt is False or pre.proxy.kind == "adapted"
+    assert np.isfinite(pre.noise) == measured and 0 < pre.step_size < 1
+    assert (mcmc.last_state.adapt is None) == measured
     beta = np.asarray(mcmc.get_samples()["beta"])
     assert beta.shape == (200, d) and np.all(np.isfinite(beta))
     assert not np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
@@ -319,6 +323,11 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     jx = jax.make_jaxpr(noise_program)((est.params, thetas, designs, pre.scale_tril, data),
                                        jax.random.PRNGKey(2))
     assert _square(jx, d) == []
+    if adapt is None:  # the pilot's whitened curvature, matrix-free too
+        jx = jax.make_jaxpr(lambda operand, key: lanczos_eigh(
+            WhitenedHessian(pre.potential, 125), operand, key, d, 1, 12))(
+            (pre.centre, data, pre.proxy.cov_op), jax.random.PRNGKey(3))
+        assert _square(jx, d) == []
 
 
 # --- (c) the automatic choice, (d) refusals ----------------------------------------------------

@@ -34,6 +34,8 @@ __all__ = [
     "precision_matvec",
     "logdet",
     "diag_cov",
+    "diag_precision",
+    "rescaled",
     "to_dense",
 ]
 
@@ -171,6 +173,25 @@ def logdet(op: StructuredCovariance) -> jax.Array:
 def diag_cov(op: StructuredCovariance) -> jax.Array:
     """The marginal variances diag Σ̂ = D⁻¹ ⊙ (1 + (W ⊙ W)((1 + γ)⁻¹ − 1)); O(d·k)."""
     return (1 + (op.white_basis**2) @ (1 / (1 + op.white_eig) - 1)) / op.diag
+
+
+def diag_precision(op: StructuredCovariance) -> jax.Array:
+    """The diagonal of the precision P = diag(D) + U diag(s) Uᵀ: D + (U ⊙ U) s; O(d·k)."""
+    return op.diag + (op.basis**2) @ op.coef
+
+
+def rescaled(op: StructuredCovariance, r: jax.Array) -> StructuredCovariance:
+    """diag(r) Σ̂ diag(r) for r > 0 (d,): the correlations of Σ̂ with the marginal sds times r.
+
+    Its precision is diag(D / r²) + (U / r) diag(s) (U / r)ᵀ, brought back to orthonormal
+    columns by :func:`structured_covariance` after a thin QR of U / r (U / r = Q T gives the
+    basis Q E and coefficients λ with T diag(s) Tᵀ = E diag(λ) Eᵀ); O(d·k²)."""
+    r = jnp.asarray(r, op.diag.dtype)
+    if op.basis.shape[1] == 0:
+        return structured_covariance(op.diag / r**2)
+    q, t = jnp.linalg.qr(op.basis / r[:, None])
+    lam, e = jnp.linalg.eigh(t @ (op.coef[:, None] * t.T))
+    return structured_covariance(op.diag / r**2, q @ e, lam)
 
 
 def to_dense(op: StructuredCovariance) -> jax.Array:

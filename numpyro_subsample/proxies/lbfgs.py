@@ -80,7 +80,9 @@ def _lbfgs(potential, chunk_size, memory_size, max_iterations, gtol, theta0, sca
 class ModeResult(NamedTuple):
     """The end point θ, f(θ) and ∇f(θ) (float64 numpy), the L-BFGS ``iterations``,
     ``grad_rms`` in the scaled coordinates, ``converged`` (≤ gtol), ``stop`` (why it ended),
-    ``adam_steps`` and the data ``passes`` by phase."""
+    ``adam_steps``, the data ``passes`` by phase, and the Adam point θ_A with the sds σ of
+    L-BFGS's scaling there (``adam_theta``, ``adam_sd``; a start that has not run into a
+    degenerate mode, which L-BFGS may go on to)."""
 
     theta: jax.Array
     value: float
@@ -91,6 +93,8 @@ class ModeResult(NamedTuple):
     stop: str
     adam_steps: int
     passes: dict
+    adam_theta: jax.Array
+    adam_sd: np.ndarray
 
 
 def find_mode(
@@ -138,4 +142,5 @@ def find_mode(
     return ModeResult(theta=res.theta, value=float(res.value),
                       grad=np.asarray(res.grad, np.float64), iterations=int(res.iterations),
                       grad_rms=float(res.grad_rms), converged=converged, stop=stop,
-                      adam_steps=adam_steps, passes=passes)
+                      adam_steps=adam_steps, passes=passes, adam_theta=theta,
+                      adam_sd=1.0 / scale)

@@ -280,6 +280,8 @@ def _fit_info(a: StructuredArguments, mode, f: float, decrement: float, h: np.nd
         "diagonal": a.diagonal if a.curvature == "hessian" else "fisher",
         "complement": a.complement if k else None,
         "adam_steps": mode.adam_steps,
+        "adam_theta": mode.adam_theta,
+        "adam_sd": mode.adam_sd,
         "lbfgs_iterations": mode.iterations,
         "lbfgs_stop": mode.stop,
         "converged": mode.converged,

@@ -57,6 +57,7 @@ from numpyro_subsample.sgmcmc.options import (
     check_record,
     legacy_records,
 )
+from numpyro_subsample.sgmcmc.pilot_structured import adapted_structured
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 __all__ = ["SGMCMCKernel"]
@@ -482,7 +483,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         local = bool(pre.potential.local)
         init_strategy = self.init_strategy if self._needs_proxy() and not local else "centre"
         est = pre.estimator
-        adapt = self._adapts(pre.potential)
+        adapt = self._adapts(pre.potential) and not adapted_structured(pre.proxy)
         return SGMCMCConfig(
             potential=pre.potential, estimate=est.estimate,
             dynamics=self._dynamics(pre.noise_corrected),

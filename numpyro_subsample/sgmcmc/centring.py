@@ -56,6 +56,8 @@ from numpyro.primitives import Messenger
 from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential, build_potential
+from numpyro_subsample.proxies.covariance import diag_precision, scale_matvec
+from numpyro_subsample.proxies.structured import StructuredProxy
 
 __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centred_form",
            "centred_potential", "centring_pays", "centring_weights", "hand_centred", "hand_forms",
@@ -373,9 +375,10 @@ def centred_form(model: Callable, data: ModelData, seed: int = 0,
 
 def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
                  seed: int = 0, keep: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """:func:`centring_weights` from a dense Gaussian ``proxy`` of ``potential`` (the model
-    in its centred form) on ``data``; the sites ``keep`` (latent Normal sites outside the
-    subsample plate) get their weights whatever their values and scales."""
+    """:func:`centring_weights` from a Gaussian ``proxy`` (dense or structured) of
+    ``potential`` (the model in its centred form) on ``data``; the sites ``keep`` (latent
+    Normal sites outside the subsample plate) get their weights whatever their values and
+    scales."""
     model_args, model_kwargs = data.args_kwargs()
     model_kwargs = dict(model_kwargs)
     dtype = potential.init_theta.dtype
@@ -385,16 +388,20 @@ def weights_from(proxy, potential, data: ModelData, *, num_draws: int = 64,
                                             model_kwargs):
         return {}
     centre = np.asarray(proxy.centre, np.float64)
-    cov = np.asarray(proxy.cov, np.float64)
     index = potential.unravel(jnp.arange(centre.shape[0]).astype(dtype))
     z = np.random.default_rng(seed).normal(size=(num_draws, centre.shape[0]))
-    draws = centre + z @ np.linalg.cholesky(0.5 * (cov + cov.T)).T
+    if isinstance(proxy, StructuredProxy):  # O(d·k): no d × d matrix
+        draws = centre + np.asarray(scale_matvec(proxy.cov_op, jnp.asarray(z, dtype)), np.float64)
+        # Var(a_j | y, the rest) of the Gaussian proxy: 1 / (its precision's diagonal)
+        variance = 1.0 / np.asarray(diag_precision(proxy.cov_op), np.float64)
+    else:
+        cov = np.asarray(proxy.cov, np.float64)
+        draws = centre + z @ np.linalg.cholesky(0.5 * (cov + cov.T)).T
+        variance = 1.0 / np.diag(np.linalg.inv(0.5 * (cov + cov.T)))
     # the data enter the program as an argument (ModelData: arrays as leaves, the rest static)
     sums = jax.device_get(jax.jit(jax.vmap(
         lambda theta, d: scales(theta, *d.args_kwargs()), in_axes=(0, None)))(
         jnp.asarray(draws, dtype), data))
-    # Var(a_j | y, the rest) of the Gaussian proxy: 1 / (its precision's diagonal)
-    variance = 1.0 / np.diag(np.linalg.inv(0.5 * (cov + cov.T)))
     weights = {}
     for name, site_scales in sums.items():
         site_scales = np.asarray(site_scales, np.float64)
@@ -446,9 +453,10 @@ def centring_weights(kernel, model_args: tuple = (), model_kwargs: dict | None =
     kernel = kernel.without_centring(None if form is None else form.model)
     pre = kernel._preprocess_data(data)
     proxy = pre.proxy
-    if proxy is None or getattr(proxy, "cov", None) is None:
+    if proxy is None or (getattr(proxy, "cov", None) is None
+                         and not isinstance(proxy, StructuredProxy)):
         raise ValueError(
-            f"centring_weights needs a kernel with a dense Gaussian proxy; "
+            f"centring_weights needs a kernel with a Gaussian proxy; "
             f"{type(kernel).__name__}'s proxy is {getattr(proxy, 'kind', None)!r}. Use SGLD, "
             "SGHMC or SGNHT with the default proxy.")
     potential = kernel.potential_for(data)
@@ -655,10 +663,10 @@ def centred_potential(kernel, pre, data: ModelData,
 
     With ``form`` (``pre`` is of its centred model), the user's loc-scale sites and
     hand-written group effects are sampled with :class:`PartialCentring` at the proxy's
-    weights, or, where no pilot chains ran on a dense proxy, at the user's own. Without,
+    weights, or, where no pilot chains ran on the proxy, at the user's own. Without,
     None where centring is off, where the potential is already a centred one, where the
     model has a reparameterisation that :func:`written_form` does not unwrap, local latent
-    sites or no dense proxy that pilot chains ran on, or where no site has weights below
+    sites or no Gaussian proxy that pilot chains ran on, or where no site has weights below
     ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
     if not _centres(kernel) or potential.plate_latent_sites or (centred and form is None):
@@ -666,10 +674,11 @@ def centred_potential(kernel, pre, data: ModelData,
     if form is None and (potential.model is not kernel.user_model
                          or _reparameterised(kernel.user_model)):
         return None
-    dense = (proxy is not None and getattr(proxy, "cov", None) is not None
-             and (kernel.centring is True or _pilot_ran(proxy)))
+    gaussian = (proxy is not None
+                and (getattr(proxy, "cov", None) is not None or isinstance(proxy, StructuredProxy))
+                and (kernel.centring is True or _pilot_ran(proxy)))
     keep = () if form is None else (*form.written, *form.hand)
-    weights = weights_from(proxy, potential, data, keep=keep) if dense else {}
+    weights = weights_from(proxy, potential, data, keep=keep) if gaussian else {}
     if centred:
         weights = dict.fromkeys((*weights, *keep), 1.0)
     if form is None:

@@ -37,6 +37,7 @@ from numpyro_subsample.sgmcmc.dynamics import Dynamics, sghmc_dynamics
 from numpyro_subsample.sgmcmc.local_preprocess import local_preprocessing
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed
 from numpyro_subsample.sgmcmc.options import NoiseOptions
+from numpyro_subsample.sgmcmc.pilot_structured import adapted_structured, structured_curvature
 from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgld_step_size, steps_per_draw
 
 __all__ = ["SGMCMCPreprocessing"]
@@ -76,16 +77,22 @@ class SGMCMCPreprocessing:
 
     def _adapts_proxy(self, potential: Potential) -> bool:
         """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
-        given, else for a dense proxy that this kernel fits and whitens with."""
+        given, else for a dense proxy that this kernel fits and whitens with, and for the
+        structured Laplace fit above MAX_DENSE_DIM unless the preconditioner's adaptation is
+        given (:mod:`~numpyro_subsample.sgmcmc.pilot_structured`)."""
+        structured = self._is_structured(potential.dim)
         eligible = (self.supports_proxy_adaptation and self.preconditioning
                     and not potential.local and isinstance(self._proxy_spec, str)
-                    and not self._is_structured(potential.dim) and not self._adapts(potential))
+                    and ((structured and self._proxy_spec == "laplace"
+                          and self.adapt_preconditioner is None)
+                         or (not structured and not self._adapts(potential))))
         if self.adapt_proxy and not eligible:
             raise ValueError(
                 f"{type(self).__name__}(adaptation=AdaptationOptions(proxy=True)) needs "
-                "preconditioning, a dense proxy that the kernel fits (proxy='laplace' or "
-                "'variational', d <= MAX_DENSE_DIM), no adapted preconditioner and no local "
-                "latent sites; leave AdaptationOptions.proxy out.")
+                "preconditioning, a proxy that the kernel fits (proxy='laplace' or "
+                "'variational' with no adapted preconditioner up to MAX_DENSE_DIM "
+                "parameters, proxy='laplace' with AdaptationOptions.preconditioner left out "
+                "above) and no local latent sites; leave AdaptationOptions.proxy out.")
         return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
 
     def _pilot_dynamics(self) -> tuple[Dynamics, Callable[[float, float], float]]:
@@ -120,13 +127,14 @@ class SGMCMCPreprocessing:
             return prep.fit_proxy(request, choice, potential, data, key)
 
         pilot_dynamics, pilot_rule = self._pilot_dynamics()
+        structured = self._is_structured(potential.dim)
         proxy = warmup.pilot_proxy(
             fit, self._proxy_spec, potential, data, key, dynamics=pilot_dynamics,
-            rule=pilot_rule,
+            rule=pilot_rule, structured=structured,
             chunk_size=self.chunk_size, replace=self.replace,
         ) if adapts else fit(self._proxy_spec)
         return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
-                              structured=self._is_structured(potential.dim))
+                              structured=structured)
 
     def _preprocessed_core(self, potential: Potential, data: ModelData) -> Preprocessed:
         if potential.local:
@@ -147,14 +155,18 @@ class SGMCMCPreprocessing:
             self.estimator_name, potential, data, wh.proxy, replace=self.replace,
             rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
         )
-        if self._adapts(potential):
+        if self._adapts(potential) and not adapted_structured(wh.proxy):
             step_size = self._step_size or adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu))
             pre = prep.unmeasured_preprocessed(potential, wh, estimator, step_size, t0)
             return step_bias.not_probed(  # probed after the run (step_bias.probe_after_run)
                 pre, step_bias.ADAPTED_SKIP if self.bias_probe else "bias_probe=False")
         curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
-        if wh.proxy is not None and "draws" in (wh.proxy.info or {}):
+        if adapted_structured(wh.proxy):
+            curvature, passes = structured_curvature(wh.proxy, potential, data,
+                                                     chunk_size=self.chunk_size)
+            wh = wh._replace(data_passes=wh.data_passes + passes)
+        elif wh.proxy is not None and "draws" in (wh.proxy.info or {}):
             curvature, passes = measured_curvature(wh.proxy, potential, data,
                                                    chunk_size=self.chunk_size)
             wh = wh._replace(data_passes=wh.data_passes + passes)

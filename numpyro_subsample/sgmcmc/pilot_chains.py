@@ -17,6 +17,8 @@ from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG, host_normals
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.proxies.whitening import proxy_scale, whiten_matvec
 from numpyro_subsample.sgmcmc.adaptation import adaptation_window
 from numpyro_subsample.sgmcmc.chain import (
     SamplerParams,
@@ -70,7 +72,8 @@ class PilotSettings(NamedTuple):
     replace: bool
 
 
-def run_window(pilot: PilotSettings, proxy: Proxy, length: int, keys: np.ndarray,
+def run_window(pilot: PilotSettings, proxy: Proxy | StructuredProxy, length: int,
+               keys: np.ndarray,
                 theta_start: np.ndarray | None):
     """One window of ``length`` vectorized steps of the pilot's dynamics with the
     control-variate estimator at ``proxy``, from ``theta_start`` (draws of the proxy where
@@ -87,16 +90,16 @@ def run_window(pilot: PilotSettings, proxy: Proxy, length: int, keys: np.ndarray
         adapt_window=adaptation_window(pilot.num_warmup),
     )
     init_one, step = chain_programs(cfg)
+    scale = proxy_scale(proxy)  # dense L, or a structured operator
     params = SamplerParams(
-        centre=proxy.centre, scale_tril=proxy.scale_tril,
+        centre=proxy.centre, scale_tril=scale,
         step_size=device_array(pilot.step_size, dtype), estimator=est.params,
-        init_tril=proxy.scale_tril, data_passes=device_array(0.0, dtype),
+        init_tril=scale, data_passes=device_array(0.0, dtype),
     )
     chain_keys = device_array(keys)
     draws = host_normals(chain_keys, (2, potential.dim), dtype)
     if theta_start is None:  # draws of the start proxy
-        theta_start = np.asarray(proxy.centre, np.float64) + draws[:, 0] @ np.asarray(
-            proxy.scale_tril, np.float64).T
+        theta_start = np.asarray(proxy.centre + whiten_matvec(scale, draws[:, 0]), np.float64)
     states = _vinit(init_one, potential)(chain_keys, device_array(theta_start.astype(dtype)),
                                          data, params, device_array(draws))
     blocks, axes = [], _state_axes()

@@ -11,8 +11,8 @@ from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.sgmcmc.curvature import full_hessian
 
-__all__ = ["DENSE_ESS_PER_DIM", "hessian_whitened", "shrunk_covariance", "window_covariance",
-           "window_moments"]
+__all__ = ["DENSE_ESS_PER_DIM", "effective_sizes", "hessian_whitened", "shrunk_covariance",
+           "window_changes", "window_covariance", "window_moments"]
 
 #: A window re-estimates the dense covariance of the whitened coordinates only with a median
 #: effective sample size of at least this many per dimension (:func:`window_covariance`).
@@ -32,15 +32,27 @@ def window_moments(ws: np.ndarray, trusted: bool) -> tuple[np.ndarray, np.ndarra
     converge): chains drifting from a poor start have few effective draws, so their standard
     errors would hide the drift."""
     steps, chains, d = ws.shape
+    mean, var, ess, moved, rescaled = _window_tests(ws, trusted)
+    cov = window_covariance(ws, ess) if rescaled else np.eye(d)
+    return mean, cov, moved, rescaled
+
+
+def window_changes(ws: np.ndarray, trusted: bool) -> tuple[bool, bool]:
+    """Whether a window's draws ``ws`` (steps, chains, d) in whitened coordinates moved the
+    centre and changed the scales, by the tests of :func:`window_moments`, in O(d) memory."""
+    return _window_tests(ws, trusted)[3:]
+
+
+def _window_tests(ws: np.ndarray, trusted: bool):
+    steps, chains, d = ws.shape
     flat = ws.reshape(-1, d)
     mean = flat.mean(0)
     var = flat.var(0) + 1e-300
-    ess = np.clip(_effective_sizes(ws), 1.0, steps * chains)
+    ess = np.clip(effective_sizes(ws), 1.0, steps * chains)
     z = np.sqrt(2.0 * np.log(2.0 * d)) + 1.0
     moved = not trusted or bool(np.any(np.abs(mean) > z * np.sqrt(np.maximum(var, 1.0) / ess)))
     rescaled = not trusted or bool(np.any(np.abs(np.log(var)) > z * np.sqrt(2.0 / ess)))
-    cov = window_covariance(ws, ess) if rescaled else np.eye(d)
-    return mean, cov, moved, rescaled
+    return mean, var, ess, moved, rescaled
 
 
 def window_covariance(ws: np.ndarray, ess: np.ndarray) -> np.ndarray:
@@ -62,7 +74,7 @@ def window_covariance(ws: np.ndarray, ess: np.ndarray) -> np.ndarray:
     return np.diag(_shrunk_variances(ws, ess))
 
 
-def _effective_sizes(ws: np.ndarray) -> np.ndarray:
+def effective_sizes(ws: np.ndarray) -> np.ndarray:
     """Each coordinate's effective sample size of draws ``ws`` (steps, chains, d) (NumPyro's
     estimator over the chains), 1 where it is undefined."""
     from numpyro.diagnostics import effective_sample_size
@@ -104,7 +116,7 @@ def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
     centre = np.asarray(proxy.centre, np.float64)
     w_old = np.linalg.solve(np.asarray(proxy.scale_tril, np.float64),
                             (draws - centre).reshape(-1, d).T).T.reshape(draws.shape)
-    if np.median(_effective_sizes(w_old)) >= DENSE_ESS_PER_DIM * d:
+    if np.median(effective_sizes(w_old)) >= DENSE_ESS_PER_DIM * d:
         return proxy, None
     total, prior = full_hessian(potential, proxy.centre, data, chunk_size)
     try:
@@ -113,7 +125,7 @@ def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
         return proxy, total - prior
     l_h = np.linalg.inv(chol_h).T  # H = C Cᵀ: L_H = C⁻ᵀ, L_H⁻¹ = Cᵀ
     w = ((draws - centre).reshape(-1, d) @ chol_h).reshape(draws.shape)
-    ess = np.clip(_effective_sizes(w), 1.0, steps * chains)
+    ess = np.clip(effective_sizes(w), 1.0, steps * chains)
     cov = (l_h * _shrunk_variances(w, ess)) @ l_h.T
     chol = np.linalg.cholesky(0.5 * (cov + cov.T))
     dtype = proxy.centre.dtype
