@@ -29,7 +29,9 @@ EXTRA_SCRIPTS = ("zv_benchmark.py",)
 QUICK_ARGS = {"bench_distributed.py": ["--N", "4000", "--draws", "100", "--devices", "1", "4"],
               "bench_step.py": ["--sizes", "10000,100000", "--steps", "3000"],
               # bench_hierarchical's command line, whose --quick the script passes on
-              "bench_models.py": ["--quick"]}
+              "bench_models.py": ["--quick"],
+              "bench_wide_hierarchical.py": ["--groups", "300", "--num-samples", "2000",
+                                             "--reference-draws", "2000"]}
 
 
 def benchmark_scripts() -> list[Path]:

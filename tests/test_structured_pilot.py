@@ -199,3 +199,30 @@ def test_default_kernel_above_the_dense_limit_is_right_on_a_centred_model(monkey
         err = np.abs(draws[site].mean(0) - mean) / sd
         log_sd = np.abs(np.log(draws[site].std(0) / sd))
         assert np.max(err) < 0.2 and np.max(log_sd) < 0.2, (site, np.max(err), np.max(log_sd))
+
+
+def test_structured_curvature_is_the_top_eigenvalue_of_the_whitened_hessian():
+    """μ of the step rule for an adapted structured proxy: Lanczos on Lᵀ∇²f L, against the
+    dense eigenvalue (a linear regression: the Hessian is the same everywhere)."""
+    from numpyro_subsample.core.data import ModelData
+    from numpyro_subsample.sgmcmc.curvature import full_hessian
+    from numpyro_subsample.sgmcmc.pilot_structured import structured_at, structured_curvature
+
+    X, y = _linreg_data(n=2000)
+    data = ModelData.from_args((X, y), {})
+    pot = SGLD(linreg, progress_bar=False).potential_for(data)
+    rng = np.random.default_rng(1)
+    basis, _ = np.linalg.qr(rng.normal(size=(pot.dim, 2)))
+    # a proxy about 3x too wide (precision 2000/9 against X'X ≈ 2000 I), less along two
+    # directions: μ well above 1
+    op = structured_covariance(jnp.asarray(np.full(pot.dim, 2000.0 / 9)), jnp.asarray(basis),
+                               jnp.asarray([500.0, 100.0]))
+    proxy = structured_at(pot, data, np.zeros(pot.dim), op, chunk_size=500, kind="adapted",
+                          passes=0.0, info={})
+    mu, passes = structured_curvature(proxy, pot, data, chunk_size=500)
+    total, _ = full_hessian(pot, proxy.centre, data, 500)
+    cov = np.asarray(to_dense(op), np.float64)
+    root = np.linalg.cholesky(cov)
+    exact = np.linalg.eigvalsh(root.T @ np.asarray(total, np.float64) @ root)[-1]
+    assert passes == 12 and exact > 1
+    assert abs(mu - exact) < 1e-3 * exact
