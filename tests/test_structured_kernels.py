@@ -297,9 +297,9 @@ def test_wide_model_runs_without_a_square_array(monkeypatch, adapt):
     pre = kernel.preprocessed
     assert isinstance(pre.proxy, StructuredProxy) and pre.proxy.info["rank"] == 10
     assert kernel.noise_correction is False and pre.params.noise_scale is None
-    # by default the pilot adapts the proxy here (then the step is measured, as with adapt=False)
+    # no group scale: the structured pilot does not run (pre.proxy is the fit)
     measured = adapt is False or adapted_structured(pre.proxy)
-    assert adapt is False or pre.proxy.kind == "adapted"
+    assert pre.proxy.kind == "structured"
     assert np.isfinite(pre.noise) == measured and 0 < pre.step_size < 1
     assert (mcmc.last_state.adapt is None) == measured
     beta = np.asarray(mcmc.get_samples()["beta"])

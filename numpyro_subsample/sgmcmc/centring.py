@@ -60,7 +60,8 @@ from numpyro_subsample.proxies.covariance import diag_precision, scale_matvec
 from numpyro_subsample.proxies.structured import StructuredProxy
 
 __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centred_form",
-           "centred_potential", "centring_pays", "centring_weights", "hand_centred", "hand_forms",
+           "centred_potential", "centring_pays", "centring_weights", "has_group_scales",
+           "hand_centred", "hand_forms",
            "hand_noncentred_remedy", "hand_noncentred_sites", "partially_centred",
            "weights_from", "written_form"]
 
@@ -132,6 +133,15 @@ def _latent_scale_sites(scales: Callable, theta, args: tuple, kwargs: dict) -> s
                                          {k: k for k in shapes}))
     return {name for name, v in zip(names, jaxpr.outvars, strict=True)
             if not isinstance(v, Literal) and v in depends}
+
+
+def has_group_scales(potential: Potential, data: ModelData) -> bool:
+    """Whether the model has a latent Normal site outside the subsample plate whose scale is
+    latent (a hierarchical group scale): traced, nothing compiled."""
+    model_args, model_kwargs = data.args_kwargs()
+    scales = _site_scales(potential.model, potential, potential.plate.name)
+    return bool(_latent_scale_sites(scales, potential.init_theta, model_args,
+                                    dict(model_kwargs)))
 
 
 def _all_equal(x, value: float) -> bool:

@@ -7,10 +7,13 @@ fit_structured`, low-rank plus diagonal precision). As the dense proxy
 2017), it is adapted on pilot chains, with every operation O(d·k) per draw:
 
 1. the pilot starts from the fit where it is trusted (it converged and raised no warning),
-   else from the potential's feasible start with the unit covariance
-   (:func:`structured_start`): a fit that does not converge typically sits at a degenerate
-   joint mode (a centred hierarchical model's group scale shrinking to 0 with every group
-   effect at its mean), whose neighbourhood the chains would not leave;
+   else from the fit's Adam point with the diagonal covariance of L-BFGS's scaling there, the
+   empirical Fisher plus the prior's Hessian (:func:`structured_start`): a fit that does not
+   converge typically ends near a degenerate joint mode (a centred hierarchical model's group
+   scale shrinking to 0 with every group effect at its mean), whose neighbourhood the chains
+   would not leave, while from the potential's feasible start with a unit covariance a
+   scale that the data pin down (a noise scale started at 50) stays frozen under the
+   within-window scale adaptation;
 2. in each window, P chains of the pilot dynamics run with the control-variate estimator
    (Baker et al. 2019, Eq. 4) centred at θ̂_w and whitened by Σ̂_w^(1/2), the diagonal scale of
    :mod:`~numpyro_subsample.sgmcmc.adaptation` adapted within the window;
@@ -70,8 +73,7 @@ from numpyro_subsample.sgmcmc.pilot_moments import effective_sizes, window_chang
 
 __all__ = ["CURVATURE_DRAWS", "CURVATURE_ITERATIONS", "LOW_RANK_FLOOR", "MAX_SD_CHANGE",
            "WhitenedHessian", "adapt_structured", "adapted_structured", "structured_at",
-           "structured_curvature",
-           "structured_pilot_proxy", "structured_start"]
+           "structured_curvature", "structured_pilot_proxy", "structured_start"]
 
 #: Pilot draws (one per chain, at the last window's end) at which, with the centre, the
 #: whitened curvature of the step-size rule is measured (:func:`structured_curvature`).
@@ -207,9 +209,10 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
                            dynamics: Dynamics, rule: Callable[[float, float], float],
                            windows: tuple[int, ...], num_chains: int, chunk_size: int,
                            replace: bool = True) -> StructuredProxy:
-    """The structured fit ``fit(spec)`` where it is trusted, else the proxy adapted by
-    :func:`adapt_structured` from :func:`structured_start` (module docstring). The fit's
-    warnings are raised only where the adaptation fails and the fit is kept."""
+    """The structured fit ``fit(spec)`` adapted by :func:`adapt_structured`: from the fit
+    where it is trusted (kept where no window disagrees with it), else from
+    :func:`structured_start` at the fit's Adam point (module docstring). The fit's warnings
+    are raised only where the adaptation fails at once and the fit is kept."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProxyFitWarning)
         fitted = fit(spec)
