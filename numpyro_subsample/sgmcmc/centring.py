@@ -642,7 +642,7 @@ def unwrapped(kernel, data: ModelData) -> tuple[WrittenForm, Potential] | None:
     if form is None:
         return None
     potential = build_potential(form.model, data, preprocess_keys(kernel.seed)[0])
-    if potential.local or (kernel.centring is None and not kernel._adapts_proxy(potential)):
+    if potential.local or (kernel.centring is None and not kernel._adapts_proxy(potential, data)):
         return None
     return form, potential
 

@@ -75,11 +75,15 @@ class SGMCMCPreprocessing:
     def _is_structured(self, dim: int) -> bool:
         return self._proxy_choice(dim) in (*prep.STRUCTURED, "given-structured")
 
-    def _adapts_proxy(self, potential: Potential) -> bool:
+    def _adapts_proxy(self, potential: Potential, data: ModelData) -> bool:
         """Whether pilot chains adapt the proxy (:mod:`~numpyro_subsample.sgmcmc.warmup`): as
         given, else for a dense proxy that this kernel fits and whitens with, and for the
-        structured Laplace fit above MAX_DENSE_DIM unless the preconditioner's adaptation is
-        given (:mod:`~numpyro_subsample.sgmcmc.pilot_structured`)."""
+        structured Laplace fit above MAX_DENSE_DIM of a model with a hierarchical scale
+        (:func:`~numpyro_subsample.sgmcmc.centring.has_group_scales`) unless the
+        preconditioner's adaptation is given
+        (:mod:`~numpyro_subsample.sgmcmc.pilot_structured`): elsewhere (a neural network's
+        weights) the adapted structured proxy's measured step has not been shown to do better
+        than the fit's path."""
         structured = self._is_structured(potential.dim)
         eligible = (self.supports_proxy_adaptation and self.preconditioning
                     and not potential.local and isinstance(self._proxy_spec, str)
@@ -93,7 +97,9 @@ class SGMCMCPreprocessing:
                 "'variational' with no adapted preconditioner up to MAX_DENSE_DIM "
                 "parameters, proxy='laplace' with AdaptationOptions.preconditioner left out "
                 "above) and no local latent sites; leave AdaptationOptions.proxy out.")
-        return eligible if self.adapt_proxy is None else bool(self.adapt_proxy)
+        if self.adapt_proxy is not None:
+            return bool(self.adapt_proxy)
+        return eligible and (not structured or centring.has_group_scales(potential, data))
 
     def _pilot_dynamics(self) -> tuple[Dynamics, Callable[[float, float], float]]:
         """The pilot chains' dynamics and step rule ``rule(v, μ)``
@@ -115,12 +121,7 @@ class SGMCMCPreprocessing:
         :meth:`_adapts_proxy`) and the coordinates the chain moves in
         (:func:`~numpyro_subsample.sgmcmc.preprocess.whitening`)."""
         structured = self._is_structured(potential.dim)
-        adapts = self._adapts_proxy(potential)
-        if adapts and structured and self.adapt_proxy is None:
-            # above the dense limit only where a hierarchical scale makes the joint mode a
-            # poor proxy: elsewhere (a neural network's weights) the adapted structured
-            # proxy's measured step has not been shown to do better than the fit's path
-            adapts = centring.has_group_scales(potential, data)
+        adapts = self._adapts_proxy(potential, data)
 
         def fit(kind: str) -> Proxy:
             given = kind == self._proxy_spec  # else a fallback start: q's own covariance

@@ -4,6 +4,7 @@ run in blocks of one compiled program so that every window shares it."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import NamedTuple
@@ -14,7 +15,7 @@ import numpy as np
 from numpyro_subsample.core.compiling import preprocessing_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
-from numpyro_subsample.core.rng import STEP_RNG, host_normals
+from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
@@ -28,7 +29,8 @@ from numpyro_subsample.sgmcmc.chain import (
 )
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 
-__all__ = ["BLOCK", "PilotSettings", "run_window"]
+__all__ = ["BLOCK", "PilotSettings", "ProxyAdaptationWarning", "pilot_keys", "run_window",
+           "warn_all_failed"]
 
 #: Steps of one compiled block; every window is a whole number of blocks, so that all windows
 #: share one program.
@@ -57,6 +59,31 @@ def _vinit(init_one: Callable, potential: Potential) -> Callable:
     def at(key, theta, data, params, draws):
         return init_one(key, potential.unravel(theta), data, params, draws)
     return preprocessing_jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
+
+
+class ProxyAdaptationWarning(UserWarning):
+    """Every pilot chain failed in a window, so the proxy was not adapted: the message names
+    the window and a remedy."""
+
+
+def pilot_keys(rng_key: jax.Array, rows: int, num_chains: int) -> np.ndarray:
+    """``rows`` × ``num_chains`` raw keys (uint32 pairs) for the pilot's windows, from
+    ``rng_key`` by NumPy's SeedSequence: shape (rows, num_chains, 2)."""
+    bits = np.asarray(raw_key(rng_key), np.uint32)
+    return np.random.SeedSequence([int(b) for b in bits]).generate_state(
+        2 * num_chains * rows, np.uint32).reshape(rows, num_chains, 2)
+
+
+def warn_all_failed(num_chains: int, window: int, what: str, kind: str,
+                    stacklevel: int) -> None:
+    """The :class:`ProxyAdaptationWarning` of a window (1-based) in which every pilot chain
+    failed; ``what`` names the proxy ("proxy", "structured proxy"), ``kind`` the one kept."""
+    warnings.warn(
+        f"All {num_chains} pilot chains failed in window {window} of the {what}'s "
+        f"adaptation (a step was non-finite or exploded); the proxy stays {kind!r}. Pass a "
+        f"step_size, proxy_kwargs, or adaptation=AdaptationOptions(proxy=False).",
+        ProxyAdaptationWarning, stacklevel=stacklevel + 1,
+    )
 
 
 class PilotSettings(NamedTuple):

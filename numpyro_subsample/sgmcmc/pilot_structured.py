@@ -49,7 +49,6 @@ import numpy as np
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.core.potential import Potential
-from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.proxies.base import ProxyFitWarning
 from numpyro_subsample.proxies.checks import prior_grad
 from numpyro_subsample.proxies.choice import DEFAULT_RANK
@@ -68,7 +67,12 @@ from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.proxies.whitening import whiten_matvec
 from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
-from numpyro_subsample.sgmcmc.pilot_chains import PilotSettings, run_window
+from numpyro_subsample.sgmcmc.pilot_chains import (
+    PilotSettings,
+    pilot_keys,
+    run_window,
+    warn_all_failed,
+)
 from numpyro_subsample.sgmcmc.pilot_moments import effective_sizes, window_changes
 
 __all__ = ["CURVATURE_DRAWS", "CURVATURE_ITERATIONS", "LOW_RANK_FLOOR", "MAX_SD_CHANGE",
@@ -251,7 +255,7 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
                      num_chains: int, chunk_size: int,
                      replace: bool = True) -> StructuredProxy | None:
     """The proxy adapted from ``start`` by pilot chains in ``windows`` (module docstring);
-    None with a :class:`~numpyro_subsample.sgmcmc.warmup.ProxyAdaptationWarning` if every
+    None with a :class:`~numpyro_subsample.sgmcmc.pilot_chains.ProxyAdaptationWarning` if every
     pilot chain fails in the first window.
 
     ``rank`` and ``curvature`` are the structured fit's (those of the low-rank part taken at
@@ -268,28 +272,18 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
         centre and the largest log change of an sd (both in the previous proxy's sds) and the
         failed chains.
     """
-    from numpyro_subsample.sgmcmc.warmup import ProxyAdaptationWarning
-
     t0 = time.perf_counter()
     n = int(potential.plate.subsample_size)
     pilot = PilotSettings(potential=potential, data=data, dynamics=dynamics,
                           step_size=adaptive_step_size(rule), num_warmup=max(windows),
                           num_chains=num_chains, chunk_size=chunk_size, replace=replace)
-    bits = np.asarray(raw_key(rng_key), np.uint32)
-    keys = np.random.SeedSequence([int(b) for b in bits]).generate_state(
-        2 * num_chains * len(windows), np.uint32).reshape(len(windows), num_chains, 2)
+    keys = pilot_keys(rng_key, len(windows), num_chains)
     proxy, passes, record, theta_start = start, float(start.num_data_passes), [], None
     for k, length in enumerate(windows):
         states, ws, failed, est_passes = run_window(pilot, proxy, length, keys[k], theta_start)
         passes += est_passes + float(length) * num_chains * n / potential.num_data
         if failed.all():
-            warnings.warn(
-                f"All {num_chains} pilot chains failed in window {k + 1} of the structured "
-                f"proxy's adaptation (a step was non-finite or exploded); the proxy stays "
-                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or "
-                f"adaptation=AdaptationOptions(proxy=False).",
-                ProxyAdaptationWarning, stacklevel=5,
-            )
+            warn_all_failed(num_chains, k + 1, "structured proxy", proxy.kind, stacklevel=5)
             break
         moved, rescaled_ = window_changes(ws, trusted)
         op = proxy.cov_op

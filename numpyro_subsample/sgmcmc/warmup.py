@@ -50,12 +50,18 @@ import numpy as np
 
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
-from numpyro_subsample.core.rng import raw_key
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.laplace import LaplaceFitError, proxy_from_moments
 from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
-from numpyro_subsample.sgmcmc.pilot_chains import BLOCK, PilotSettings, run_window
+from numpyro_subsample.sgmcmc.pilot_chains import (
+    BLOCK,
+    PilotSettings,
+    ProxyAdaptationWarning,
+    pilot_keys,
+    run_window,
+    warn_all_failed,
+)
 from numpyro_subsample.sgmcmc.pilot_moments import hessian_whitened, window_moments
 from numpyro_subsample.sgmcmc.pilot_structured import structured_pilot_proxy
 
@@ -88,11 +94,6 @@ MIN_WINDOW = 50
 MIN_PILOT_ROWS = 2_000_000
 #: Pilot draws of the last window at which the whitened curvature is measured.
 CURVATURE_POINTS = 16
-
-
-class ProxyAdaptationWarning(UserWarning):
-    """Every pilot chain failed in a window, so the proxy was not adapted: the message names
-    the window and a remedy."""
 
 
 class PilotWindow(NamedTuple):
@@ -269,21 +270,13 @@ def adapt_proxy(
     proxy = start
     passes = float(start.num_data_passes)
     record: list[PilotWindow] = []
-    bits = np.asarray(raw_key(rng_key), np.uint32)
-    keys = np.random.SeedSequence([int(b) for b in bits]).generate_state(
-        2 * num_chains * (len(windows) + 1), np.uint32).reshape(len(windows) + 1, num_chains, 2)
+    keys = pilot_keys(rng_key, len(windows) + 1, num_chains)
     theta_start, hessian_data = None, None
     for k, length in enumerate(windows):
         states, ws, failed, est_passes = run_window(pilot, proxy, length, keys[k], theta_start)
         passes += est_passes + float(length) * num_chains * n / potential.num_data
         if failed.all():
-            warnings.warn(
-                f"All {num_chains} pilot chains failed in window {k + 1} of the proxy's "
-                f"adaptation (a step was non-finite or exploded); the proxy stays "
-                f"{proxy.kind!r}. Pass a step_size, proxy_kwargs, or "
-                f"adaptation=AdaptationOptions(proxy=False).",
-                ProxyAdaptationWarning, stacklevel=4,
-            )
+            warn_all_failed(num_chains, k + 1, "proxy", proxy.kind, stacklevel=4)
             return start if k == 0 else proxy
         mean_w, cov_w, moved, rescaled = window_moments(ws, _trusted(start))
         L = np.asarray(proxy.scale_tril, np.float64)
