@@ -53,7 +53,7 @@ def test_rescaled_moves_marginal_sds_and_keeps_correlations():
 def test_degenerate_joint_mode_above_the_dense_limit_is_adapted(structured_above_10):
     """The structured fit of a centred hierarchical model runs into the degenerate joint mode
     (the group scale shrinking to 0) and does not converge; the pilot starts from the
-    feasible start instead, and its centre lands in the bulk, silently."""
+    mean-field fit instead, and its centre lands in the bulk, silently."""
     g, y = grouped_data()
     kernel = SGLD(centred, adaptation=AdaptationOptions(centring=False), progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
@@ -62,7 +62,7 @@ def test_degenerate_joint_mode_above_the_dense_limit_is_adapted(structured_above
     assert not [w for w in caught if issubclass(w.category, ProxyFitWarning)]
     proxy, pot = pre.proxy, pre.potential
     assert isinstance(proxy, StructuredProxy) and proxy.kind == "adapted"
-    assert proxy.info["start"] == "start" and proxy.info["start_info"]["reason"]
+    assert proxy.info["start"] == "mean-field" and proxy.info["start_info"]["reason"]
     assert len(proxy.info["windows"]) >= 2
     assert proxy.info["rank"] >= 1  # the Hessian's at the adapted centre
     sd = np.sqrt(np.asarray(diag_cov(proxy.cov_op)))
@@ -226,3 +226,49 @@ def test_structured_curvature_is_the_top_eigenvalue_of_the_whitened_hessian():
     exact = np.linalg.eigvalsh(root.T @ np.asarray(total, np.float64) @ root)[-1]
     assert passes == 12 and exact > 1
     assert abs(mu - exact) < 1e-3 * exact
+
+
+def test_mean_field_fit_matches_a_gaussian_posterior():
+    """The mean-field start on a conjugate linear regression: q's mean is the posterior mean
+    and its sds 1/√Λ_jj, the conditional sds of the exact Gaussian posterior (within the
+    plateau rule's tolerance)."""
+    from numpyro_subsample.core.potential import ModelData, build_potential
+    from numpyro_subsample.proxies.variational import mean_field
+
+    X, y = _linreg_data(n=5000)
+    data = ModelData.from_args((X, y))
+    pot = build_potential(linreg, data, jax.random.PRNGKey(0))
+    Xd = np.asarray(X, np.float64)
+    precision = Xd.T @ Xd + np.eye(Xd.shape[1]) / 100.0
+    mean = np.linalg.solve(precision, Xd.T @ np.asarray(y, np.float64))
+    sd = np.sqrt(np.diag(np.linalg.inv(precision)))
+    q = mean_field(pot, data, jax.random.PRNGKey(1))
+    assert q.info["converged"] and q.passes > 0
+    assert np.max(np.abs(q.mean - mean) / sd) < 0.5  # SVI's iterate average, not exact
+    np.testing.assert_allclose(q.sd, 1.0 / np.sqrt(np.diag(precision)), rtol=0.15)
+
+
+def test_pilot_that_never_settles_keeps_the_mean_field_start(structured_above_10,
+                                                            monkeypatch):
+    """Windows whose draws still move at the pilot's end (a noise-limited pilot step) do not
+    replace the mean-field start: the proxy is centred at q's mean, with a low-rank part."""
+    from numpyro_subsample.sgmcmc import pilot_structured
+
+    monkeypatch.setattr(pilot_structured, "window_changes", lambda ws, trusted: (True, True))
+    starts = []
+    original = pilot_structured.variational_start
+
+    def recorded(*args, **kwargs):
+        starts.append(original(*args, **kwargs))
+        return starts[-1]
+
+    monkeypatch.setattr(pilot_structured, "variational_start", recorded)
+    g, y = grouped_data()
+    kernel = SGLD(centred, adaptation=AdaptationOptions(centring=False), progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pre = kernel.preprocess((g, y))
+    proxy = pre.proxy
+    assert proxy.kind == "adapted" and not proxy.info["settled"]
+    np.testing.assert_allclose(np.asarray(proxy.centre), np.asarray(starts[-1].centre))
+    assert proxy.info["rank"] >= 1

@@ -19,6 +19,7 @@ from numpyro.distributions import biject_to
 from numpyro.distributions.distribution import validation_enabled
 from numpyro.infer.autoguide import (
     AutoContinuous,
+    AutoDiagonalNormal,
     AutoGuide,
     AutoLowRankMultivariateNormal,
     AutoMultivariateNormal,
@@ -72,6 +73,13 @@ def _cached_default_guide(potential: Potential, max_full_rank_dim: int):
     return default_guide(
         potential.model, potential.dim, max_full_rank_dim=max_full_rank_dim, init_loc_fn=init
     )
+
+
+@lru_cache(maxsize=8)
+def _cached_mean_field_guide(potential: Potential):
+    """One ``AutoDiagonalNormal`` per potential (compiled SVI programs reused on refits)."""
+    return AutoDiagonalNormal(potential.model,
+                              init_loc_fn=partial(_init_at_potential_start, potential=potential))
 
 
 def _setup_guide(guide: Callable, key: jax.Array, data: ModelData) -> None:

@@ -6,33 +6,37 @@ fit_structured`, low-rank plus diagonal precision). As the dense proxy
 (:mod:`~numpyro_subsample.sgmcmc.warmup`, after Stan's windowed warm-up, Carpenter et al.
 2017), it is adapted on pilot chains, with every operation O(d·k) per draw:
 
-1. the pilot starts from the fit where it is trusted (it converged and raised no warning),
-   else from the fit's Adam point with the diagonal covariance of L-BFGS's scaling there, the
-   empirical Fisher plus the prior's Hessian (:func:`structured_start`): a fit that does not
-   converge typically ends near a degenerate joint mode (a centred hierarchical model's group
-   scale shrinking to 0 with every group effect at its mean), whose neighbourhood the chains
-   would not leave, while from the potential's feasible start with a unit covariance a
-   scale that the data pin down (a noise scale started at 50) stays frozen under the
-   within-window scale adaptation;
+1. the pilot starts from the fit where it is trusted (it converged and raised no warning) and
+   the model has no hierarchical scale; else from the mean-field Gaussian N(m, diag(s²))
+   fitted by SVI from the fit's point (:func:`variational_start`,
+   :func:`~numpyro_subsample.proxies.variational.mean_field`): the joint mode of a model with
+   a group scale is a biased centre for that scale (Papaspiliopoulos, Roberts and Sköld
+   2007), while the ELBO averages over the group effects. Where the mean-field fit fails, the
+   start is the fit's Adam point with the diagonal covariance of L-BFGS's scaling there
+   (:func:`structured_start`);
 2. in each window, P chains of the pilot dynamics run with the control-variate estimator
    (Baker et al. 2019, Eq. 4) centred at θ̂_w and whitened by Σ̂_w^(1/2), the diagonal scale of
    :mod:`~numpyro_subsample.sgmcmc.adaptation` adapted within the window;
-3. where the second half of the window's draws, pooled over chains, differ from the proxy by
-   more than their Monte Carlo error (the tests of
-   :func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`; always after an untrusted
-   start), θ̂_{w+1} is their mean and Σ̂_{w+1} = R Σ̂_w R, R = diag(r): the correlations of
-   Σ̂_w with each marginal sd moved to the draws', log r_j² = ESS_j / (ESS_j + 2) ·
-   log(v_j / Σ̂_w,jj), v_j the draws' variance (the sampling variance of a log variance is
-   about 2 / ESS_j). One data pass at θ̂_{w+1} gives the new control variates'
-   Σ_i ∇f_i(θ̂_{w+1}). After two windows that agree with the proxy the pilot stops.
+3. the first window adapts an untrusted start; each later window only where the second half
+   of its draws, pooled over chains, differ from the proxy by more than their Monte Carlo
+   error (the tests of :func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`):
+   θ̂_{w+1} is their mean and Σ̂_{w+1} = R Σ̂_w R, R = diag(r): the correlations of Σ̂_w with
+   each marginal sd moved to the draws', log r_j² = ESS_j / (ESS_j + 2) · log(v_j / Σ̂_w,jj),
+   v_j the draws' variance (the sampling variance of a log variance is about 2 / ESS_j). One
+   data pass at θ̂_{w+1} gives the new control variates' Σ_i ∇f_i(θ̂_{w+1}). After two
+   windows that agree with the proxy the pilot stops: it has settled;
+4. a pilot from the mean-field start that has not settled by its last window is discarded
+   for that start: its windows were too short for their draws to relax (a pilot step that
+   the gradient noise holds far below the posterior's relaxation time), so their moments
+   are the chains' transient, not the posterior's.
 
-The sampling chains then run with this proxy and the diagonal scale adapted during their own
-warm-up, as with the structured fit. Where a window moved the centre, the low-rank part is
-taken again from the Hessian at the last centre (Lanczos on the Hessian scaled by the draws'
-marginal sds, :func:`_with_low_rank`), with the marginal sds kept at the draws': it is not
-estimated from the pilot's draws, whose few hundred effective draws of thousands of
-coordinates leave sample principal components below the Marchenko-Pastur edge
-indistinguishable from noise.
+Where a window moved the centre, and for a mean-field start kept, the low-rank part is taken
+from the Hessian at the centre (Lanczos on the Hessian scaled by the marginal sds,
+:func:`_with_low_rank`), with the marginal sds kept: it is not estimated from the pilot's
+draws, whose few hundred effective draws of thousands of coordinates leave sample principal
+components below the Marchenko-Pastur edge indistinguishable from noise. The sampling chains
+then take the step measured from the gradient noise at this proxy, with the curvature of
+:func:`structured_curvature` and no diagonal preconditioner on top.
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ from numpyro_subsample.proxies.curvature import hessian_vector_product
 from numpyro_subsample.proxies.lanczos import lanczos_eigh
 from numpyro_subsample.proxies.lowrank import low_rank_precision
 from numpyro_subsample.proxies.structured import StructuredProxy
+from numpyro_subsample.proxies.variational import mean_field
 from numpyro_subsample.proxies.whitening import whiten_matvec
 from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
+from numpyro_subsample.sgmcmc.centring import has_group_scales
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 from numpyro_subsample.sgmcmc.pilot_chains import (
     PilotSettings,
@@ -204,6 +210,23 @@ def structured_start(potential: Potential, data: ModelData, *, chunk_size: int, 
                          info={"reason": reason})
 
 
+def variational_start(potential: Potential, data: ModelData, rng_key: jax.Array, *,
+                      init, chunk_size: int, reason: str) -> StructuredProxy | None:
+    """The pilot's start N(m, diag(s²)) of the mean-field fit
+    (:func:`~numpyro_subsample.proxies.variational.mean_field`) from ``init``; None where
+    its ELBO or moments are not finite."""
+    try:
+        q = mean_field(potential, data, rng_key, init=None if init is None else np.asarray(init))
+    except ValueError:
+        return None
+    if not (np.all(np.isfinite(q.mean)) and np.all(np.isfinite(q.sd) & (q.sd > 0))):
+        return None
+    start = structured_start(potential, data, chunk_size=chunk_size, reason=reason,
+                             centre=q.mean, sd=q.sd)
+    return start._replace(kind="mean-field", num_data_passes=start.num_data_passes + q.passes,
+                          info={**start.info, "mean_field": q.info})
+
+
 def _trusted(proxy: StructuredProxy, found: list[str]) -> bool:
     return not found and bool((proxy.info or {}).get("converged", True))
 
@@ -214,9 +237,10 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
                            windows: tuple[int, ...], num_chains: int, chunk_size: int,
                            replace: bool = True) -> StructuredProxy:
     """The structured fit ``fit(spec)`` adapted by :func:`adapt_structured`: from the fit
-    where it is trusted (kept where no window disagrees with it), else from
-    :func:`structured_start` at the fit's Adam point (module docstring). The fit's warnings
-    are raised only where the adaptation fails at once and the fit is kept."""
+    where it is trusted and the model has no group scale (kept where no window disagrees with
+    it), else from :func:`variational_start` at the fit's point, or :func:`structured_start`
+    at its Adam point where that fails (module docstring). The fit's warnings are raised only
+    where the adaptation fails at once and the fit is kept."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProxyFitWarning)
         fitted = fit(spec)
@@ -227,9 +251,17 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
     trusted = _trusted(fitted, found)
     reason = "; ".join(str(w.message) for w in found) or "the structured fit did not converge"
     info = fitted.info or {}
-    start = fitted if trusted else structured_start(
-        potential, data, chunk_size=chunk_size, reason=reason,
-        centre=info.get("adam_theta"), sd=info.get("adam_sd"))
+    point = fitted.centre if trusted else info.get("adam_theta")
+    start = None
+    if not trusted or has_group_scales(potential, data):
+        reason = reason if not trusted else "the joint mode of a model with a group scale"
+        start = variational_start(potential, data, jax.random.fold_in(rng_key, 101),
+                                  init=point, chunk_size=chunk_size, reason=reason)
+        trusted = False
+    if start is None:
+        start = fitted if trusted else structured_start(
+            potential, data, chunk_size=chunk_size, reason=reason,
+            centre=point, sd=info.get("adam_sd"))
     adapted = adapt_structured(start, potential, data, rng_key, trusted=trusted,
                                rank=int(info.get("rank_requested") or info.get("rank")
                                         or DEFAULT_RANK),
@@ -262,7 +294,9 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
     each new centre). A window moves the centre or rescales the covariance only where its
     draws differ from the proxy by more than their Monte Carlo error, as for the dense proxy
     (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`), or always after a start
-    that is not ``trusted``; after two windows that agree with it, the pilot stops.
+    that is not ``trusted`` (the first window; later ones are tested); after two windows
+    that agree with it, the pilot stops. A pilot from a ``"mean-field"`` start that has not
+    settled by its last window returns that start with the Hessian's low-rank part.
 
     Returns
     -------
@@ -270,7 +304,7 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
         ``kind="adapted"`` if a window changed it, else ``start`` with the windows in its
         ``info``; ``info["windows"]`` holds, per window, its steps, the largest shift of the
         centre and the largest log change of an sd (both in the previous proxy's sds) and the
-        failed chains.
+        failed chains; ``info["settled"]`` whether the last window agreed with its proxy.
     """
     t0 = time.perf_counter()
     n = int(potential.plate.subsample_size)
@@ -285,7 +319,8 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
         if failed.all():
             warn_all_failed(num_chains, k + 1, "structured proxy", proxy.kind, stacklevel=5)
             break
-        moved, rescaled_ = window_changes(ws, trusted)
+        # an untrusted start is adapted by the first window; later windows are tested
+        moved, rescaled_ = window_changes(ws, trusted or k > 0)
         op = proxy.cov_op
         dtype = proxy.centre.dtype
         draws = np.asarray(proxy.centre + whiten_matvec(op, jnp.asarray(ws, dtype)),
@@ -325,8 +360,17 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
             proxy = proxy._replace(cov_op=op, kind="adapted")
     if k == 0 and failed.all():
         return None
-    info = {"windows": record, "pilot_chains": num_chains, "step_size": pilot.step_size,
-            "draws": last_draws}
+    settled = k >= 1 and not (moved or rescaled_)
+    if not settled and start.kind == "mean-field":
+        # windows still moving at their end: their draws had not relaxed (a noise-limited
+        # pilot step), so the mean-field fit is the better estimate of the moments
+        proxy, lanczos = _with_low_rank(start._replace(kind="adapted"), potential, data,
+                                        jax.random.fold_in(rng_key, len(windows)),
+                                        chunk_size, rank, curvature)
+        passes += lanczos
+        last_draws = []
+    info = {"windows": record, "settled": settled, "pilot_chains": num_chains,
+            "step_size": pilot.step_size, "draws": last_draws}
     if proxy is start:
         return start._replace(info={**(start.info or {}), **info}, num_data_passes=passes)
     return proxy._replace(info={**(proxy.info or {}), "start": start.kind, **info},
