@@ -387,6 +387,28 @@ def test_rhat_threshold_is_not_crossed_by_chance_over_many_coordinates():
     assert list(over) == [7], over
 
 
+def test_rhat_excess_is_computed_where_rhat_exceeds_its_floor_only():
+    """coordinate_figures takes each chain's ESS (for R-hat's chance level) only where R-hat
+    exceeds max_rhat, with the Bonferroni level of all coordinates: the same excess there as
+    the full computation, and NaN where R-hat cannot exceed its threshold."""
+    import arviz as az
+
+    from numpyro_subsample.post.run_figures import coordinate_figures, rhat_thresholds
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 400, 300))
+    x[1, :, [4, 9]] += 0.6
+    fig = coordinate_figures(x, np.zeros((2, 300), bool), 1.01)
+    ess = sum(np.asarray(az.ess(az.convert_to_dataset({"x": x[c:c + 1]}), method="bulk")["x"]
+                         .values) for c in range(2))
+    full = fig.rhat - rhat_thresholds(ess, chains=2, draws=400)
+    above = fig.rhat > 1.01
+    assert above.sum() >= 2 and not above.all()
+    np.testing.assert_allclose(fig.excess[above], full[above], rtol=1e-10)
+    assert np.all(np.isnan(fig.excess[~above]))
+    assert set(np.flatnonzero(fig.excess > 0)) == {4, 9}
+
+
 def _gaussian_mean_model(y, subsample_size=100):
     import numpyro
     import numpyro.distributions as dist

@@ -214,7 +214,8 @@ def check_run(
         messages.append(ess_message(mcmc, [names[k] for k in order], min_bulk, min_tail,
                                      threshold, min_ess_per_chain, chains, draws, max_mcse))
     if np.nanmax(fig.excess, initial=-np.inf) > 0:
-        order = np.argsort(-np.nan_to_num(fig.excess, nan=-np.inf))[:3]
+        order = [k for k in np.argsort(-np.nan_to_num(fig.excess, nan=-np.inf))[:3]
+                 if fig.excess[k] > 0]
         worst += [names[k] for k in order if names[k] not in worst]
         messages.append(
             f"max split R-hat {max_r:.3f} > {max_rhat:g} between {chains} chains at "

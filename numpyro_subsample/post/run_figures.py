@@ -46,11 +46,12 @@ def per_coordinate(fn, x: np.ndarray, **kwargs) -> np.ndarray:
 
 
 def rhat_thresholds(ess_bulk: np.ndarray, chains: int, draws: int, max_rhat: float = 1.01,
-                    level: float = 0.01) -> np.ndarray:
+                    level: float = 0.01, num_coordinates: int | None = None) -> np.ndarray:
     """Per-coordinate split R-hat thresholds: ``max_rhat``, raised to the (1 − level/d)
     quantile of split R-hat over chains that sample one distribution (Bonferroni over the d
     coordinates), so that a long well-mixed run of many coordinates does not warn by chance.
-    ``ess_bulk``: the sum over chains of each chain's own bulk ESS (:func:`check_run`).
+    ``ess_bulk``: the sum over chains of each chain's own bulk ESS (:func:`check_run`), of
+    some of the ``num_coordinates`` coordinates (default: all, ``ess_bulk.size``).
 
     For M = 2·``chains`` split chains of ``draws``/2 draws and a bulk ESS S per coordinate,
     R̂² = 1 + (B/W − 1)/n with B/W ≈ (n/n_e)·F, F ~ χ²_{M−1}/(M−1) and n_e = S/M (Vehtari
@@ -59,7 +60,8 @@ def rhat_thresholds(ess_bulk: np.ndarray, chains: int, draws: int, max_rhat: flo
     ess = np.asarray(ess_bulk, np.float64)
     m = 2 * int(chains)
     n = max(int(draws) // 2, 1)
-    f = chi2.isf(level / max(ess.size, 1), m - 1) / (m - 1)
+    d = ess.size if num_coordinates is None else int(num_coordinates)
+    f = chi2.isf(level / max(d, 1), m - 1) / (m - 1)
     n_e = np.maximum(np.nan_to_num(ess, nan=1.0) / m, 1.0)
     return np.maximum(max_rhat, np.sqrt(np.maximum(1.0 + f / n_e - 1.0 / n, 1.0)))
 
@@ -72,7 +74,7 @@ def finite_extreme(reduce: Callable, values: np.ndarray) -> float:
 class CoordinateFigures(NamedTuple):
     """Per coordinate: bulk and tail ESS (0 where a chain is frozen), split R-hat, the Monte
     Carlo standard error of the mean in posterior sds, and R-hat's excess over its chance
-    level (NaN where not computed)."""
+    level (NaN where not computed, and where R-hat is at most ``max_rhat``)."""
 
     ess_bulk: np.ndarray
     ess_tail: np.ndarray
@@ -99,9 +101,13 @@ def coordinate_figures(x: np.ndarray, frozen: np.ndarray, max_rhat: float) -> Co
         mcse = per_coordinate(az.mcse, x, method="mean")
         mcse_sd = np.where(sd > 0, mcse / np.where(sd > 0, sd, 1.0), np.nan)
     excess = np.full(num, np.nan)
-    if np.isfinite(rhat).any():  # the chance level from each chain's own ESS (a disagreement
-        # between the chains lowers the pooled ESS, and would raise its own threshold)
-        within = sum(per_coordinate(az.ess, x[c:c + 1], method="bulk") for c in range(chains))
-        excess = rhat - rhat_thresholds(within, chains, draws, max_rhat)
+    above = np.flatnonzero(np.nan_to_num(rhat, nan=-np.inf) > max_rhat)
+    if above.size:  # the chance level from each chain's own ESS (a disagreement between the
+        # chains lowers the pooled ESS, and would raise its own threshold); at most max_rhat
+        # elsewhere, where R-hat cannot exceed it
+        within = sum(per_coordinate(az.ess, x[c:c + 1][..., above], method="bulk")
+                     for c in range(chains))
+        excess[above] = rhat[above] - rhat_thresholds(within, chains, draws, max_rhat,
+                                                      num_coordinates=num)
     return CoordinateFigures(ess_bulk=ess_bulk, ess_tail=ess_tail, rhat=rhat, mcse_sd=mcse_sd,
                     excess=excess)
