@@ -248,13 +248,15 @@ def test_mean_field_fit_matches_a_gaussian_posterior():
     np.testing.assert_allclose(q.sd, 1.0 / np.sqrt(np.diag(precision)), rtol=0.15)
 
 
-def test_pilot_that_never_settles_keeps_the_mean_field_start(structured_above_10,
-                                                            monkeypatch):
-    """Windows whose draws still move at the pilot's end (a noise-limited pilot step) do not
-    replace the mean-field start: the proxy is centred at q's mean, with a low-rank part."""
-    from numpyro_subsample.sgmcmc import pilot_structured
+@pytest.mark.parametrize("ratio", [0.0, np.inf])
+def test_kernel_keeps_the_mean_field_start_only_where_its_step_is_larger(structured_above_10,
+                                                                          monkeypatch, ratio):
+    """The pilot from a mean-field start returns that start beside the adapted proxy; the
+    kernel measures the step at both and keeps the start only where its step exceeds the
+    adapted one's by more than MEAN_FIELD_STEP_RATIO (here 0: always; inf: never)."""
+    from numpyro_subsample.sgmcmc import kernel_preprocess, pilot_structured
 
-    monkeypatch.setattr(pilot_structured, "window_changes", lambda ws, trusted: (True, True))
+    monkeypatch.setattr(kernel_preprocess, "MEAN_FIELD_STEP_RATIO", ratio)
     starts = []
     original = pilot_structured.variational_start
 
@@ -269,6 +271,10 @@ def test_pilot_that_never_settles_keeps_the_mean_field_start(structured_above_10
         warnings.simplefilter("ignore")
         pre = kernel.preprocess((g, y))
     proxy = pre.proxy
-    assert proxy.kind == "adapted" and not proxy.info["settled"]
-    np.testing.assert_allclose(np.asarray(proxy.centre), np.asarray(starts[-1].centre))
+    choice = proxy.info["step_choice"]
+    assert proxy.kind == "adapted" and proxy.info["windows"]
+    assert proxy.info["mean_field_start"] is None  # not kept beside the proxy chosen
+    at_start = np.allclose(np.asarray(proxy.centre), np.asarray(starts[-1].centre))
+    assert at_start == (ratio == 0.0)
+    assert pre.step_size == (choice["mean_field_start"] if ratio == 0.0 else choice["adapted"])
     assert proxy.info["rank"] >= 1

@@ -37,7 +37,11 @@ from numpyro_subsample.sgmcmc.dynamics import Dynamics, sghmc_dynamics
 from numpyro_subsample.sgmcmc.local_preprocess import local_preprocessing
 from numpyro_subsample.sgmcmc.noise_refine import measured_preprocessed
 from numpyro_subsample.sgmcmc.options import NoiseOptions
-from numpyro_subsample.sgmcmc.pilot_structured import adapted_structured, structured_curvature
+from numpyro_subsample.sgmcmc.pilot_structured import (
+    MEAN_FIELD_STEP_RATIO,
+    adapted_structured,
+    structured_curvature,
+)
 from numpyro_subsample.sgmcmc.stepsize import sghmc_step_size, sgld_step_size, steps_per_draw
 
 __all__ = ["SGMCMCPreprocessing"]
@@ -182,6 +186,9 @@ class SGMCMCPreprocessing:
             diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
             chunk_size=self.chunk_size, started=t0,
         )
+        if adapted_structured(wh.proxy) and self._step_size is None:
+            pre, curvature = self._mean_field_choice(pre, wh, curvature, potential, data,
+                                                     k_est, k_noise, t0)
         noise_free = self._default_step_size(0.0, corrected, curvature)
         if self._step_size is None:
             pre = pre._replace(noise_free_step=float(noise_free))
@@ -194,6 +201,37 @@ class SGMCMCPreprocessing:
                                  diffusion=self._diffusion, seed=self.seed,
                                  kernel=type(self).__name__, reduce_step=reduce_step,
                                  stacklevel=6)
+
+    def _mean_field_choice(self, pre: Preprocessed, wh, curvature: float,
+                           potential: Potential, data: ModelData, k_est, k_noise,
+                           t0: float) -> tuple[Preprocessed, float]:
+        """``pre`` of the structured proxy adapted from a mean-field start, or that of the
+        start itself (``proxy.info["mean_field_start"]``) where its measured step is more
+        than :data:`~numpyro_subsample.sgmcmc.pilot_structured.MEAN_FIELD_STEP_RATIO` times
+        larger; with the curvature μ of the one kept and the passes of both measurements."""
+        alt = (wh.proxy.info or {}).get("mean_field_start")
+        if alt is None:
+            return pre, curvature
+        mu, passes = structured_curvature(alt, potential, data, chunk_size=self.chunk_size)
+        wh_alt = prep.whitening(alt, potential, preconditioning=self.preconditioning,
+                                structured=True)._replace(data_passes=wh.data_passes + passes)
+        estimator = configure_estimator(
+            self.estimator_name, potential, data, alt, replace=self.replace, rng_key=k_est,
+            chunk_size=self.chunk_size, **self.estimator_options)
+        pre_alt = measured_preprocessed(
+            potential, wh_alt, estimator, k_noise, data, corrected=False, step_size=None,
+            rule=self._default_step_size, curvature=mu, diffusion=self._diffusion,
+            max_variance_inflation=self.max_variance_inflation, chunk_size=self.chunk_size,
+            started=t0)
+        choice = {"adapted": float(pre.step_size), "mean_field_start": float(pre_alt.step_size)}
+        if pre_alt.step_size > MEAN_FIELD_STEP_RATIO * pre.step_size:
+            kept, other, curvature = pre_alt, pre, mu
+        else:
+            kept, other = pre, pre_alt
+        spent = other.data_passes - wh.data_passes  # the other's measurement
+        proxy = kept.proxy._replace(info={**(kept.proxy.info or {}), "step_choice": choice,
+                                          "mean_field_start": None})
+        return kept._replace(proxy=proxy, data_passes=kept.data_passes + spent), curvature
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         """The preprocessing, with the steps of the dynamics per draw: the ``steps_per_draw``

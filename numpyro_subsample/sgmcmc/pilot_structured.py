@@ -24,13 +24,17 @@ fit_structured`, low-rank plus diagonal precision). As the dense proxy
    each marginal sd moved to the draws', log r_j² = ESS_j / (ESS_j + 2) · log(v_j / Σ̂_w,jj),
    v_j the draws' variance (the sampling variance of a log variance is about 2 / ESS_j). One
    data pass at θ̂_{w+1} gives the new control variates' Σ_i ∇f_i(θ̂_{w+1}). After two
-   windows that agree with the proxy the pilot stops: it has settled;
-4. a pilot from the mean-field start that has not settled by its last window is discarded
-   for that start: its windows were too short for their draws to relax (a pilot step that
-   the gradient noise holds far below the posterior's relaxation time), so their moments
-   are the chains' transient, not the posterior's.
+   windows in a row that agree with the proxy the pilot stops; it has settled where its last
+   window agreed;
+4. from the mean-field start, that start (with the Hessian's low-rank part) is returned
+   beside the adapted proxy (``info["mean_field_start"]``), and the kernel keeps the adapted
+   proxy unless the step it measures at the start is more than :data:`MEAN_FIELD_STEP_RATIO`
+   times the adapted proxy's: where the gradient noise holds the pilot's effective
+   steps (its diagonal scale adapted to the noise) far below the posterior's relaxation time,
+   the windows' moments are the chains' transient, not the posterior's, and the proxy they
+   give is much noisier than the start.
 
-Where a window moved the centre, and for a mean-field start kept, the low-rank part is taken
+Where a window moved the centre, and for the mean-field start, the low-rank part is taken
 from the Hessian at the centre (Lanczos on the Hessian scaled by the marginal sds,
 :func:`_with_low_rank`), with the marginal sds kept: it is not estimated from the pilot's
 draws, whose few hundred effective draws of thousands of coordinates leave sample principal
@@ -82,6 +86,7 @@ from numpyro_subsample.sgmcmc.pilot_chains import (
 from numpyro_subsample.sgmcmc.pilot_moments import effective_sizes, window_changes
 
 __all__ = ["CURVATURE_DRAWS", "CURVATURE_ITERATIONS", "LOW_RANK_FLOOR", "MAX_SD_CHANGE",
+           "MEAN_FIELD_STEP_RATIO",
            "WhitenedHessian", "adapt_structured", "adapted_structured", "structured_at",
            "structured_curvature", "structured_pilot_proxy", "structured_start"]
 
@@ -90,6 +95,11 @@ __all__ = ["CURVATURE_DRAWS", "CURVATURE_ITERATIONS", "LOW_RANK_FLOOR", "MAX_SD_
 CURVATURE_DRAWS = 2
 #: Lanczos iterations (data passes) per point of :func:`structured_curvature`.
 CURVATURE_ITERATIONS = 12
+
+#: The kernels keep the proxy adapted from a mean-field start unless the step they measure at
+#: the start itself (with the Hessian's low-rank part) is larger by more than this factor (the
+#: factor of :data:`~numpyro_subsample.sgmcmc.centring.CENTRED_STEP_RATIO`).
+MEAN_FIELD_STEP_RATIO = 4.0
 
 #: The largest factor by which one window changes a marginal sd of the proxy.
 MAX_SD_CHANGE = 100.0
@@ -294,9 +304,9 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
     each new centre). A window moves the centre or rescales the covariance only where its
     draws differ from the proxy by more than their Monte Carlo error, as for the dense proxy
     (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`), or always after a start
-    that is not ``trusted`` (the first window; later ones are tested); after two windows
-    that agree with it, the pilot stops. A pilot from a ``"mean-field"`` start that has not
-    settled by its last window returns that start with the Hessian's low-rank part.
+    that is not ``trusted`` (the first window; later ones are tested); after two windows in
+    a row that agree with it, the pilot stops. From a ``"mean-field"`` start, that start with
+    the Hessian's low-rank part is returned too, in ``info["mean_field_start"]``.
 
     Returns
     -------
@@ -304,7 +314,8 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
         ``kind="adapted"`` if a window changed it, else ``start`` with the windows in its
         ``info``; ``info["windows"]`` holds, per window, its steps, the largest shift of the
         centre and the largest log change of an sd (both in the previous proxy's sds) and the
-        failed chains; ``info["settled"]`` whether the last window agreed with its proxy.
+        failed chains; ``info["settled"]`` whether the last window agreed with its proxy;
+        ``info["mean_field_start"]`` the alternative above (or None).
     """
     t0 = time.perf_counter()
     n = int(potential.plate.subsample_size)
@@ -313,6 +324,7 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
                           num_chains=num_chains, chunk_size=chunk_size, replace=replace)
     keys = pilot_keys(rng_key, len(windows), num_chains)
     proxy, passes, record, theta_start = start, float(start.num_data_passes), [], None
+    agreed = 0  # windows in a row that agreed with the proxy
     for k, length in enumerate(windows):
         states, ws, failed, est_passes = run_window(pilot, proxy, length, keys[k], theta_start)
         passes += est_passes + float(length) * num_chains * n / potential.num_data
@@ -344,9 +356,11 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
         last_draws = last[~failed][:CURVATURE_DRAWS]
         theta_start = np.where(failed[:, None], centre[None], last)
         if not (moved or rescaled_):
-            if k >= 1:  # two windows agree with the proxy within their Monte Carlo error
+            agreed += 1
+            if agreed >= 2:  # two windows agree with the proxy within their Monte Carlo error
                 break
             continue
+        agreed = 0
         if rescaled_:  # marginal sds to the draws', log ratio shrunk by ESS_j / (ESS_j + 2)
             op = rescaled(op, jnp.asarray(np.exp(0.5 * ess / (ess + 2.0) * log_ratio), dtype))
         if moved:
@@ -360,17 +374,18 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
             proxy = proxy._replace(cov_op=op, kind="adapted")
     if k == 0 and failed.all():
         return None
-    settled = k >= 1 and not (moved or rescaled_)
-    if not settled and start.kind == "mean-field":
-        # windows still moving at their end: their draws had not relaxed (a noise-limited
-        # pilot step), so the mean-field fit is the better estimate of the moments
-        proxy, lanczos = _with_low_rank(start._replace(kind="adapted"), potential, data,
-                                        jax.random.fold_in(rng_key, len(windows)),
-                                        chunk_size, rank, curvature)
+    settled = agreed >= 1
+    alternative = None
+    if start.kind == "mean-field" and proxy is not start:
+        # the kernel measures the step at both (kernel_preprocess, MEAN_FIELD_STEP_RATIO)
+        alternative, lanczos = _with_low_rank(start._replace(kind="adapted"), potential, data,
+                                              jax.random.fold_in(rng_key, len(windows)),
+                                              chunk_size, rank, curvature)
         passes += lanczos
-        last_draws = []
+        alternative = alternative._replace(info={**alternative.info, "draws": [],
+                                                 "windows": record, "start": start.kind})
     info = {"windows": record, "settled": settled, "pilot_chains": num_chains,
-            "step_size": pilot.step_size, "draws": last_draws}
+            "step_size": pilot.step_size, "draws": last_draws, "mean_field_start": alternative}
     if proxy is start:
         return start._replace(info={**(start.info or {}), **info}, num_data_passes=passes)
     return proxy._replace(info={**(proxy.info or {}), "start": start.kind, **info},
