@@ -278,3 +278,16 @@ def test_kernel_keeps_the_mean_field_start_only_where_its_step_is_larger(structu
     assert at_start == (ratio == 0.0)
     assert pre.step_size == (choice["mean_field_start"] if ratio == 0.0 else choice["adapted"])
     assert proxy.info["rank"] >= 1
+
+
+def test_a_given_step_keeps_the_adapted_structured_proxy(structured_above_10):
+    """With step_size given there is no step to compare: the adapted proxy is kept and the
+    mean-field start is not held beside it."""
+    g, y = grouped_data()
+    kernel = SGLD(centred, adaptation=AdaptationOptions(centring=False), progress_bar=False,
+                  step_size=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pre = kernel.preprocess((g, y))
+    assert pre.step_size == 0.01 and pre.proxy.kind == "adapted"
+    assert pre.proxy.info["mean_field_start"] is None and "step_choice" not in pre.proxy.info

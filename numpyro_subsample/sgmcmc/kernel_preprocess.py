@@ -186,7 +186,7 @@ class SGMCMCPreprocessing:
             diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
             chunk_size=self.chunk_size, started=t0,
         )
-        if adapted_structured(wh.proxy) and self._step_size is None:
+        if adapted_structured(wh.proxy):
             pre, curvature = self._mean_field_choice(pre, wh, curvature, potential, data,
                                                      k_est, k_noise, t0)
         noise_free = self._default_step_size(0.0, corrected, curvature)
@@ -208,10 +208,14 @@ class SGMCMCPreprocessing:
         """``pre`` of the structured proxy adapted from a mean-field start, or that of the
         start itself (``proxy.info["mean_field_start"]``) where its measured step is more
         than :data:`~numpyro_subsample.sgmcmc.pilot_structured.MEAN_FIELD_STEP_RATIO` times
-        larger; with the curvature μ of the one kept and the passes of both measurements."""
+        larger (with the kernel's own step only); with the curvature μ of the one kept and the
+        passes of both measurements."""
         alt = (wh.proxy.info or {}).get("mean_field_start")
         if alt is None:
             return pre, curvature
+        if self._step_size is not None:  # a given step: the adapted proxy, nothing to choose
+            return pre._replace(proxy=pre.proxy._replace(
+                info={**pre.proxy.info, "mean_field_start": None})), curvature
         mu, passes = structured_curvature(alt, potential, data, chunk_size=self.chunk_size)
         wh_alt = prep.whitening(alt, potential, preconditioning=self.preconditioning,
                                 structured=True)._replace(data_passes=wh.data_passes + passes)
