@@ -75,7 +75,7 @@ from numpyro_subsample.proxies.structured import StructuredProxy
 from numpyro_subsample.proxies.variational import mean_field
 from numpyro_subsample.proxies.whitening import whiten_matvec
 from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
-from numpyro_subsample.sgmcmc.centring import has_group_scales
+from numpyro_subsample.sgmcmc.centring import CENTRED_STEP_RATIO, has_group_scales
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 from numpyro_subsample.sgmcmc.pilot_chains import (
     PilotSettings,
@@ -97,9 +97,9 @@ CURVATURE_DRAWS = 2
 CURVATURE_ITERATIONS = 12
 
 #: The kernels keep the proxy adapted from a mean-field start unless the step they measure at
-#: the start itself (with the Hessian's low-rank part) is larger by more than this factor (the
-#: factor of :data:`~numpyro_subsample.sgmcmc.centring.CENTRED_STEP_RATIO`).
-MEAN_FIELD_STEP_RATIO = 4.0
+#: the start itself (with the Hessian's low-rank part) is larger by more than this factor: the
+#: partial centring's (:data:`~numpyro_subsample.sgmcmc.centring.CENTRED_STEP_RATIO`).
+MEAN_FIELD_STEP_RATIO = CENTRED_STEP_RATIO
 
 #: The largest factor by which one window changes a marginal sd of the proxy.
 MAX_SD_CHANGE = 100.0
@@ -267,7 +267,7 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
         reason = reason if not trusted else "the joint mode of a model with a group scale"
         start = variational_start(potential, data, jax.random.fold_in(rng_key, 101),
                                   init=point, chunk_size=chunk_size, reason=reason)
-        trusted = False
+        trusted = trusted and start is None  # a trusted fit stays the start where SVI fails
     if start is None:
         start = fitted if trusted else structured_start(
             potential, data, chunk_size=chunk_size, reason=reason,
