@@ -120,6 +120,47 @@ def test_kernels_centre_group_effects_partially_by_default(data, weights):
 
 
 @pytest.mark.filterwarnings("ignore")
+def test_the_probe_runs_once_on_the_form_kept_and_both_forms_are_costed(data, monkeypatch):
+    """Choosing between the centred and the partially centred form preprocesses both; the
+    step's probe runs once, on the form sampled (after the choice), and the preprocessing's
+    data passes and seconds count both forms."""
+    from numpyro_subsample.sgmcmc import kernel_preprocess, step_bias
+
+    g, y, _ = data
+    probed, forms = [], []
+    real_probed, real_preprocess = step_bias.probed, kernel_preprocess.SGMCMCPreprocessing._preprocess
+
+    def counting_probed(pre, *args, **kwargs):
+        probed.append(pre.potential)
+        return real_probed(pre, *args, **kwargs)
+
+    def recording_preprocess(self, potential, data):
+        out = real_preprocess(self, potential, data)
+        forms.append(out)
+        return out
+
+    monkeypatch.setattr(step_bias, "probed", counting_probed)
+    monkeypatch.setattr(kernel_preprocess.SGMCMCPreprocessing, "_preprocess",
+                        recording_preprocess)
+    kernel = SGLD(grouped_normal, progress_bar=False)
+    kernel.preprocess((g, y))
+    pre = kernel.preprocessed
+    assert "a" in pre.potential.model.config  # the partially centred form was kept
+    assert len(forms) == 2 and forms[1].potential is pre.potential
+    assert forms[0].step_bias_skipped == forms[1].step_bias_skipped == step_bias.DEFERRED_SKIP
+    assert probed == [pre.potential] and pre.step_bias is not None
+    own = forms[1].data_passes + pre.step_bias.data_passes
+    assert pre.data_passes == pytest.approx(forms[0].data_passes + own)
+    assert float(pre.params.data_passes) == pytest.approx(pre.data_passes, rel=1e-5)
+    assert pre.seconds > forms[0].seconds + forms[1].seconds
+    stages = dict(pre.cost)  # the passes by stage add up to the total
+    assert sum(stages.values()) == pytest.approx(pre.data_passes)
+    assert stages["other forms of the model"] == pytest.approx(forms[0].data_passes)
+    assert stages["bias probe"] == pytest.approx(pre.step_bias.data_passes)
+    assert {"proxy fit", "pilot chains", "control variate", "noise"} <= set(stages)
+
+
+@pytest.mark.filterwarnings("ignore")
 def test_a_model_partially_centred_by_the_package_is_sampled_as_given(data, weights):
     """A model already partially centred by :func:`partially_centred` is not centred again."""
     g, y, _ = data

@@ -27,9 +27,12 @@ from numpyro_subsample.estimators.noise import (
     extend_noise,
     whitened_noise,
 )
+from numpyro_subsample.estimators import noise_covariance
 from numpyro_subsample.estimators.noise_covariance import (
     exact_whitened_covs,
     monte_carlo_whitened_covs,
+    noise_rows,
+    point_covariances,
 )
 
 HERE = os.path.dirname(__file__)
@@ -322,3 +325,42 @@ def test_float64_exact_covariance_equals_the_formula():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK" in out.stdout
+
+
+@pytest.mark.parametrize("name, options", [("cv", {}), ("uniform", {}), ("preferential", {}),
+                                           ("cv-stratified", {"num_strata": 4})])
+def test_noise_on_a_row_sample_is_unbiased_and_costs_its_share(monkeypatch, name, options):
+    """Above 2 · NOISE_ROWS rows the exact noise sums over a uniform row sample scaled by N/M:
+    over many samples its mean is the full pass's covariance (to its Monte Carlo error), one
+    sample is within a few percent at M = 2000, and a point costs M/N of a pass (a stratified
+    design keeps the full pass)."""
+    X, y = logistic_data(N=20_000, d=3, seed=2)
+    data = ModelData.from_args((X, y), {"subsample_size": 50})
+    pot = build_potential(logistic_model, data, KEY)
+    proxy = fit_laplace(pot, data, KEY)
+    est = configure_estimator(name, pot, data, proxy, **options)
+    thetas = proxy.centre + jnp.asarray([[1.0, -1.0, 0.5], [-0.5, 0.3, 1.2]]) @ proxy.scale_tril.T
+    L = proxy.scale_tril
+    full, full_passes = point_covariances(est, thetas, L, KEY, data, exact=True)
+    monkeypatch.setattr(noise_covariance, "NOISE_ROWS", 2000)
+    stratified = name.endswith("stratified")
+    assert (noise_rows(est, thetas, data, KEY) is None) == stratified
+    if stratified:
+        assert point_covariances(est, thetas, L, KEY, data, exact=True)[1] == full_passes
+        return
+    rows = np.asarray(noise_rows(est, thetas, data, KEY))
+    assert rows.shape == (2000,) and np.all(np.diff(rows) > 0)  # distinct, sorted
+    extra = float(est.moments.passes_per_point)
+    sampled = []
+    for seed in range(40):
+        cov_at, passes = point_covariances(est, thetas, L, jax.random.PRNGKey(seed), data,
+                                           exact=True)
+        assert passes == pytest.approx(2 * (0.1 + extra))
+        sampled.append(np.stack([cov_at(0), cov_at(1)]))
+    sampled = np.stack(sampled)  # (40, 2, d, d)
+    for p in range(2):
+        exact = np.trace(full(p))
+        traces = np.trace(sampled[:, p], axis1=1, axis2=2)
+        se = traces.std(ddof=1) / np.sqrt(len(traces))
+        assert abs(traces.mean() - exact) < 4 * se + 1e-6 * exact, (p, traces.mean(), exact, se)
+        assert np.abs(traces / exact - 1).max() < 0.15, (p, traces / exact)

@@ -15,7 +15,11 @@ sum of its strata's terms (Fu and Zhang 2023, Lemma 3.4, without replacement).
 One chunked pass over the data per point θ accumulates Σ_i a_i u_i u_iᵀ and the group sums U_g
 (memory O(chunk · d + d² + G · d), never N · d²). Unlike a Monte Carlo estimate from a few
 subsamples, it counts every datum, including rare ones with large residuals, which can
-dominate the noise of an estimator without control variate. An estimator without second
+dominate the noise of an estimator without control variate. Above 2 · :data:`NOISE_ROWS` rows
+(without strata) the pass runs over a uniform sample of :data:`NOISE_ROWS` rows, its sums
+scaled by N/M (:func:`noise_rows`): the noise is measured at many points, and a full pass per
+point made the measurement the preprocessing's largest cost at 10^6 rows; rows rarer than 1/M
+are then counted only in expectation. An estimator without second
 moments (``GradientEstimator.moments is None``, e.g. a user registration) falls back to a
 Monte Carlo estimate from ``num_draws`` subsamples per point.
 """
@@ -34,15 +38,45 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimator
 
-__all__ = ["exact_whitened_covs", "monte_carlo_whitened_covs", "point_covariances"]
+__all__ = ["NOISE_ROWS", "exact_whitened_covs", "monte_carlo_whitened_covs", "noise_rows",
+           "point_covariances"]
+
+#: Above 2 × this many rows the exact noise covariance sums over a uniform sample of this many
+#: (:func:`noise_rows`): each point costs M/N of a data pass instead of one.
+NOISE_ROWS = 100_000
+
+
+def noise_rows(estimator: GradientEstimator, thetas, data: ModelData, rng_key: jax.Array,
+               max_rows: int | None = None) -> jax.Array | None:
+    """The rows whose moment sums, scaled by N/M, estimate the exact noise covariance: None
+    (every row) where N ≤ 2 M, M = ``max_rows`` (default :data:`NOISE_ROWS`), or where the
+    design has groups (a stratified design: a small stratum's sums would rest on few rows);
+    else M rows drawn uniformly without replacement from ``rng_key``, sorted (int32, (M,)).
+
+    The sums Σ_i a_i u_i u_iᵀ and U_g are then unbiased; the product U Uᵀ is biased by
+    Var(Û), a fraction of about 1/M of the first term under a uniform or importance design. A
+    row rarer than 1/M is missed by most samples: its share of the noise is then left out."""
+    m = NOISE_ROWS if max_rows is None else int(max_rows)
+    num_data = int(estimator.num_data)
+    if num_data <= 2 * m:
+        return None
+    design = jax.eval_shape(estimator.moments.design, estimator.params, thetas[0], data)
+    if design.labels is not None:
+        return None
+    seed = int(jax.random.randint(rng_key, (), 0, np.iinfo(np.int32).max))
+    rows = np.random.default_rng(seed).choice(num_data, size=m, replace=False)
+    return jnp.asarray(np.sort(rows), jnp.int32)
 
 
 @partial(preprocessing_jit, static_argnames=("moments", "chunk_size"))
-def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_size):
+def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_size, rows=None):
     """At one point θ: Σ_i a_i u_i u_iᵀ (d, d), the group sums U_g (G, d) and c (G,); one data
-    pass (plus ``moments.passes_per_point``). One program serves any number of points."""
+    pass (plus ``moments.passes_per_point``), or, with ``rows`` (M,) a uniform sample of the
+    rows without replacement, their sums scaled by N/M (M/N of a pass). One program serves any
+    number of points."""
     potential = moments.potential
     d = theta.shape[0]
+    num_rows = potential.num_data if rows is None else rows.shape[0]
 
     def datum_grads(theta, idx):
         one = lambda i: jax.grad(lambda t: potential.data_terms(t, i[None], data)[0])(theta)  # noqa: E731
@@ -55,6 +89,8 @@ def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_siz
         num_groups = c.shape[0]
 
         def chunk_fn(idx, mask):
+            if rows is not None:
+                idx = rows[idx]
             r = datum_grads(theta, idx)
             if cv is not None:
                 r = r - (cv.datum_grads[idx] if cv.datum_grads is not None
@@ -69,24 +105,29 @@ def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_siz
             return au.T @ u, sums
 
         init = (jnp.zeros((d, d), theta.dtype), jnp.zeros((num_groups, d), theta.dtype))
-        second, sums = scan_chunks(chunk_fn, potential.num_data, chunk_size, init)
+        second, sums = scan_chunks(chunk_fn, num_rows, chunk_size, init)
+        if rows is not None:
+            scale = jnp.asarray(potential.num_data / num_rows, theta.dtype)
+            second, sums = second * scale, sums * scale
         return second, sums, c
 
     return at_point(theta)
 
 
-def _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size) -> Callable[[int], np.ndarray]:
+def _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size,
+                  rows=None) -> Callable[[int], np.ndarray]:
     """p ↦ Cov[Lᵀ g(θ_p)] (module docstring), float64, from the moment sums of all points (kept
-    in the working dtype); each call forms one (d, d) matrix."""
+    in the working dtype) over every row or over ``rows`` (:func:`noise_rows`); each call forms
+    one (d, d) matrix."""
     if estimator.moments is None:
         raise ValueError(
             f"estimator {estimator.name!r} has no second moments (GradientEstimator.moments is "
             "None); build it with make_estimator from a SamplingDesign with moments, or use "
             "monte_carlo_whitened_covs."
         )
-    rows = np.asarray(thetas)  # a row of a device array would be a compiled slice each
-    per_point = [_moment_sums(estimator.moments, estimator.params, rows[p], scale_tril, data,
-                              int(chunk_size)) for p in range(rows.shape[0])]
+    points = np.asarray(thetas)  # a row of a device array would be a compiled slice each
+    per_point = [_moment_sums(estimator.moments, estimator.params, points[p], scale_tril, data,
+                              int(chunk_size), rows) for p in range(points.shape[0])]
     second, sums, c = (np.stack([np.asarray(r[k]) for r in per_point]) for k in range(3))
 
     def cov_at(p: int) -> np.ndarray:
@@ -160,8 +201,10 @@ def point_covariances(
     O(d²) float64 numbers, not P · d²."""
     P = int(thetas.shape[0])
     if exact:
-        cov_at = _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size)
-        return cov_at, P * (1.0 + float(estimator.moments.passes_per_point))
+        rows = noise_rows(estimator, thetas, data, jax.random.fold_in(rng_key, 2))
+        cov_at = _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size, rows)
+        share = 1.0 if rows is None else rows.shape[0] / estimator.num_data
+        return cov_at, P * (share + float(estimator.moments.passes_per_point))
     covs = np.asarray(_monte_carlo_covs(
         estimator.estimate, estimator.params, thetas, scale_tril, jax.random.fold_in(rng_key, 1),
         data, int(num_draws),

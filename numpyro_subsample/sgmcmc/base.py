@@ -23,7 +23,7 @@ from numpyro_subsample.core.adapter import (
     SubsampleKernel,
     concrete_under_pmap,
 )
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import check_options, keyword_params
 from numpyro_subsample.core.rng import STEP_RNG
@@ -61,6 +61,19 @@ from numpyro_subsample.sgmcmc.pilot_structured import adapted_structured
 from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 
 __all__ = ["SGMCMCKernel"]
+
+
+def with_cost_of(pre: Preprocessed, others: list[Preprocessed]) -> Preprocessed:
+    """``pre`` with the data passes and seconds of the preprocessings ``others`` (of other
+    forms of the model, run to choose ``pre``'s) added to its own."""
+    if not others:
+        return pre
+    passes = pre.data_passes + sum(float(o.data_passes) for o in others)
+    params = pre.params._replace(data_passes=device_array(passes, pre.params.data_passes.dtype))
+    return pre._replace(data_passes=passes, params=params,
+                        seconds=pre.seconds + sum(o.seconds for o in others),
+                        cost=(*pre.cost, ("other forms of the model",
+                                          sum(float(o.data_passes) for o in others))))
 
 
 def _recorded(fn: Callable[[], Any]) -> tuple[Any, list]:
@@ -422,6 +435,21 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     def _preprocess_data(self, data: ModelData):
         if self._pre is not None and data.same_values(self._pre_data):
             return self._pre
+        self._defer_probe = centring.centres(self)  # probe only the form kept
+        try:
+            pre, caught = self._chosen_form(data)
+        finally:
+            self._defer_probe = False
+        pre, probe_caught = _recorded(lambda: self._deferred_probe(pre, data))
+        self._pre = pre
+        for w in [*caught, *probe_caught]:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return pre
+
+    def _chosen_form(self, data: ModelData) -> tuple[Preprocessed, list]:
+        """The preprocessing of the form of the model the kernel samples (as written, or
+        partially centred, :mod:`~numpyro_subsample.sgmcmc.centring`), with the data passes and
+        seconds of every form it preprocessed, and the warnings held back."""
         form, sig = None, data.signature()
         if sig not in self._unwrapped:  # a model the user wrote non-centred, found once
             self._unwrapped[sig] = centring.unwrapped(self, data)
@@ -431,28 +459,29 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         if form is not None and form.hand:
             pre, caught = self._preprocess_hand_form(data, sig)
             if pre is None:  # its centred form failed: the model as written, its warnings
-                form, caught = None, []
-                pre = super()._preprocess_data(data)
+                form = None
+                pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
         else:
             pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
         potential = (None if sig in self._centred_kept
                      else centring.centred_potential(self, pre, data, form))
-        if potential is not None:  # preprocess again, on the partially centred model
-            partial, partial_caught = _recorded(lambda: self._preprocess(potential, data))
-            if centring.centring_pays(pre, partial):  # the weights' warnings stand too
-                caught = [*caught, *partial_caught]
-            else:  # the centred form's step is better
-                self._centred_kept.add(sig)
-                potential = centring.centred_potential(self, pre, data, form, centred=True)
-                if potential is not None:  # a form the user wrote: its centred form
-                    partial, caught = _recorded(lambda: self._preprocess(potential, data))
-            if potential is not None:
-                self._potentials[sig] = potential
-                pre = partial
-            self._pre = pre
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return pre
+        if potential is None:
+            return pre, caught
+        dropped = [pre]  # preprocess again, on the partially centred model
+        partial, partial_caught = _recorded(lambda: self._preprocess(potential, data))
+        if centring.centring_pays(pre, partial):  # the weights' warnings stand too
+            caught = [*caught, *partial_caught]
+        else:  # the centred form's step is better
+            self._centred_kept.add(sig)
+            potential = centring.centred_potential(self, pre, data, form, centred=True)
+            dropped.append(partial)
+            if potential is not None:  # a form the user wrote: its centred form
+                partial, caught = _recorded(lambda: self._preprocess(potential, data))
+            else:
+                dropped, partial = [partial], pre
+        if potential is not None:
+            self._potentials[sig] = potential
+        return with_cost_of(partial, dropped), caught
 
     def _preprocess_hand_form(self, data: ModelData, sig) -> tuple[Preprocessed | None, list]:
         """The preprocessing of the centred form of group effects written non-centred by hand

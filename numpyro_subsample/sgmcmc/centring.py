@@ -60,7 +60,7 @@ from numpyro_subsample.proxies.covariance import diag_precision, scale_matvec
 from numpyro_subsample.proxies.structured import StructuredProxy
 
 __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centred_form",
-           "centred_potential", "centring_pays", "centring_weights", "has_group_scales",
+           "centred_potential", "centres", "centring_pays", "centring_weights", "has_group_scales",
            "hand_centred", "hand_forms",
            "hand_noncentred_remedy", "hand_noncentred_sites", "partially_centred",
            "weights_from", "written_form"]
@@ -626,7 +626,9 @@ def _pilot_ran(proxy) -> bool:
     return proxy.kind == "adapted" or "windows" in (proxy.info or {})
 
 
-def _centres(kernel) -> bool:
+def centres(kernel) -> bool:
+    """Whether ``kernel`` may sample a model partially centred (its ``centring`` option and
+    its support for proxy adaptation)."""
     return (getattr(kernel, "centring", False) is not False
             and getattr(kernel, "supports_proxy_adaptation", False))
 
@@ -635,7 +637,7 @@ def unwrapped(kernel, data: ModelData) -> tuple[WrittenForm, Potential] | None:
     """The model the user wrote non-centred in its centred form (:func:`centred_form`) and
     its potential, which the kernel preprocesses first, where partial centring applies to
     it; None: the model is preprocessed as written."""
-    if not _centres(kernel):
+    if not centres(kernel):
         return None
     form = centred_form(kernel.user_model, data, kernel.seed,
                         potential_of=lambda: kernel.potential_for(data))
@@ -679,7 +681,7 @@ def centred_potential(kernel, pre, data: ModelData,
     sites or no Gaussian proxy that pilot chains ran on, or where no site has weights below
     ``CENTRED_ENOUGH``."""
     potential, proxy = pre.potential, pre.proxy
-    if not _centres(kernel) or potential.plate_latent_sites or (centred and form is None):
+    if not centres(kernel) or potential.plate_latent_sites or (centred and form is None):
         return None
     if form is None and (potential.model is not kernel.user_model
                          or _reparameterised(kernel.user_model)):

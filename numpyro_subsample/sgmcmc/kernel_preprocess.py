@@ -50,6 +50,10 @@ __all__ = ["SGMCMCPreprocessing"]
 class SGMCMCPreprocessing:
     """The preprocessing methods of the stochastic-gradient kernels (module docstring)."""
 
+    #: while the kernel preprocesses two forms of a model to choose one (partial centring), the
+    #: step's probe waits for the one kept (:meth:`_deferred_probe`)
+    _defer_probe: bool = False
+
     def _integrated(self, potential: Potential) -> Potential:
         """With one local site of one scalar value per datum, the potential with that site
         integrated out of each f_i by adaptive Gauss-Hermite quadrature
@@ -194,13 +198,34 @@ class SGMCMCPreprocessing:
             pre = pre._replace(noise_free_step=float(noise_free))
         if not self.bias_probe:
             return step_bias.not_probed(pre, "bias_probe=False")
+        if self._defer_probe:
+            return step_bias.not_probed(pre, step_bias.DEFERRED_SKIP)
+        return self._probe(pre, data, noise_free, stacklevel=7)
+
+    def _probe(self, pre: Preprocessed, data: ModelData, noise_free: float, *,
+               stacklevel: int) -> Preprocessed:
+        """``pre`` with the probe of its step (:func:`~numpyro_subsample.sgmcmc.step_bias.
+        probed`), which may reduce a step the kernel chose, ``noise_free`` its rule's step
+        without gradient noise."""
         # a step the gradient noise limits (under half the noise-free rule's) already mixes
         # slowly: cutting it further would leave the run unmixed, so the probe only warns
         reduce_step = self._step_size is None and pre.step_size >= 0.5 * noise_free
-        return step_bias.probed(pre, data, dynamics=self._dynamics(corrected),
-                                 diffusion=self._diffusion, seed=self.seed,
-                                 kernel=type(self).__name__, reduce_step=reduce_step,
-                                 stacklevel=6)
+        return step_bias.probed(pre, data, dynamics=self._dynamics(pre.noise_corrected),
+                                diffusion=self._diffusion, seed=self.seed,
+                                kernel=type(self).__name__, reduce_step=reduce_step,
+                                stacklevel=stacklevel)
+
+    def _deferred_probe(self, pre: Preprocessed, data: ModelData) -> Preprocessed:
+        """``pre`` whose probe was deferred (:data:`~numpyro_subsample.sgmcmc.step_bias.
+        DEFERRED_SKIP`: the kernel chose between two forms of the model first), probed, with
+        its steps per draw for the probed step; other ``pre`` as given."""
+        if pre.step_bias_skipped != step_bias.DEFERRED_SKIP:
+            return pre
+        probed = self._probe(pre, data, pre.noise_free_step, stacklevel=5)
+        if probed.step_size == pre.step_size:
+            return probed
+        return self._with_steps_per_draw(probed._replace(
+            params=probed.params._replace(steps_per_draw=None)))
 
     def _mean_field_choice(self, pre: Preprocessed, wh, curvature: float,
                            potential: Potential, data: ModelData, k_est, k_noise,
@@ -235,7 +260,8 @@ class SGMCMCPreprocessing:
         spent = other.data_passes - wh.data_passes  # the other's measurement
         proxy = kept.proxy._replace(info={**(kept.proxy.info or {}), "step_choice": choice,
                                           "mean_field_start": None})
-        return kept._replace(proxy=proxy, data_passes=kept.data_passes + spent), curvature
+        return kept._replace(proxy=proxy, data_passes=kept.data_passes + spent,
+                             cost=(*kept.cost, ("other proxy's measurement", spent))), curvature
 
     def _preprocess(self, potential: Potential, data: ModelData) -> Preprocessed:
         """The preprocessing, with the steps of the dynamics per draw: the ``steps_per_draw``
@@ -248,6 +274,11 @@ class SGMCMCPreprocessing:
             check_quadrature(potential, centre, data, type(self).__name__,
                              whiten=lambda g: g if pre.scale_tril is None else
                              whiten_rmatvec(pre.scale_tril, g), stacklevel=5)
+        return self._with_steps_per_draw(pre)
+
+    def _with_steps_per_draw(self, pre: Preprocessed) -> Preprocessed:
+        """``pre`` with the ``steps_per_draw`` given, else, where the kernel chose the step on
+        the measured path, :func:`~numpyro_subsample.sgmcmc.stepsize.steps_per_draw`."""
         k = self._steps_per_draw
         if k is None and pre.noise_free_step > 0:
             unit = sgld_step_size(0.0, self.max_variance_inflation, 1.0, corrected=True)

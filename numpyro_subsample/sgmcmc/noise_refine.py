@@ -32,6 +32,7 @@ from numpyro_subsample.estimators.noise import (
 from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
 from numpyro_subsample.sgmcmc.dynamics import injected_noise_scale
+from numpyro_subsample.sgmcmc.preprocess import whitening_cost
 
 __all__ = [
     "MAX_NOISE_EXTENSIONS",
@@ -175,6 +176,8 @@ def measured_preprocessed(
         data_passes=passes, params=params, noise_cov=measured.cov,
         noise_draws=int(measured.points.shape[0] - 1), noise_errors=errors,
         noise_corrected=corrected,
+        cost=(*whitening_cost(wh), ("control variate", float(estimator.data_passes)),
+              ("noise", float(measured.data_passes))),
     )
 
 

@@ -385,7 +385,8 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
         alternative = alternative._replace(info={**alternative.info, "draws": [],
                                                  "windows": record, "start": start.kind})
     info = {"windows": record, "settled": settled, "pilot_chains": num_chains,
-            "step_size": pilot.step_size, "draws": last_draws, "mean_field_start": alternative}
+            "step_size": pilot.step_size, "draws": last_draws, "mean_field_start": alternative,
+            "start_passes": float(start.num_data_passes)}
     if proxy is start:
         return start._replace(info={**(start.info or {}), **info}, num_data_passes=passes)
     return proxy._replace(info={**(proxy.info or {}), "start": start.kind, **info},

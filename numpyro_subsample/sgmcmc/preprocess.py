@@ -56,6 +56,7 @@ __all__ = [
     "unmeasured_preprocessed",
     "whitened_curvature",
     "whitening",
+    "whitening_cost",
 ]
 
 #: ``ZVOptions(degree=2)`` streams d(d+3)/2 covariates and their (d(d+3)/2)² co-moments per
@@ -271,6 +272,21 @@ def whitened_curvature(proxy: Proxy | StructuredProxy | None, preconditioning: b
     return max(1.0, float(ritz[k]) / c) if c > 0 else 1.0
 
 
+def whitening_cost(wh: Whitening) -> tuple[tuple[str, float], ...]:
+    """The data passes of ``wh`` by stage: the proxy fit, the pilot chains that adapted it
+    (``info["start_passes"]``), and the rest (the curvature's measurement)."""
+    proxy = wh.proxy
+    if proxy is None:
+        return (("whitening", float(wh.data_passes)),) if wh.data_passes else ()
+    total = float(proxy.num_data_passes)
+    start = (proxy.info or {}).get("start_passes")
+    stages = ([("proxy fit", total)] if start is None
+              else [("proxy fit", float(start)), ("pilot chains", total - float(start))])
+    if wh.data_passes != total:  # measured on this whitening
+        stages.append(("curvature", float(wh.data_passes) - total))
+    return tuple(stages)
+
+
 def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: GradientEstimator,
                             step_size: float, started: float) -> Preprocessed:
     """The preprocessing's end without a noise measurement (the adapted preconditioner,
@@ -286,7 +302,8 @@ def unmeasured_preprocessed(potential: Potential, wh: Whitening, estimator: Grad
     return Preprocessed(potential=potential, proxy=wh.proxy, estimator=estimator,
                         step_size=float(step_size), noise=float("nan"), centre=wh.centre,
                         scale_tril=wh.scale_tril, seconds=time.perf_counter() - started,
-                        data_passes=passes, params=params)
+                        data_passes=passes, params=params,
+                        cost=(*whitening_cost(wh), ("control variate", estimator.data_passes)))
 
 
 def check_given_start(pre: Preprocessed, params: SamplerParams, w: jax.Array,

@@ -164,6 +164,10 @@ class Preprocessed(NamedTuple):
         The step-size rule's h without gradient noise (at the same curvature), or NaN where
         the kernel did not choose the step from the rule; a chosen step well below it is
         limited by the subsample's gradient noise.
+    cost
+        ``data_passes`` by stage, as ``(stage, passes)`` pairs in the order spent (the proxy
+        fit, the pilot chains, the curvature, the control variates, the noise measurement, the
+        bias probe, other forms of the model preprocessed to choose this one).
 
     References
     ----------
@@ -188,6 +192,7 @@ class Preprocessed(NamedTuple):
     step_bias: Any = None  # sgmcmc.step_bias.BiasProbe of the step, if it ran
     step_bias_skipped: str = ""  # why it did not run
     noise_free_step: float = float("nan")  # the rule's h at zero noise
+    cost: tuple[tuple[str, float], ...] = ()  # data passes by stage
 
 
 class Whitening(NamedTuple):

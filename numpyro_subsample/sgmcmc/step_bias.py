@@ -97,6 +97,7 @@ __all__ = [
     "REFINE_Z",
     "ADAPTED_SKIP",
     "STRUCTURED_SKIP",
+    "DEFERRED_SKIP",
     "BiasProbe",
     "StepBiasWarning",
     "after_run_reason",
@@ -162,6 +163,9 @@ MAX_ESCALATED_ESTIMATES = 36_000
 #: The preprocessing's reasons not to probe that :func:`probe_after_run` makes up for.
 ADAPTED_SKIP = "the preconditioner is adapted in the warm-up"
 STRUCTURED_SKIP = "the proxy is structured"
+#: A preprocessing whose probe waits until the kernel has chosen between two forms of the model
+#: (:meth:`~numpyro_subsample.sgmcmc.kernel_preprocess.SGMCMCPreprocessing._deferred_probe`).
+DEFERRED_SKIP = "the probe waits for the kernel's choice of the model's form"
 #: Post-warm-up draws per chain (evenly spaced) whose sds give the units of the probe after a
 #: run and whose last ones start its pairs.
 AFTER_RUN_DRAWS = 256
@@ -585,7 +589,8 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
     passes = pre.data_passes + probe.data_passes
     params = pre.params._replace(data_passes=device_array(passes, pre.centre.dtype))
     return pre._replace(step_bias=probe, step_bias_skipped="", data_passes=passes, params=params,
-                        seconds=pre.seconds + probe.seconds)
+                        seconds=pre.seconds + probe.seconds,
+                        cost=(*pre.cost, ("bias probe", float(probe.data_passes))))
 
 
 def after_run_reason(pre: Any, dynamics: Dynamics, bias_probe: bool = True) -> str | None:

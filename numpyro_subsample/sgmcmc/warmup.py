@@ -298,7 +298,8 @@ def adapt_proxy(
             pilot, proxy, centre, cov, window_draws, moved=moved, passes=passes,
             elapsed=time.perf_counter() - t0 + start.seconds)
     adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": pilot.step_size,
-                  "draws": last_draws, "hessian_data": hessian_data}
+                  "draws": last_draws, "hessian_data": hessian_data,
+                  "start_passes": float(start.num_data_passes)}
     if proxy is start:  # no window disagreed with it
         return start._replace(info={**(start.info or {}), **adaptation},
                               num_data_passes=passes)
