@@ -115,6 +115,8 @@ def run_kernel(method: str, build: Callable, args: tuple, kwargs: dict, *, num_w
             run.extra["data_passes_note"] = "approximate (warm-up at the post-warm-up mean)"
     if "diverging" in ef:
         run.divergences = int(np.sum(np.asarray(ef["diverging"])))
+    # the preprocessing's data passes by stage (SG kernels: Preprocessed.cost)
+    run.extra["cost"] = [(s, float(p)) for s, p in getattr(kernel.preprocessed, "cost", ())]
     try:
         run.step_size = float(kernel.step_size)
     except (AttributeError, TypeError, ValueError, RuntimeError):

@@ -111,6 +111,7 @@ def run_problem(problem, methods, *, warmup: int, samples: int, chains: int, see
         rows.append({"problem": problem.name, "method": m, "wall_s": run.wall_s,
                      "compile_s": run.compile_s, "prep_s": run.prep_s,
                      "data_passes": run.data_passes, "step_size": run.step_size,
+                     "cost": run.extra.get("cost", []),
                      "nuts_wall_s": nuts_s, "warnings": run.warnings, "checks": run.checks,
                      "error": run.error, **acc, "warnings_cell": warnings_cell(run, 200)})
         log(f"  wall {run.wall_s:.1f} s, mean err {fmt(acc.get('mean_err'))}, log-sd "
@@ -121,6 +122,16 @@ def run_problem(problem, methods, *, warmup: int, samples: int, chains: int, see
             "reference_divergences": ref.meta["divergences"],
             "num_data": int(problem.args[0].shape[0]), "info": problem.info}
     return rows, meta
+
+
+def preprocessing_cell(cost) -> str:
+    """The preprocessing's data passes, with those of the pilot chains (the adapted proxy's
+    warm-up) and of the bias probe: "total (pilot; probe)"."""
+    if not cost:
+        return "–"
+    stages = dict(cost)
+    return (f"{sum(stages.values()):.1f} ({stages.get('pilot chains', 0.0):.1f}; "
+            f"{stages.get('bias probe', 0.0):.1f})")
 
 
 def markdown(rows, metas, command, started, wall, settings, settings_device,
@@ -141,15 +152,17 @@ def markdown(rows, metas, command, started, wall, settings, settings_device,
                      f"the mean, {meta['resolves'][1]:.3f} in log sd), "
                      f"{meta['reference_divergences']} divergences")
     lines += ["", "| problem | method | mean err | log-sd err | min ESS | max R-hat | wall s "
-              "(incl. compile) | NUTS wall s | data passes | step h | checks | warnings |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(incl. compile) | NUTS wall s | data passes | of which preprocessing (pilot; "
+              "probe) | step h | checks | warnings |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['problem']} | {r['method']} | {fmt(r.get('mean_err'), '.2f')} | "
             f"{fmt(r.get('sd_log_ratio'), '.2f')} | {fmt(r.get('min_ess'), '.0f')} | "
             f"{fmt(r.get('rhat'), '.3f')} | {fmt(r['wall_s'], '.1f')} | "
             f"{fmt(r['nuts_wall_s'], '.1f')} | {fmt(r['data_passes'], '.1f')} | "
-            f"{fmt(r['step_size'], '.3g')} | {r['checks'] or '–'} | {r['warnings_cell']} |")
+            f"{preprocessing_cell(r.get('cost'))} | {fmt(r['step_size'], '.3g')} | "
+            f"{r['checks'] or '–'} | {r['warnings_cell']} |")
     return "\n".join(lines)
 
 
