@@ -128,7 +128,8 @@ def test_the_probe_runs_once_on_the_form_kept_and_both_forms_are_costed(data, mo
 
     g, y, _ = data
     probed, forms = [], []
-    real_probed, real_preprocess = step_bias.probed, kernel_preprocess.SGMCMCPreprocessing._preprocess
+    real_probed = step_bias.probed
+    real_preprocess = kernel_preprocess.SGMCMCPreprocessing._preprocess
 
     def counting_probed(pre, *args, **kwargs):
         probed.append(pre.potential)

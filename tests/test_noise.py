@@ -21,13 +21,13 @@ from numpyro_subsample import (
     fit_laplace,
 )
 from numpyro_subsample.compare.timing import CompileTimer
+from numpyro_subsample.estimators import noise_covariance
 from numpyro_subsample.estimators.noise import (
     NoiseLimitedStepWarning,
     direction_errors,
     extend_noise,
     whitened_noise,
 )
-from numpyro_subsample.estimators import noise_covariance
 from numpyro_subsample.estimators.noise_covariance import (
     exact_whitened_covs,
     monte_carlo_whitened_covs,
