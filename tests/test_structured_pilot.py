@@ -280,9 +280,21 @@ def test_kernel_keeps_the_mean_field_start_only_where_its_step_is_larger(structu
     assert proxy.info["rank"] >= 1
 
 
-def test_a_given_step_keeps_the_adapted_structured_proxy(structured_above_10):
-    """With step_size given there is no step to compare: the adapted proxy is kept and the
-    mean-field start is not held beside it."""
+def test_a_given_step_keeps_the_adapted_structured_proxy(structured_above_10, monkeypatch):
+    """With step_size given there is no step to compare: the adapted proxy is kept, and the
+    mean-field start's alternative (its Hessian's low-rank part) is neither computed nor held
+    beside it; the preprocessing's passes by stage add up to its total."""
+    from numpyro_subsample.sgmcmc import pilot_structured
+
+    alternatives = []
+    original = pilot_structured._with_low_rank
+
+    def recorded(proxy, *args, **kwargs):
+        if "mean_field" in (proxy.info or {}):
+            alternatives.append(proxy)
+        return original(proxy, *args, **kwargs)
+
+    monkeypatch.setattr(pilot_structured, "_with_low_rank", recorded)
     g, y = grouped_data()
     kernel = SGLD(centred, adaptation=AdaptationOptions(centring=False), progress_bar=False,
                   step_size=0.01)
@@ -291,3 +303,7 @@ def test_a_given_step_keeps_the_adapted_structured_proxy(structured_above_10):
         pre = kernel.preprocess((g, y))
     assert pre.step_size == 0.01 and pre.proxy.kind == "adapted"
     assert pre.proxy.info["mean_field_start"] is None and "step_choice" not in pre.proxy.info
+    assert alternatives == []
+    stages = dict(pre.cost)
+    assert sum(stages.values()) == pytest.approx(pre.data_passes)
+    assert stages["proxy fit"] > 0 and stages["pilot chains"] > 0

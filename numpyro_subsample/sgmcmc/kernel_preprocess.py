@@ -146,6 +146,7 @@ class SGMCMCPreprocessing:
             fit, self._proxy_spec, potential, data, key, dynamics=pilot_dynamics,
             rule=pilot_rule, structured=structured,
             chunk_size=self.chunk_size, replace=self.replace,
+            alternative=self._step_size is None,  # a given step: nothing to choose
         ) if adapts else fit(self._proxy_spec)
         return prep.whitening(proxy, potential, preconditioning=self.preconditioning,
                               structured=structured)

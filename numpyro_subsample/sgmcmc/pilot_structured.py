@@ -245,12 +245,14 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
                            potential: Potential, data: ModelData, rng_key: jax.Array, *,
                            dynamics: Dynamics, rule: Callable[[float, float], float],
                            windows: tuple[int, ...], num_chains: int, chunk_size: int,
-                           replace: bool = True) -> StructuredProxy:
+                           replace: bool = True, alternative: bool = True) -> StructuredProxy:
     """The structured fit ``fit(spec)`` adapted by :func:`adapt_structured`: from the fit
     where it is trusted and the model has no group scale (kept where no window disagrees with
     it), else from :func:`variational_start` at the fit's point, or :func:`structured_start`
     at its Adam point where that fails (module docstring). The fit's warnings are raised only
-    where the adaptation fails at once and the fit is kept."""
+    where the adaptation fails at once and the fit is kept. ``alternative=False`` (a kernel
+    with a given step, which has nothing to choose) leaves out the mean-field start's
+    alternative (:func:`adapt_structured`)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProxyFitWarning)
         fitted = fit(spec)
@@ -277,7 +279,8 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
                                         or DEFAULT_RANK),
                                curvature=info.get("curvature") or "hessian",
                                dynamics=dynamics, rule=rule, windows=windows,
-                               num_chains=num_chains, chunk_size=chunk_size, replace=replace)
+                               num_chains=num_chains, chunk_size=chunk_size, replace=replace,
+                               alternative=alternative)
     if adapted is None:  # every pilot chain failed at once: the fit, with its warnings
         for w in found:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -285,7 +288,8 @@ def structured_pilot_proxy(fit: Callable[[str], StructuredProxy], spec: str,
     if adapted.kind != "adapted":  # no window disagreed with the (trusted) fit
         return adapted
     info = {**adapted.info, "start_info": {"reason": None if trusted else reason,
-                                           "fit_info": fitted.info}}
+                                           "fit_info": fitted.info},
+            "start_passes": adapted.info["start_passes"] + fitted.num_data_passes}
     return adapted._replace(num_data_passes=adapted.num_data_passes + fitted.num_data_passes,
                             seconds=adapted.seconds + fitted.seconds, info=info)
 
@@ -294,8 +298,8 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
                      rng_key: jax.Array, *, trusted: bool, rank: int, curvature: str,
                      dynamics: Dynamics,
                      rule: Callable[[float, float], float], windows: tuple[int, ...],
-                     num_chains: int, chunk_size: int,
-                     replace: bool = True) -> StructuredProxy | None:
+                     num_chains: int, chunk_size: int, replace: bool = True,
+                     alternative: bool = True) -> StructuredProxy | None:
     """The proxy adapted from ``start`` by pilot chains in ``windows`` (module docstring);
     None with a :class:`~numpyro_subsample.sgmcmc.pilot_chains.ProxyAdaptationWarning` if every
     pilot chain fails in the first window.
@@ -306,7 +310,8 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
     (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`), or always after a start
     that is not ``trusted`` (the first window; later ones are tested); after two windows in
     a row that agree with it, the pilot stops. From a ``"mean-field"`` start, that start with
-    the Hessian's low-rank part is returned too, in ``info["mean_field_start"]``.
+    the Hessian's low-rank part is returned too, in ``info["mean_field_start"]`` (with
+    ``alternative``; its Lanczos iterations cost up to 2k + 10 data passes).
 
     Returns
     -------
@@ -375,17 +380,17 @@ def adapt_structured(start: StructuredProxy, potential: Potential, data: ModelDa
     if k == 0 and failed.all():
         return None
     settled = agreed >= 1
-    alternative = None
-    if start.kind == "mean-field" and proxy is not start:
+    other = None
+    if alternative and start.kind == "mean-field" and proxy is not start:
         # the kernel measures the step at both (kernel_preprocess, MEAN_FIELD_STEP_RATIO)
-        alternative, lanczos = _with_low_rank(start._replace(kind="adapted"), potential, data,
-                                              jax.random.fold_in(rng_key, len(windows)),
-                                              chunk_size, rank, curvature)
+        other, lanczos = _with_low_rank(start._replace(kind="adapted"), potential, data,
+                                        jax.random.fold_in(rng_key, len(windows)),
+                                        chunk_size, rank, curvature)
         passes += lanczos
-        alternative = alternative._replace(info={**alternative.info, "draws": [],
-                                                 "windows": record, "start": start.kind})
+        other = other._replace(info={**other.info, "draws": [], "windows": record,
+                                     "start": start.kind})
     info = {"windows": record, "settled": settled, "pilot_chains": num_chains,
-            "step_size": pilot.step_size, "draws": last_draws, "mean_field_start": alternative,
+            "step_size": pilot.step_size, "draws": last_draws, "mean_field_start": other,
             "start_passes": float(start.num_data_passes)}
     if proxy is start:
         return start._replace(info={**(start.info or {}), **info}, num_data_passes=passes)

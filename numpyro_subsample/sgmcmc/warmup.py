@@ -310,15 +310,18 @@ def adapt_proxy(
 
 def pilot_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential, data: ModelData,
                 rng_key: jax.Array, *, dynamics: Dynamics, rule: Callable[[float, float], float],
-                chunk_size: int, replace: bool = True, structured: bool = False) -> Proxy:
+                chunk_size: int, replace: bool = True, structured: bool = False,
+                alternative: bool = True) -> Proxy:
     """The kernel's adapted proxy: :func:`start_proxy` of ``fit`` and ``spec``, then
     :func:`adapt_proxy` over :func:`pilot_schedule`'s windows; for a ``structured`` fit,
-    :func:`~numpyro_subsample.sgmcmc.pilot_structured.structured_pilot_proxy`."""
+    :func:`~numpyro_subsample.sgmcmc.pilot_structured.structured_pilot_proxy` (with its
+    ``alternative``)."""
     windows = pilot_schedule(potential.num_data, potential.plate.subsample_size)
     if structured:
         return structured_pilot_proxy(fit, spec, potential, data, rng_key, dynamics=dynamics,
                                       rule=rule, windows=windows, num_chains=PILOT_CHAINS,
-                                      chunk_size=chunk_size, replace=replace)
+                                      chunk_size=chunk_size, replace=replace,
+                                      alternative=alternative)
     start = start_proxy(fit, spec, potential, data, chunk_size=chunk_size)
     return adapt_proxy(start, potential, data, rng_key, dynamics=dynamics, rule=rule,
                        windows=windows, chunk_size=chunk_size, replace=replace)
