@@ -271,6 +271,33 @@ def test_probe_cost_is_recorded_and_bounded():
     assert pre_on.step_size == pre_off.step_size  # the probe does not change the run
 
 
+@pytest.mark.parametrize("second_agrees", [False, True])
+def test_one_rounds_alarm_is_confirmed_by_a_second(monkeypatch, second_agrees):
+    """A bias flagged by the first round of pairs is flagged only if it stays significant with
+    a second round pooled in (estimates patched: 0.5 ± 0.1 from four pairs, then 0.05 ± 0.05 or
+    0.5 ± 0.05 from eight); the second round's estimates are counted."""
+    X, y = linreg_data(N=2000, d=3)
+
+    def estimates(sums):
+        d = sums.shape[-1]
+        first = sums.shape[0] == step_bias.PROBE_PAIRS
+        b, se = (0.5, 0.1) if first or second_agrees else (0.05, 0.05)
+        if not first:
+            se = 0.05
+        mean = np.full(d, 0.0)
+        mean[1] = b
+        return mean, np.full(d, se), np.zeros(d), np.full(d, 0.01), np.full(d, 100.0)
+
+    monkeypatch.setattr(step_bias, "batch_estimates", estimates)
+    with pytest.warns(DeprecationWarning):
+        kernel = SGLD(linreg_model, step_size=0.05, progress_bar=False)
+    pre, flagged = _preprocess(kernel, X, y)
+    probe = pre.step_bias
+    assert probe.pairs == 2 * step_bias.PROBE_PAIRS
+    assert probe.gradient_evaluations == 3 * probe.pairs * probe.steps
+    assert probe.flagged == second_agrees and bool(flagged) == second_agrees
+
+
 def test_probe_is_skipped_where_it_cannot_apply_and_the_record_says_why():
     X, y = logistic_data(N=2000, d=3)
     kernel = SGLD(logistic_model, estimator="svrg", progress_bar=False)

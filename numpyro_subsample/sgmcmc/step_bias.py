@@ -42,18 +42,21 @@ al. 2016, Eq. 5); the run then mixes more slowly per step (SGLD takes more steps
 :func:`warn_if_biased` raises a :class:`StepBiasWarning` when, at the step the run takes, one
 of the estimates is at least :data:`FLAG_BIAS` and beyond :func:`significance` standard errors
 (a given step, or a reduction capped at h / :data:`MAX_REDUCTION`), or when the chains at h
-became non-finite or exploded. Its cost, ``3 · PROBE_PAIRS`` gradient estimates of the run's
-subsample size per probe step (:func:`probe_steps`: at most 0.27 × those of a run of 4 chains
-× 11,000 steps), is recorded in :class:`BiasProbe` and added to the preprocessing's data
-passes and seconds. With the preconditioner adapted in the warm-up (fixed only at its end) or
-a structured proxy, the same pairs run after the run instead (:func:`probe_after_run`, called
-by the run check through the kernel's ``probe_after_run``): from the chains' last draws, with
-their final diagonal preconditioner, in units of the draws' sds; they warn the same way but
-leave the step as it was. Where it cannot run (:func:`skip_reason`, local latent sites,
-stateful estimators) or resolves only biases above :data:`BIAS_TOLERANCE`
-(:attr:`BiasProbe.resolution`, e.g. with a noise-limited step whose two chains' subsamples
-differ a lot) the run check's record says so (``step_bias_skipped``, ``step_bias_resolution``
-of its ArviZ attributes), without a warning.
+became non-finite or exploded. An estimate flagged by one round of pairs is flagged only if it
+stays so with a second round's pairs pooled in: the batch means' standard error of a short,
+slowly mixing series (a noise-limited step, whose probe covers a short time) is too small,
+which made single rounds flag runs that were right. Its cost, ``3 · PROBE_PAIRS`` gradient
+estimates of the run's subsample size per probe step and round (:func:`probe_steps`: at most
+0.27 × those of a run of 4 chains × 11,000 steps per round), is recorded in :class:`BiasProbe`
+and added to the preprocessing's data passes and seconds. With the preconditioner adapted in
+the warm-up (fixed only at its end) or a structured proxy, the same pairs run after the run
+instead (:func:`probe_after_run`, called by the run check through the kernel's
+``probe_after_run``): from the chains' last draws, with their final diagonal preconditioner, in
+units of the draws' sds; they warn the same way but leave the step as it was. Where it cannot
+run (:func:`skip_reason`, local latent sites, stateful estimators) or resolves only biases
+above :data:`BIAS_TOLERANCE` (:attr:`BiasProbe.resolution`, e.g. with a noise-limited step
+whose two chains' subsamples differ a lot) the run check's record says so
+(``step_bias_skipped``, ``step_bias_resolution`` of its ArviZ attributes), without a warning.
 """
 
 from __future__ import annotations
@@ -457,12 +460,19 @@ def probe_bias(
         sums = np.concatenate([sums, more], axis=0)
         if r >= rounds:
             estimates = batch_estimates(sums)
+    worst, kind, flagged = _flag(estimates)
+    if flagged and r == 0:  # one round's alarm stands only if the pairs of a second keep it
+        r = 1
+        more, ok = run_round(starts(r, rng), rng.standard_normal((pairs, d)))
+        if not ok.all():
+            return diverged(ok, pairs * 2)
+        sums = np.concatenate([sums, more], axis=0)
+        estimates = batch_estimates(sums)
+        worst, kind, flagged = _flag(estimates)
     pairs *= r + 1
     evaluations = 3 * pairs * steps
     passes = evaluations * n / potential.num_data
     mean_bias, mean_se, sd_bias, sd_se, ess = estimates
-    worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
-    flagged = flagged and bool(ess[worst] >= MIN_ESS)
     return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
                      steps, evaluations, float(passes), time.perf_counter() - t0, ess)
 
@@ -501,6 +511,14 @@ def suspect(mean_bias, mean_se, sd_bias, sd_se) -> bool:
     standard errors: the probe then runs :data:`REFINE_ROUNDS` more rounds of pairs."""
     b, se, _ = _flat(mean_bias, mean_se, sd_bias, sd_se)
     return bool(np.any((b >= REFINE_FROM) & (b > REFINE_Z * se)))
+
+
+def _flag(estimates: tuple) -> tuple[int, str, bool]:
+    """:func:`worst_coordinate` of the estimates of :func:`~numpyro_subsample.sgmcmc.
+    coupled_pairs.batch_estimates`, flagged only where its series has :data:`MIN_ESS`."""
+    mean_bias, mean_se, sd_bias, sd_se, ess = estimates
+    worst, kind, flagged = worst_coordinate(mean_bias, mean_se, sd_bias, sd_se)
+    return worst, kind, flagged and bool(ess[worst] >= MIN_ESS)
 
 
 def worst_coordinate(mean_bias, mean_se, sd_bias, sd_se) -> tuple[int, str, bool]:
