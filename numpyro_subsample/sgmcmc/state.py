@@ -166,8 +166,9 @@ class Preprocessed(NamedTuple):
         limited by the subsample's gradient noise.
     cost
         ``data_passes`` by stage, as ``(stage, passes)`` pairs in the order spent (the proxy
-        fit, the pilot chains, the curvature, the control variates, the noise measurement, the
-        bias probe, other forms of the model preprocessed to choose this one).
+        fit, the pilot chains, the curvature, the control variates, the noise measurement, a
+        proxy measured and not kept, the bias probe, other forms of the model preprocessed to
+        choose this one).
 
     References
     ----------
