@@ -68,12 +68,12 @@ def with_cost_of(pre: Preprocessed, others: list[Preprocessed]) -> Preprocessed:
     forms of the model, run to choose ``pre``'s) added to its own."""
     if not others:
         return pre
-    passes = pre.data_passes + sum(float(o.data_passes) for o in others)
+    spent = sum(float(o.data_passes) for o in others)
+    passes = pre.data_passes + spent
     params = pre.params._replace(data_passes=device_array(passes, pre.params.data_passes.dtype))
     return pre._replace(data_passes=passes, params=params,
                         seconds=pre.seconds + sum(o.seconds for o in others),
-                        cost=(*pre.cost, ("other forms of the model",
-                                          sum(float(o.data_passes) for o in others))))
+                        cost=(*pre.cost, ("other forms of the model", spent)))
 
 
 def _recorded(fn: Callable[[], Any]) -> tuple[Any, list]:

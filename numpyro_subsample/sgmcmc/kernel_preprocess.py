@@ -166,10 +166,7 @@ class SGMCMCPreprocessing:
         )
         corrected = self._noise_correction and not structured
         wh = self._whitening(potential, data, k_proxy)
-        estimator = configure_estimator(
-            self.estimator_name, potential, data, wh.proxy, replace=self.replace,
-            rng_key=k_est, chunk_size=self.chunk_size, **self.estimator_options,
-        )
+        estimator = self._estimator(potential, data, wh.proxy, k_est)
         if self._adapts(potential) and not adapted_structured(wh.proxy):
             step_size = self._step_size or adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu))
@@ -185,12 +182,8 @@ class SGMCMCPreprocessing:
             curvature, passes = measured_curvature(wh.proxy, potential, data,
                                                    chunk_size=self.chunk_size)
             wh = wh._replace(data_passes=wh.data_passes + passes)
-        pre = measured_preprocessed(
-            potential, wh, estimator, k_noise, data, corrected=corrected,
-            step_size=self._step_size, rule=self._default_step_size, curvature=curvature,
-            diffusion=self._diffusion, max_variance_inflation=self.max_variance_inflation,
-            chunk_size=self.chunk_size, started=t0,
-        )
+        pre = self._measured(potential, data, wh, estimator, k_noise, corrected=corrected,
+                             curvature=curvature, started=t0)
         if adapted_structured(wh.proxy):
             pre, curvature = self._mean_field_choice(pre, wh, curvature, potential, data,
                                                      k_est, k_noise, t0)
@@ -202,6 +195,23 @@ class SGMCMCPreprocessing:
         if self._defer_probe:
             return step_bias.not_probed(pre, step_bias.DEFERRED_SKIP)
         return self._probe(pre, data, noise_free, stacklevel=7)
+
+    def _estimator(self, potential: Potential, data: ModelData, proxy, key):
+        """The kernel's gradient estimator with its options, its control variates at
+        ``proxy`` (:func:`~numpyro_subsample.estimators.registry.configure_estimator`)."""
+        return configure_estimator(self.estimator_name, potential, data, proxy,
+                                   replace=self.replace, rng_key=key,
+                                   chunk_size=self.chunk_size, **self.estimator_options)
+
+    def _measured(self, potential: Potential, data: ModelData, wh: Whitening, estimator,
+                  key, *, corrected: bool, curvature: float, started: float) -> Preprocessed:
+        """The preprocessing's end with the estimator's noise measured in ``wh`` and the
+        kernel's step (:func:`~numpyro_subsample.sgmcmc.noise_refine.measured_preprocessed`)."""
+        return measured_preprocessed(
+            potential, wh, estimator, key, data, corrected=corrected, step_size=self._step_size,
+            rule=self._default_step_size, curvature=curvature, diffusion=self._diffusion,
+            max_variance_inflation=self.max_variance_inflation, chunk_size=self.chunk_size,
+            started=started)
 
     def _probe(self, pre: Preprocessed, data: ModelData, noise_free: float, *,
                stacklevel: int) -> Preprocessed:
@@ -237,22 +247,14 @@ class SGMCMCPreprocessing:
         larger (with the kernel's own step only); with the curvature μ of the one kept and the
         passes of both measurements."""
         alt = (wh.proxy.info or {}).get("mean_field_start")
-        if alt is None:
+        if alt is None:  # none from this start, or with a given step (nothing to choose)
             return pre, curvature
-        if self._step_size is not None:  # a given step: the adapted proxy, nothing to choose
-            return pre._replace(proxy=pre.proxy._replace(
-                info={**pre.proxy.info, "mean_field_start": None})), curvature
         mu, passes = structured_curvature(alt, potential, data, chunk_size=self.chunk_size)
         wh_alt = prep.whitening(alt, potential, preconditioning=self.preconditioning,
                                 structured=True)._replace(data_passes=wh.data_passes + passes)
-        estimator = configure_estimator(
-            self.estimator_name, potential, data, alt, replace=self.replace, rng_key=k_est,
-            chunk_size=self.chunk_size, **self.estimator_options)
-        pre_alt = measured_preprocessed(
-            potential, wh_alt, estimator, k_noise, data, corrected=False, step_size=None,
-            rule=self._default_step_size, curvature=mu, diffusion=self._diffusion,
-            max_variance_inflation=self.max_variance_inflation, chunk_size=self.chunk_size,
-            started=t0)
+        pre_alt = self._measured(potential, data, wh_alt,
+                                 self._estimator(potential, data, alt, k_est), k_noise,
+                                 corrected=False, curvature=mu, started=t0)
         choice = {"adapted": float(pre.step_size), "mean_field_start": float(pre_alt.step_size)}
         if pre_alt.step_size > MEAN_FIELD_STEP_RATIO * pre.step_size:
             kept, other, curvature = pre_alt, pre, mu
