@@ -26,14 +26,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import add_device_option  # noqa: E402
+from _runs import parse_args_or_run_worker  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = ("proxy fit", "pilot chains", "curvature", "control variate", "noise",
           "other forms of the model", "bias probe")
 
 
-def worker(model: str, kernel: str, rows: int, subsample: int, seed: int) -> dict:
+def worker(spec: dict) -> None:
+    """One configuration in this fresh process: prints its row as JSON."""
+    print(json.dumps(_preprocessing(**spec)))
+
+
+def _preprocessing(model: str, kernel: str, rows: int, subsample: int, seed: int) -> dict:
     import _hier_models as H
     import jax
     import numpy as np
@@ -79,12 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--subsample", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    add_device_option(ap)
-    args = ap.parse_args(argv)
-    if args.worker:
-        model, kernel, rows = args.worker.split(",")
-        print(json.dumps(worker(model, kernel, int(rows), args.subsample, args.seed)))
+    args = parse_args_or_run_worker(ap, argv, worker)
+    if args is None:
         return 0
     started, t0, out = time.strftime("%Y-%m-%d %H:%M"), time.perf_counter(), []
     for rows in args.rows:
@@ -92,8 +93,9 @@ def main(argv=None) -> int:
             for kernel in args.kernels:
                 # a fresh process (its own compilation); --device's platform is inherited
                 # through JAX_PLATFORMS (add_device_option)
-                cmd = [sys.executable, __file__, "--worker", f"{model},{kernel},{rows}",
-                       "--subsample", str(args.subsample), "--seed", str(args.seed)]
+                spec = {"model": model, "kernel": kernel, "rows": rows,
+                        "subsample": args.subsample, "seed": args.seed}
+                cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
                 res = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if res.returncode != 0:
                     print(res.stderr[-3000:], file=sys.stderr)
