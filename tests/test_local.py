@@ -340,6 +340,8 @@ def test_random_effect_at_default_arguments(kernel, runner, local):
         assert k.potential.integrated_sites == ("z",) and not k.potential.local
     else:
         assert k.potential.local_sites == ("z",) and k.preprocessed.data_passes > 40  # pilot
+        if runner == "package":  # the step's bias probed after the run, silent
+            assert mcmc.run_check.step_bias is not None and mcmc.run_check.step_bias.after_run
     s = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])
     assert effective_sample_size(s) > 150
     assert abs(s.mean() - mean) / sd < 0.2

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpyro
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import unconstrain_fn
 
@@ -131,7 +132,8 @@ def unconstrain(potential: Potential, latent: dict, data: ModelData) -> jax.Arra
     The transforms depend on the latent values only, so the model runs with a one-datum plate.
     """
     args, kwargs = data.args_kwargs()
-    model = model_at(potential, jnp.arange(1))
+    # seeded: local latent sites in the plate, which ``latent`` does not hold, are drawn
+    model = numpyro.handlers.seed(model_at(potential, jnp.arange(1)), rng_seed=0)
     latent = {k: latent[k] for k in potential.latent_sites}
 
     def one(p):

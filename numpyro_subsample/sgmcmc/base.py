@@ -182,11 +182,12 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         it refines, 0.82 × where an estimate of 0.2 or more stays undecided; compiling it
         costs about as much as compiling the sampling loop) and is recorded in
         ``kernel.preprocessed.step_bias``. With the adapted preconditioner (whose scale is
-        fixed only at the warm-up's end) or a structured proxy, the pairs run after the run
-        instead, in its check (:meth:`probe_after_run`, from the chains' last draws with their
-        final preconditioner; the same warning, no step reduction; in
-        ``mcmc.run_check.step_bias``). Skipped with local latent sites and
-        ``"saga"``/``"svrg"`` (a state per chain): the reason is then in
+        fixed only at the warm-up's end), a structured proxy or local latent sites drawn by
+        their inner update, the pairs run after the run instead, in its check
+        (:meth:`probe_after_run`, from the chains' last draws with their final
+        preconditioner and estimator state; the same warning, no step reduction; in
+        ``mcmc.run_check.step_bias``). Where it cannot run (e.g. an estimator state too
+        large for the pairs to hold) the reason is in
         ``kernel.preprocessed.step_bias_skipped`` and the run check's record, without a
         warning.
     steps_per_draw
@@ -378,7 +379,8 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
         ``bias_probe`` (:func:`~numpyro_subsample.sgmcmc.step_bias.after_run_reason`)."""
         pre = self._pre
         return pre is not None and step_bias.after_run_reason(
-            pre, self._dynamics(pre.noise_corrected), self.bias_probe) is None
+            pre, self._dynamics(pre.noise_corrected), self.bias_probe,
+            self._pre_data) is None
 
     def probe_after_run(self, state: SGMCMCState, draws: np.ndarray, *, warn: bool = True,
                         stacklevel: int = 2) -> step_bias.BiasProbe | None:
@@ -414,7 +416,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             pre, self._pre_data, draws=draws,
             precond=None if adapt is None else np.asarray(adapt.scale),
             dynamics=self._dynamics(pre.noise_corrected), diffusion=self._diffusion,
-            seed=self.seed)
+            seed=self.seed, est_state=state.est_state)
         self._after_run_probe = (state, probe)
         if warn:
             step_bias.warn_if_biased(probe, coordinate_names(pre.potential),

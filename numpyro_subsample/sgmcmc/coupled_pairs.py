@@ -105,6 +105,72 @@ def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, es
 _probe_compiled = preprocessing_jit(_probe_program, static_argnums=(0, 1, 2))
 
 
+def _stateful_probe_program(update, state_axes, dynamics: Dynamics, num_batches: int,
+                            batch_len, est_params, centre, tril: Scale, sd, h, scale_h,
+                            scale_half, start_w, start_xi, key, data: ModelData, precond,
+                            states):
+    """The coupled pairs of :func:`_probe_program` with a stateful estimator
+    (``update(params, state, key, θ, data) -> (g, n, state, passes)`` of
+    :class:`~numpyro_subsample.estimators.base.GradientEstimator`, its state vectorized over
+    chains with ``state_axes``): ``states`` = (state of the chains at h, state of those at
+    h/2), the pairs on the leading axis of their per-chain leaves. All pairs move in phase, one
+    step at h per iteration: the chains at h/2 update their state at each of their two
+    half-steps, the chains at h at their one step, with the key (subsample, and the local
+    sites' draws) of the first half-step, so that every state is written in place and none is
+    copied or masked per step (a state may be a table of N rows), and a state common to the
+    chains (SVRG's refresh clock) is common to the chains at h and, apart, to those at h/2,
+    each clock counting its chains' steps as the run's does. 3 gradient estimates per pair
+    and step, as the stateless program; also returns the full data passes the updates spent
+    beyond them (SVRG's refreshes)."""
+    pairs, d = start_w.shape
+    mom, therm = jax.vmap(dynamics.init_momentum)(start_xi, start_w)
+    vstep = jax.vmap(dynamics.step_noise, in_axes=(0, 0, 0, 0, 0, None, None))
+
+    def grad_at(u, k, s, state):
+        g, _, state, passes = update(est_params, state, k,
+                                     centre + whiten_matvec(tril, s * u), data)
+        return s * whiten_rmatvec(tril, -g), state, passes
+
+    vgrad = jax.vmap(grad_at, in_axes=(0, 0, 0, state_axes), out_axes=(0, state_axes, 0))
+    vscaled = jax.vmap(lambda u, s: whiten_matvec(tril, s * u) / sd)
+
+    def healthy(u):
+        w = precond * u
+        return jnp.all(jnp.isfinite(w) & (jnp.abs(w) < MAX_PROXY_SD))
+
+    def half(r, carry):  # the chain at h/2 moves by h/2 with the r-th draw and key
+        z, z_state, extra, xis, keys = carry
+        g, z_state, passes = vgrad(z[0], keys[r], precond, z_state)
+        z = vstep(xis[r], *z, g, 0.5 * h, scale_half)
+        return z, z_state, extra + jnp.sum(passes), xis, keys
+
+    def step(k, carry):
+        y, z, y_state, z_state, acc, ok, extra = carry
+        k_noise, k_est = jax.random.split(jax.random.fold_in(key, k))
+        xis = jax.random.normal(k_noise, (2,) + start_w.shape, start_w.dtype)
+        keys = jax.vmap(lambda kk: jax.random.split(kk, pairs))(jax.random.split(k_est))
+        g_y, y_state, passes = vgrad(y[0], keys[0], precond, y_state)
+        z, z_state, extra, _, _ = jax.lax.fori_loop(
+            0, 2, half, (z, z_state, extra + jnp.sum(passes), xis, keys))
+        y = vstep((xis[0] + xis[1]) / jnp.sqrt(2.0), *y, g_y, h, scale_h)
+        my, mz = vscaled(y[0], precond), vscaled(z[0], precond)
+        out = jnp.stack([mz, mz * mz, mz - my, mz * mz - my * my], axis=1)  # (pairs, 4, d)
+        acc = acc.at[:, k // batch_len].add(out / batch_len)
+        ok = ok & jnp.stack([healthy(y[0]), healthy(z[0])])
+        return y, z, y_state, z_state, acc, ok, extra
+
+    start = (start_w, mom, therm)
+    acc = jnp.zeros((pairs, num_batches, 4, d), start_w.dtype)
+    carry = (start, start, states[0], states[1], acc, jnp.ones((2,), bool),
+             jnp.zeros((), start_w.dtype))
+    carry = jax.lax.fori_loop(0, num_batches * batch_len, step, carry)
+    return carry[4], carry[5], carry[6]
+
+
+_stateful_probe_compiled = preprocessing_jit(_stateful_probe_program,
+                                             static_argnums=(0, 1, 2, 3))
+
+
 def start_positions(proxy: Any, centre: np.ndarray, tril: np.ndarray, pairs: int,
                     rng: np.random.Generator, shift: int = 0) -> np.ndarray:
     """Whitened start positions (pairs, d): ``pairs`` of the pilot's last draws
@@ -152,20 +218,28 @@ def run_pairs(estimate: Any, dynamics: Dynamics, batch_len: int, estimator_param
               centre: jax.Array, scale_tril: Scale, sd: np.ndarray, h: float,
               scales: tuple[Any, Any], start: tuple[np.ndarray, np.ndarray], key: jax.Array,
               data: ModelData, precond: np.ndarray | None = None,
-              ) -> tuple[np.ndarray, np.ndarray]:
+              update: Any = None, state: Any = None, state_axes: Any = 0,
+              ) -> tuple[np.ndarray, np.ndarray, float]:
     """The pairs' ``BATCHES × batch_len`` steps from the whitened ``start`` (positions u,
     momentum draws) with the injected-noise ``scales`` at h and h/2 (None: the dynamics'
     own) and per pair the diagonal preconditioner ``precond`` (pairs, d) (None: ones), in
     the whitening ``scale_tril`` (dense or structured): (batch means (pairs, batches, 4, d),
-    whether the chains at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds).
-    The program is compiled with the options of
+    whether the chains at h and at h/2 stayed finite and within ``MAX_PROXY_SD`` proxy sds,
+    the full data passes spent beyond the gradient estimates). With a stateful estimator's
+    ``update`` (then ``estimate`` is not used), ``state`` is its state per pair (pairs on the
+    leading axis of the leaves ``state_axes`` maps to 0), with which both chains of a pair
+    start (:func:`_stateful_probe_program`). The program is compiled with the options of
     :func:`~numpyro_subsample.core.compiling.preprocessing_jit`."""
     dtype = centre.dtype
     if precond is None:
         precond = np.ones(np.shape(start[0]))
-    sums, ok = _probe_compiled(
-        estimate, dynamics, BATCHES, device_array(batch_len, np.int32), estimator_params,
-        centre, scale_tril, device_array(sd, dtype), device_array(h, dtype), scales[0],
-        scales[1], device_array(start[0], dtype), device_array(start[1], dtype), key, data,
-        device_array(precond, dtype))
-    return np.asarray(sums), np.asarray(ok)
+    args = (BATCHES, device_array(batch_len, np.int32), estimator_params, centre, scale_tril,
+            device_array(sd, dtype), device_array(h, dtype), scales[0], scales[1],
+            device_array(start[0], dtype), device_array(start[1], dtype), key, data,
+            device_array(precond, dtype))
+    if update is None:
+        sums, ok = _probe_compiled(estimate, dynamics, *args)
+        return np.asarray(sums), np.asarray(ok), 0.0
+    sums, ok, extra = _stateful_probe_compiled(update, state_axes, dynamics, *args,
+                                               (state, state))
+    return np.asarray(sums), np.asarray(ok), float(extra)

@@ -304,4 +304,5 @@ class SGMCMCPreprocessing:
             adapted_step=adaptation.adaptive_step_size(
                 lambda v, mu: self._default_step_size(v, False, mu)),
             data=data, rng_key=preprocess_keys(self.seed)[2], chunk_size=self.chunk_size)
-        return step_bias.not_probed(pre, "the model has local latent sites")
+        return step_bias.not_probed(  # probed after the run (step_bias.probe_after_run)
+            pre, step_bias.LOCAL_SKIP if self.bias_probe else "bias_probe=False")

@@ -52,8 +52,15 @@ and added to the preprocessing's data passes and seconds. With the preconditione
 the warm-up (fixed only at its end) or a structured proxy, the same pairs run after the run
 instead (:func:`probe_after_run`, called by the run check through the kernel's
 ``probe_after_run``): from the chains' last draws, with their final diagonal preconditioner, in
-units of the draws' sds; they warn the same way but leave the step as it was. Where it cannot
-run (:func:`skip_reason`, local latent sites, stateful estimators) or resolves only biases
+units of the draws' sds; they warn the same way but leave the step as it was. So do models
+with local latent sites drawn by their inner update (:data:`LOCAL_SKIP`). A stateful
+estimator's pairs carry a state per chain (SAGA's table, SVRG's anchor; the local sites'
+table, from the chain that starts the pair after a run), both chains of a pair drawing their
+subsample (and local sites) with one key
+(:func:`~numpyro_subsample.sgmcmc.coupled_pairs.run_pairs`); SVRG's refreshes add their full
+data passes to the probe's cost. Where it cannot
+run (:func:`skip_reason`: an estimator state too large for the pairs to hold,
+:func:`state_reason`) or resolves only biases
 above :data:`BIAS_TOLERANCE` (:attr:`BiasProbe.resolution`, e.g. with a noise-limited step
 whose two chains' subsamples differ a lot) the run check's record says so
 (``step_bias_skipped``, ``step_bias_resolution`` of its ArviZ attributes), without a warning.
@@ -99,6 +106,8 @@ __all__ = [
     "REFINE_ROUNDS",
     "REFINE_Z",
     "ADAPTED_SKIP",
+    "LOCAL_SKIP",
+    "MAX_PROBE_STATE_BYTES",
     "STRUCTURED_SKIP",
     "DEFERRED_SKIP",
     "BiasProbe",
@@ -111,6 +120,7 @@ __all__ = [
     "probed",
     "significance",
     "skip_reason",
+    "state_reason",
     "undecided",
     "warn_if_biased",
 ]
@@ -166,6 +176,11 @@ MAX_ESCALATED_ESTIMATES = 36_000
 #: The preprocessing's reasons not to probe that :func:`probe_after_run` makes up for.
 ADAPTED_SKIP = "the preconditioner is adapted in the warm-up"
 STRUCTURED_SKIP = "the proxy is structured"
+LOCAL_SKIP = "the model has local latent sites"
+#: A stateful estimator's states of the probe's chains (two per pair, each as large as a run's
+#: chain's: SAGA's N × d table, the local sites' N rows) are kept within this many bytes; a
+#: larger state is not probed (the reason is recorded).
+MAX_PROBE_STATE_BYTES = 1 << 30
 #: A preprocessing whose probe waits until the kernel has chosen between two forms of the model
 #: (:meth:`~numpyro_subsample.sgmcmc.kernel_preprocess.SGMCMCPreprocessing._deferred_probe`).
 DEFERRED_SKIP = "the probe waits for the kernel's choice of the model's form"
@@ -353,6 +368,9 @@ def probe_bias(
     sd: np.ndarray | None = None,
     starts: Callable[[int, np.random.Generator], np.ndarray] | None = None,
     precond: np.ndarray | None = None,
+    update: Any = None,
+    state: Any = None,
+    state_axes: Any = 0,
 ) -> BiasProbe:
     """Run the coupled Richardson-Romberg pairs at h = ``step_size`` and h/2 (module docstring).
 
@@ -361,7 +379,7 @@ def probe_bias(
     potential, data
         The model's potential and data.
     estimate, estimator_params
-        The kernel's (stateless) gradient estimator ``estimate(params, key, θ, data)``.
+        The kernel's gradient estimator ``estimate(params, key, θ, data)``.
     dynamics
         The kernel's dynamics (with ``step_noise``); a noise-corrected one injects S_h ξ with
         S_h S_hᵀ = 2ch I − h²V for V = ``noise_cov`` and c = ``diffusion``, at each of h and h/2.
@@ -390,6 +408,10 @@ def probe_bias(
     precond
         Per pair, the diagonal preconditioner s (pairs, d) of an adapted run, w = s ⊙ u
         (:mod:`~numpyro_subsample.sgmcmc.adaptation`; default: none).
+    update, state, state_axes
+        A stateful estimator's ``update`` (used instead of ``estimate``), the state each
+        pair's two chains start from in every round (pairs on the leading axis of the leaves
+        with a chains axis) and the vmap axes of its leaves (its ``state_axes``).
 
     Returns
     -------
@@ -429,15 +451,21 @@ def probe_bias(
     def run_round(w0, xi0):  # the keys from the host generator: no eager key op to compile
         bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
         key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
-        return run_pairs(estimate, dynamics, batch_len, estimator_params, centre, scale_tril,
-                         sd, h, (scale_h, scale_half), (w0, xi0), key, data, precond)
+        sums, ok, passes = run_pairs(
+            estimate, dynamics, batch_len, estimator_params, centre, scale_tril, sd, h,
+            (scale_h, scale_half), (w0, xi0), key, data, precond, update=update, state=state,
+            state_axes=state_axes)
+        extra.append(passes)
+        return sums, ok
+
+    extra: list[float] = []  # full data passes of the estimator's updates (SVRG's refreshes)
 
     def diverged(ok, total_pairs):  # a chain became non-finite or exploded: no estimate
         nan = np.full(d, np.nan)
         evaluations = 3 * total_pairs * steps
         return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
                          True, total_pairs, steps, evaluations,
-                         float(evaluations * n / potential.num_data),
+                         float(evaluations * n / potential.num_data + sum(extra)),
                          time.perf_counter() - t0, nan)
 
     sums, ok = run_round(w0, xi0)
@@ -471,7 +499,7 @@ def probe_bias(
         worst, kind, flagged = _flag(estimates)
     pairs *= r + 1
     evaluations = 3 * pairs * steps
-    passes = evaluations * n / potential.num_data
+    passes = evaluations * n / potential.num_data + sum(extra)
     mean_bias, mean_se, sd_bias, sd_se, ess = estimates
     return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
                      steps, evaluations, float(passes), time.perf_counter() - t0, ess)
@@ -556,13 +584,42 @@ def warn_if_biased(probe: BiasProbe | None, names: list[str], kernel: str, *,
     )
 
 
-def skip_reason(pre: Any, dynamics: Dynamics) -> str | None:
+def _per_chain(axes: Any, fn: Callable, *trees: Any) -> Any:
+    """``fn`` mapped over the leaves of ``trees`` that the vmap axes ``axes`` (a pytree prefix
+    of them, :attr:`~numpyro_subsample.estimators.base.GradientEstimator.state_axes`) give
+    a chains axis; the leaves common to the chains (axis None) as in ``trees[0]``."""
+    return jax.tree.map(lambda ax, *sub: sub[0] if ax is None else jax.tree.map(fn, *sub),
+                        axes, *trees, is_leaf=lambda a: a is None)
+
+
+def state_reason(estimator: Any, state: Any, pairs: int = PROBE_PAIRS) -> str | None:
+    """Why the probe cannot carry the state of the stateful ``estimator`` (a
+    :class:`~numpyro_subsample.estimators.base.GradientEstimator`; ``state``: one chain's, or
+    its shapes), or None: two per-chain states per pair above :data:`MAX_PROBE_STATE_BYTES`."""
+    if estimator.update is None:
+        return None
+    sizes = _per_chain(estimator.state_axes,
+                       lambda a: int(np.prod(np.shape(a))) * np.dtype(a.dtype).itemsize, state)
+    size = sum(v for v in jax.tree.leaves(sizes) if isinstance(v, int))
+    if 2 * pairs * size > MAX_PROBE_STATE_BYTES:
+        return (f"the estimator {estimator.name!r} keeps a state of {size / 2**20:.0f} MB per "
+                f"chain, {2 * pairs} of which the probe's pairs would hold")
+    return None
+
+
+def skip_reason(pre: Any, dynamics: Dynamics, data: ModelData | None = None) -> str | None:
     """Why the probe cannot run on the preprocessing ``pre``, or None: a stateful estimator
-    (SAGA's table, SVRG's anchor move with each chain), a structured proxy (the starts and sd
-    units of :func:`probe_bias` are those of a dense L: :func:`probe_after_run` probes it
-    after the run), dynamics without ``step_noise``."""
-    if pre.estimator.update is not None:
-        return f"the estimator {pre.estimator.name!r} keeps a state per chain"
+    whose state the pairs cannot carry (:func:`state_reason`; its shapes from ``data``), a
+    structured proxy (the starts and sd units of :func:`probe_bias` are those of a dense L:
+    :func:`probe_after_run` probes it after the run), dynamics without ``step_noise``."""
+    est = pre.estimator
+    if est.update is not None:
+        if data is None:
+            return f"the estimator {est.name!r} keeps a state per chain"
+        shapes = jax.eval_shape(lambda p, x: est.init_state(p, x)[0], est.params, data)
+        reason = state_reason(est, shapes)
+        if reason is not None:
+            return reason
     if not (isinstance(pre.scale_tril, jax.Array) and pre.scale_tril.ndim == 2):
         return STRUCTURED_SKIP
     if dynamics.step_noise is None:
@@ -587,15 +644,23 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
     from numpyro_subsample.core.sites import coordinate_names
     from numpyro_subsample.sgmcmc.noise_refine import with_time_step
 
-    reason = skip_reason(pre, dynamics)
+    reason = skip_reason(pre, dynamics, data)
     if reason is not None:
         return not_probed(pre, reason)
+    est = pre.estimator
+    state, state_passes = None, 0.0
+    if est.update is not None:  # every pair starts from a new chain's state, as the run's
+        one, state_passes = est.init_state(est.params, data)
+        state = _per_chain(est.state_axes,
+                           lambda a: jax.numpy.broadcast_to(a, (PROBE_PAIRS,) + a.shape), one)
     probe = probe_bias(
-        pre.potential, data, estimate=pre.estimator.estimate,
-        estimator_params=pre.estimator.params, dynamics=dynamics, centre=pre.centre,
+        pre.potential, data, estimate=est.estimate,
+        estimator_params=est.params, dynamics=dynamics, centre=pre.centre,
         scale_tril=pre.scale_tril, step_size=pre.step_size, diffusion=diffusion,
         noise_cov=pre.noise_cov, proxy=pre.proxy, seed=seed, refine=reduce_step,
+        update=est.update, state=state, state_axes=est.state_axes,
     )
+    probe = probe._replace(data_passes=probe.data_passes + float(state_passes))
     new_h = probe.bias_limited_step if reduce_step else None
     if new_h is not None:
         capped = new_h <= probe.step_size / MAX_REDUCTION * (1 + 1e-9)
@@ -611,20 +676,21 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
                         cost=(*pre.cost, ("bias probe", float(probe.data_passes))))
 
 
-def after_run_reason(pre: Any, dynamics: Dynamics, bias_probe: bool = True) -> str | None:
+def after_run_reason(pre: Any, dynamics: Dynamics, bias_probe: bool = True,
+                     data: ModelData | None = None) -> str | None:
     """None where :func:`probe_after_run` applies to a run with the preprocessing ``pre``: its
-    own probe was skipped for the adapted preconditioner or a structured proxy
-    (:data:`ADAPTED_SKIP`, :data:`STRUCTURED_SKIP`), with ``bias_probe``, a stateless
-    estimator, no local latent sites and ``dynamics`` with ``step_noise`` and no noise
-    correction; else why the step's bias is not probed (as recorded)."""
+    own probe was skipped for the adapted preconditioner, a structured proxy or local latent
+    sites (:data:`ADAPTED_SKIP`, :data:`STRUCTURED_SKIP`, :data:`LOCAL_SKIP`), with
+    ``bias_probe``, a stateless estimator or one whose per-chain state the pairs carry
+    (:func:`state_reason`, its shapes from ``data``) and ``dynamics`` with ``step_noise`` and
+    no noise correction; else why the step's bias is not probed (as recorded)."""
     if not bias_probe:
         return "bias_probe=False"
-    if pre.step_bias is not None or pre.step_bias_skipped not in (ADAPTED_SKIP, STRUCTURED_SKIP):
+    if pre.step_bias is not None or pre.step_bias_skipped not in (
+            ADAPTED_SKIP, STRUCTURED_SKIP, LOCAL_SKIP):
         return pre.step_bias_skipped or "the step was probed in the preprocessing"
-    if pre.potential.local:
-        return "the model has local latent sites"
-    reason = skip_reason(pre, dynamics)  # the preprocessing's own reasons, bar the proxy's
-    if reason not in (None, STRUCTURED_SKIP):
+    reason = skip_reason(pre, dynamics, data)
+    if reason not in (None, STRUCTURED_SKIP):  # the preprocessing's own reasons, bar the proxy's
         return reason
     if pre.noise_corrected:
         return f"the dynamics {dynamics.name!r} take no given noise"
@@ -633,7 +699,7 @@ def after_run_reason(pre: Any, dynamics: Dynamics, bias_probe: bool = True) -> s
 
 def probe_after_run(pre: Any, data: ModelData, *, draws: np.ndarray,
                     precond: np.ndarray | None, dynamics: Dynamics, diffusion: float,
-                    seed: int, pairs: int = PROBE_PAIRS) -> BiasProbe:
+                    seed: int, pairs: int = PROBE_PAIRS, est_state: Any = None) -> BiasProbe:
     """The probe of :func:`probe_bias` after a run whose preprocessing could not make it: the
     adapted preconditioner (fixed only at the warm-up's end) or a structured proxy.
 
@@ -645,8 +711,11 @@ def probe_after_run(pre: Any, data: ModelData, *, draws: np.ndarray,
     chains' last draws (pair p at chain p mod C; further pairs and rounds at earlier draws),
     which are already near π_h. The figures are in units of the draws' per-coordinate sds,
     not of diag(L Lᵀ) (which a structured proxy does not form); the estimates are ratios to
-    the pairs' own sd at h/2 in any case. The step is not changed (the run is done): a
-    flagged probe's remedy is a smaller ``step_size``. Costs as :func:`probe_bias`.
+    the pairs' own sd at h/2 in any case. A stateful estimator's pairs (both chains) start
+    from the state of the chain whose draws start them (``est_state``: local sites' last
+    draws, SAGA's table), where :func:`state_reason` allows. The step is not changed (the run
+    is done): a flagged probe's remedy is a smaller ``step_size``. Costs as
+    :func:`probe_bias`.
 
     Parameters
     ----------
@@ -666,6 +735,9 @@ def probe_after_run(pre: Any, data: ModelData, *, draws: np.ndarray,
         Seed of the probe's draws.
     pairs
         Coupled pairs per round.
+    est_state
+        A stateful estimator's last states of the chains (chains on the leading axis), or
+        None.
 
     Returns
     -------
@@ -697,9 +769,18 @@ def probe_after_run(pre: Any, data: ModelData, *, draws: np.ndarray,
         w = np.asarray(whiten_solve(pre.scale_tril, device_array(theta, pre.centre.dtype)))
         return w / s
 
-    probe = probe_bias(pre.potential, data, estimate=pre.estimator.estimate,
-                       estimator_params=pre.estimator.params, dynamics=dynamics,
+    est = pre.estimator
+    state = None
+    if est.update is not None:  # one chain's state has no chains axis: add it
+        one = jax.eval_shape(lambda p, x: est.init_state(p, x)[0], est.params, data)
+        state = _per_chain(
+            est.state_axes,
+            lambda a, ref: (a if np.ndim(a) > len(ref.shape) else a[None])[owner % chains],
+            est_state, one)
+    probe = probe_bias(pre.potential, data, estimate=est.estimate,
+                       estimator_params=est.params, dynamics=dynamics,
                        centre=pre.centre, scale_tril=pre.scale_tril, step_size=pre.step_size,
                        diffusion=diffusion, seed=seed, pairs=pairs, sd=sd, starts=starts,
-                       precond=s)
+                       precond=s, update=est.update, state=state,
+                       state_axes=est.state_axes)
     return probe._replace(after_run=True)
