@@ -325,6 +325,46 @@ def test_default_matches_dirichlet_posterior(K, n_data, n, alpha0, runner):
     assert kernel.estimator_name == "stratified"
     assert len(kernel.strata.sizes) == len(np.unique(y))
     check_moments(np.asarray(mcmc.get_samples(group_by_chain=True)["pi"]), mean, sd)
+    if runner == "package":  # the step's bias probed after the run, silent
+        probe = mcmc.run_check.step_bias
+        assert probe is not None and probe.after_run and not probe.flagged
+        assert probe.gradient_evaluations <= 12_000 and probe.labels[0] == "pi[0]"
+
+
+@pytest.mark.parametrize("runner", ["package", "numpyro"])
+def test_a_too_large_step_warns_after_the_run(runner):
+    """SGRLD at a = 0.0006 on the issue's Dirichlet-categorical data (8 categories, 2·10^4
+    rows, n = 500; the default a is 7.1·10⁻⁵): the drawn sds are over 20 % too wide (measured
+    25-30 %) and the coupled pairs at ε and ε/2 after the run find it and warn, naming a
+    simplex value; under plain `numpyro.infer.MCMC` in `to_arviz`."""
+    from numpyro_subsample import MCMC as PackageMCMC
+    from numpyro_subsample import StepBiasWarning
+
+    rng = np.random.default_rng(8)
+    y = rng.choice(8, size=20000, p=rng.dirichlet(np.ones(8))).astype(np.int32)
+    _, sd = dirichlet_posterior(np.ones(8), np.bincount(y, minlength=8))
+    kernel = SGRLD(dirichlet_categorical(8, 1.0), step_size=0.0006)
+    run = PackageMCMC if runner == "package" else MCMC
+    mcmc = run(kernel, num_warmup=1000, num_samples=4000, num_chains=4,
+               chain_method="vectorized", progress_bar=False)
+    match = r"h = 0\.0006 biases the posterior sd of pi\[\d\] by about \+0\.\d\d"
+    if runner == "package":
+        with pytest.warns(StepBiasWarning, match=match):
+            mcmc.run(jax.random.PRNGKey(1), y, n=500)
+        probe = mcmc.run_check.step_bias
+    else:
+        mcmc.run(jax.random.PRNGKey(1), y, n=500)
+        with pytest.warns(StepBiasWarning, match=match):
+            idata = to_arviz(mcmc)
+        assert idata.sample_stats.attrs["step_bias_flagged"] == 1
+        probe = kernel.probe_after_run(mcmc.last_state, None)  # made once per run
+    assert probe.flagged and probe.kind == "sd" and 0.15 < probe.bias < 0.5
+    drawn = np.asarray(mcmc.get_samples()["pi"]).std(0)
+    assert np.all(drawn > 1.2 * sd)
+    off = SGRLD(dirichlet_categorical(8, 1.0), step_size=0.0006, bias_probe=False)
+    assert not off.probes_after_run
+    with pytest.raises(TypeError, match="bias_probe"):
+        SGRLD(dirichlet_categorical(8, 1.0), bias_probe="yes")
 
 
 def test_uniform_noise_limited_warns():

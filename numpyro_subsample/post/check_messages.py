@@ -122,7 +122,8 @@ def kernel_probe(mcmc) -> tuple[Any, str]:
 
 def probe_message(mcmc, probe) -> str:
     try:
-        site = coordinate_names(mcmc.sampler.potential)[probe.worst] + " (unconstrained)"
+        site = (probe.labels[probe.worst] if probe.labels is not None else
+                coordinate_names(mcmc.sampler.potential)[probe.worst] + " (unconstrained)")
     except Exception:  # noqa: BLE001  (labels are a courtesy)
         site = f"θ[{probe.worst}]"
     return (f"the kernel's probe found that {probe.message.format(site=site)}: pass "

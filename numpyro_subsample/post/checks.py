@@ -85,8 +85,7 @@ class RunCheck(NamedTuple):
     step_bias
         The kernel's default probe of the step's bias
         (:class:`~numpyro_subsample.sgmcmc.step_bias.BiasProbe`, made in its preprocessing,
-        or after the run with the adapted preconditioner or a structured proxy: its
-        ``after_run``), or None.
+        or after the run where the preprocessing could not: its ``after_run``), or None.
     step_bias_skipped
         Why the kernel did not probe its step's bias ("" where it did, or where the kernel
         has no probe).
@@ -181,7 +180,8 @@ def check_run(
         (:mod:`~numpyro_subsample.sgmcmc.step_bias`, made in its preprocessing) is a short
         one; it is in ``RunCheck.step_bias`` (why it did not run in ``step_bias_skipped``),
         and a bias it found is listed in the warning. Where the preprocessing could not make
-        it (the adapted preconditioner, a structured proxy), it is made here, after the run
+        it (the adapted preconditioner, a structured proxy, local latent sites drawn by their
+        inner update, SGRLD), it is made here, after the run
         (:func:`probe_after_run`), and a bias it finds also raises a
         :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` (with ``warn``).
     bias_tolerance
@@ -223,7 +223,7 @@ def check_run(
             "for several modes"
         )
     probe, skipped = kernel_probe(mcmc)
-    if probe is None:  # the adapted preconditioner or a structured proxy: probed after the run
+    if probe is None:  # made after the run where the preprocessing could not
         probe = probe_after_run(mcmc, warn=warn, stacklevel=stacklevel + 1)
         skipped = "" if probe is not None else skipped
     if probe is not None and probe.flagged:
@@ -248,10 +248,12 @@ def check_run(
 
 def probe_after_run(mcmc, *, warn: bool = True, stacklevel: int = 2) -> Any:
     """The kernel's probe of its step's bias made after the run, where its preprocessing could
-    not make it (a package SG kernel whose ``probes_after_run`` is true: the adapted
-    preconditioner or a structured proxy; else None): the kernel's ``probe_after_run`` on the
-    run's last state and :data:`AFTER_RUN_DRAWS` evenly spaced unconstrained draws per chain
-    (:func:`~numpyro_subsample.sgmcmc.step_bias.probe_after_run`; Richardson-Romberg pairs,
+    not make it (a package kernel whose ``probes_after_run`` is true: the adapted
+    preconditioner, a structured proxy, local latent sites drawn by their inner update,
+    SGRLD; else None): the kernel's ``probe_after_run`` on the run's last state and
+    :data:`AFTER_RUN_DRAWS` evenly spaced unconstrained draws per chain
+    (:func:`~numpyro_subsample.sgmcmc.step_bias.probe_after_run`,
+    :func:`~numpyro_subsample.sgmcmc.simplex_probe.probe_simplex`; Richardson-Romberg pairs,
     Durmus et al. 2016, Sect. 3). Made once per run."""
     kernel = getattr(mcmc, "sampler", None)
     if not getattr(kernel, "probes_after_run", False):

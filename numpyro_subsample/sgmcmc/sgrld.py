@@ -15,7 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
 
 from numpyro_subsample.core.adapter import SubsampleKernel
 from numpyro_subsample.core.data import ModelData, device_array
@@ -46,6 +50,7 @@ from numpyro_subsample.sgmcmc.simplex_model import (
     draw_values,
     reference_totals,
 )
+from numpyro_subsample.sgmcmc.simplex_probe import probe_simplex, simplex_labels
 from numpyro_subsample.sgmcmc.simplex_step import (
     EM_ITERATIONS,
     MAX_AUTO_STRATA,
@@ -54,6 +59,7 @@ from numpyro_subsample.sgmcmc.simplex_step import (
     dirichlet_concentrations,
     simplex_step,
 )
+from numpyro_subsample.sgmcmc.step_bias import BiasProbe, warn_if_biased
 
 __all__ = [
     "EM_ITERATIONS",
@@ -77,7 +83,9 @@ class SGRLDPreprocessed(NamedTuple):
     name (``"uniform"`` or ``"stratified"``), the Dirichlet concentrations α, the schedule
     (a, b, c), the strata (stratified estimator), the measured noise (max_k V_k / θ*_k of
     :class:`SGRLD`'s step rule; NaN when not measured), the arrays the step reads
-    (``params``) and why the step's bias was not probed (for the run check's record)."""
+    (``params``), the largest relaxation rate λ of the step rule (NaN when not measured) and
+    why the step's bias was not probed (for the run check's record; it is probed after the
+    run, :meth:`SGRLD.probe_after_run`)."""
 
     potential: Potential
     design: SamplingDesign
@@ -90,7 +98,8 @@ class SGRLDPreprocessed(NamedTuple):
     params: SGRLDParams
     estimator: str = "uniform"
     noise: float = float("nan")
-    step_bias_skipped: str = "SGRLD's simplex dynamics have no coupled-pair probe of the step"
+    rate: float = float("nan")
+    step_bias_skipped: str = "SGRLD probes its step after the run"
 
 
 class SGRLD(SubsampleKernel):
@@ -169,6 +178,11 @@ class SGRLD(SubsampleKernel):
         ``strata.features``; the draws hold π only.
     chunk_size
         Data per vmapped evaluation in the full-data passes.
+    bias_probe
+        Probe the constant step's bias after the run, in its check (default True;
+        :meth:`probe_after_run`): coupled pairs of chains at ε and ε/2 (Durmus et al. 2016,
+        Sect. 3) from the run's last states, which warn (``StepBiasWarning``) where a bias of
+        0.2 posterior sd of a mean (or 20 % of an sd) is significant.
     seed
         Seed of the preprocessing (the model trace, the local sites' draws).
     **deprecated
@@ -201,6 +215,7 @@ class SGRLD(SubsampleKernel):
         noise: NoiseOptions | None = None,
         local: LocalConfig | None = None,
         chunk_size: int = DEFAULT_CHUNK,
+        bias_probe: bool = True,
         seed: int = 0,
         **deprecated: Any,
     ) -> None:
@@ -228,7 +243,13 @@ class SGRLD(SubsampleKernel):
                 chunk_size < 1):
             raise ValueError(f"SGRLD: chunk_size must be a positive integer, got "
                              f"{chunk_size!r}.")
+        if not isinstance(bias_probe, (bool, np.bool_)):
+            raise TypeError(f"SGRLD: bias_probe must be True or False (whether the step's bias "
+                            f"is probed after the run), got {bias_probe!r}. Pass True or "
+                            "False.")
         super().__init__(model, seed=seed)
+        self.bias_probe = bool(bias_probe)
+        self._after_run_probe: tuple | None = None
         self._step_size = None if step_size is None else float(step_size)
         self._estimator_request, self.replace = estimator, bool(replace)
         self.schedule = records["schedule"]
@@ -291,7 +312,59 @@ class SGRLD(SubsampleKernel):
             potential=potential, design=chosen.design, alpha=alpha,
             step_size=chosen.step_size, schedule=schedule, strata=chosen.strata,
             data_passes=passes, seconds=time.perf_counter() - t0, params=params,
-            estimator=chosen.estimator, noise=chosen.noise)
+            estimator=chosen.estimator, noise=chosen.noise, rate=chosen.rate,
+            step_bias_skipped=(
+                "bias_probe=False" if not self.bias_probe
+                else "SGRLD probes its step after the run" if sch.kind == "constant"
+                else "the step decays (schedule='polynomial'): no constant step to probe"))
+
+    @property
+    def probes_after_run(self) -> bool:
+        """Whether the step's bias is probed after a run (:meth:`probe_after_run`): with
+        ``bias_probe`` and a constant step."""
+        pre = self._pre
+        return (pre is not None and self.bias_probe and self.schedule.kind == "constant")
+
+    def probe_after_run(self, state: SGRLDState, draws: np.ndarray, *, warn: bool = True,
+                        stacklevel: int = 2) -> BiasProbe | None:
+        """The probe of the constant step's bias after a run (:attr:`probes_after_run`, else
+        None): coupled pairs at ε and ε/2 (Durmus et al. 2016, Sect. 3) from the run's last
+        states (:func:`~numpyro_subsample.sgmcmc.simplex_probe.probe_simplex`), in units of
+        the draws' sds of π; a ``StepBiasWarning`` where it is flagged (with ``warn``). Made
+        once per final ``state``.
+
+        Parameters
+        ----------
+        state
+            The run's last state (``mcmc.last_state``).
+        draws
+            Flat unconstrained draws (chains, draws, d) after warm-up (the Dirichlet sites'
+            stick-breaking coordinates), e.g. 256 evenly spaced per chain.
+        warn, stacklevel
+            Warn where the probe is flagged, at this ``stacklevel``.
+        """
+        cached = self._after_run_probe
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        if not self.probes_after_run:
+            return None
+        pre = self._pre
+        pot = pre.potential
+        to_pi = biject_to(constraints.simplex)
+        x = jnp.asarray(draws)
+        flat = x.reshape((-1, x.shape[-1]))
+        pi = jax.vmap(lambda t: {k: to_pi(v) for k, v in pot.unravel(t).items()})(flat)
+        pi = {k: np.asarray(v).reshape(x.shape[:2] + v.shape[1:]) for k, v in pi.items()}
+        cfg = SGRLDConfig(potential=pot, draw=pre.design.draw, size=pre.design.size,
+                          rng_impl=STEP_RNG, local=self.local)
+        probe = probe_simplex(cfg, pre.params, self._pre_data, state=state, pi_draws=pi,
+                              rate=pre.rate, seed=self.seed)
+        labels = simplex_labels({k: v[0, 0] for k, v in pi.items()})
+        probe = probe._replace(labels=tuple(labels))
+        self._after_run_probe = (state, probe)
+        if warn:
+            warn_if_biased(probe, labels, "SGRLD", stacklevel=stacklevel + 1)
+        return probe
 
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup

@@ -52,6 +52,8 @@ __all__ = [
     "likelihood_grad",
     "expanded_mean_grad",
     "mirrored_langevin",
+    "mirrored_langevin_noise",
+    "estimated_drift",
     "datum_drifts",
     "DriftMoments",
     "drift_noise",
@@ -143,11 +145,21 @@ def mirrored_langevin(
     """
     names = sorted(theta)
     keys = jax.random.split(key, len(names))
+    xi = {name: jax.random.normal(k, theta[name].shape, theta[name].dtype)
+          for k, name in zip(keys, names, strict=True)}
+    return mirrored_langevin_noise(xi, theta, alpha, lik_drift, eps)
+
+
+def mirrored_langevin_noise(
+    xi: dict, theta: dict, alpha: dict, lik_drift: dict, eps: jax.Array
+) -> tuple[dict, jax.Array]:
+    """:func:`mirrored_langevin` with the standard normal draws ``xi`` (a dict as ``theta``)
+    given: the step of coupled chains that share their draws."""
     out, mirrored = {}, jnp.zeros((), jnp.int32)
-    for k, name in zip(keys, names, strict=True):
+    for name in sorted(theta):
         t = theta[name]
-        xi = jax.random.normal(k, t.shape, t.dtype)
-        prop = t + 0.5 * eps * (alpha[name] - t + lik_drift[name]) + jnp.sqrt(eps * t) * xi
+        prop = (t + 0.5 * eps * (alpha[name] - t + lik_drift[name])
+                + jnp.sqrt(eps * t) * xi[name])
         mirrored = mirrored + jnp.sum(prop < 0).astype(jnp.int32)
         out[name] = jnp.maximum(jnp.abs(prop), jnp.finfo(t.dtype).tiny)
     return out, mirrored
@@ -302,6 +314,27 @@ class SGRLDConfig(NamedTuple):
     local: LocalConfig = LocalConfig()
 
 
+def estimated_drift(cfg: SGRLDConfig, params: SGRLDParams, pi: dict, key: jax.Array,
+                    local: LocalState | None, data: ModelData) -> tuple[dict, LocalState | None]:
+    """θ ⊙ ĝ at π from the subsample the design draws with ``key`` (its local latent sites
+    first moved given π by their inner update, with the same key; ``local``: their state, None
+    without them): the drift of :func:`mirrored_langevin` and the local sites' next state."""
+    pot, draw = cfg.potential, cfg.draw
+    if pot.local:
+        key, k_loc = jax.random.split(key)
+        idx, w = draw(params.design, key)
+        rows, local = update_rows(
+            cfg.local, pot.local, k_loc, local, idx,
+            lambda r: pot.local_joint_at(pi, r, idx, data), lambda: pi, data,
+        )
+        ww = w.astype(params.schedule.dtype)
+        grad_pi = jax.grad(lambda q: jnp.dot(ww, pot.local_joint_at(q, rows, idx, data)))(pi)
+    else:
+        idx, w = draw(params.design, key)
+        grad_pi = likelihood_grad(pot, pi, idx, w, data)
+    return expanded_mean_grad(pi, grad_pi), local
+
+
 @lru_cache(maxsize=64)
 def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
     """Pure ``init_one(key, init_params, data, params)`` and ``step(state, data)``.
@@ -316,28 +349,14 @@ def sgrld_programs(cfg: SGRLDConfig) -> tuple[Callable, Callable]:
     the subsample's local values given π and takes G = ∇_π Σ_j w_j [log p(z_j | π) +
     log p(x_j | z_j, π)] with them.
     """
-    pot, draw, size = cfg.potential, cfg.draw, cfg.size
+    pot, size = cfg.potential, cfg.size
     inv_n = 1.0 / pot.num_data
 
     def step(state: SGRLDState, data: ModelData) -> SGRLDState:
         p = state.params
         key, k_dyn, k_est = split_step_key(state.rng_key, cfg.rng_impl)
         eps = step_size_at(p.schedule, state.i)
-        local = state.local
-        if pot.local:
-            k_est, k_loc = jax.random.split(k_est)
-            idx, w = draw(p.design, k_est)
-            pi = state.pi
-            rows, local = update_rows(
-                cfg.local, pot.local, k_loc, state.local, idx,
-                lambda r: pot.local_joint_at(pi, r, idx, data), lambda: pi, data,
-            )
-            ww = w.astype(p.schedule.dtype)
-            grad_pi = jax.grad(lambda q: jnp.dot(ww, pot.local_joint_at(q, rows, idx, data)))(pi)
-        else:
-            idx, w = draw(p.design, k_est)
-            grad_pi = likelihood_grad(pot, state.pi, idx, w, data)
-        drift = expanded_mean_grad(state.pi, grad_pi)
+        drift, local = estimated_drift(cfg, p, state.pi, k_est, state.local, data)
         theta, mirrored = mirrored_langevin(k_dyn, state.theta, p.alpha, drift, eps)
         pi = to_simplex(theta)
         ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(pi)]))

@@ -75,7 +75,8 @@ LOCAL_PASSES = LOCAL_SWEEPS + 2.0
 
 class SimplexStep(NamedTuple):
     """The estimator's name, design and strata, the step a, the measured noise
-    max_k V_k / θ*_k (NaN when not measured) and the data passes spent."""
+    max_k V_k / θ*_k, the largest relaxation rate λ of the step rule (both NaN when not
+    measured) and the data passes spent."""
 
     estimator: str
     design: SamplingDesign
@@ -83,6 +84,7 @@ class SimplexStep(NamedTuple):
     step_size: float
     noise: float
     data_passes: float
+    rate: float = float("nan")
 
 
 def dirichlet_concentrations(potential: Potential, data: ModelData) -> dict:
@@ -212,11 +214,12 @@ def simplex_step(potential: Potential, data: ModelData, alpha: dict, *, request:
             used += 2.0 if drifts is None else LOCAL_PASSES
         passes += used
         candidates.append((name, design, made, dm))
-    noise, a = float("nan"), step_size
+    noise, a, max_rate = float("nan"), step_size, float("nan")
     if measure:
         theta_star = flatten_sites(ref) * flatten_sites(pi_star)
         rate = relaxation_rates(np.asarray(at_star.fisher, np.float64), theta_star, pi_star)
-        free = 4.0 * max_variance_inflation / float(np.max(rate))
+        max_rate = float(np.max(rate))
+        free = 4.0 * max_variance_inflation / max_rate
         scored = []
         for cand in candidates:
             ratio = np.asarray(cand[3].noise, np.float64) / np.maximum(theta_star, 1e-300)
@@ -232,7 +235,7 @@ def simplex_step(potential: Potential, data: ModelData, alpha: dict, *, request:
                                     free)
     name, design, made, _ = candidates[0]
     return SimplexStep(estimator=name, design=design, strata=made, step_size=float(a),
-                       noise=noise, data_passes=passes)
+                       noise=noise, data_passes=passes, rate=max_rate)
 
 
 def _warn_noise_limited(name: str, n: int, N: int, noise: float, rate: float,

@@ -115,6 +115,7 @@ __all__ = [
     "after_run_reason",
     "probe_after_run",
     "probe_bias",
+    "probe_rounds",
     "probe_steps",
     "not_probed",
     "probed",
@@ -233,6 +234,9 @@ class BiasProbe(NamedTuple):
         Whether the pairs ran after the run (:func:`probe_after_run`: the adapted
         preconditioner or a structured proxy), from its last draws, rather than in the
         preprocessing.
+    labels
+        The coordinates' labels where they are not the potential's flat unconstrained ones
+        (SGRLD's simplex values, :mod:`~numpyro_subsample.sgmcmc.simplex_probe`), else None.
 
     References
     ----------
@@ -256,6 +260,7 @@ class BiasProbe(NamedTuple):
     ess: np.ndarray | None = None
     chosen_step: float | None = None
     after_run: bool = False
+    labels: tuple[str, ...] | None = None
 
     @property
     def bias(self) -> float:
@@ -441,34 +446,53 @@ def probe_bias(
             def starts(r, g):
                 return start_positions(proxy, np.asarray(centre, np.float64), tril, pairs, g,
                                        shift=r)
-    w0 = starts(0, rng)
-    xi0 = rng.standard_normal((pairs, d))
     scale_h = scale_half = None
     if dynamics.name.endswith("-corrected"):
         scale_h = device_array(injected_noise_scale(noise_cov, h, diffusion)[0], dtype)
         scale_half = device_array(injected_noise_scale(noise_cov, 0.5 * h, diffusion)[0], dtype)
 
-    def run_round(w0, xi0):  # the keys from the host generator: no eager key op to compile
+    def run_round(r: int):  # the keys from the host generator: no eager key op to compile
+        w0 = starts(r, rng)
+        xi0 = rng.standard_normal((pairs, d))
         bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
         key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
-        sums, ok, passes = run_pairs(
+        return run_pairs(
             estimate, dynamics, batch_len, estimator_params, centre, scale_tril, sd, h,
             (scale_h, scale_half), (w0, xi0), key, data, precond, update=update, state=state,
             state_axes=state_axes)
-        extra.append(passes)
-        return sums, ok
 
+    return probe_rounds(run_round, step_size=h, dim=d, pairs=pairs, steps=steps,
+                        estimate_passes=n / potential.num_data, refine=refine, started=t0)
+
+
+def probe_rounds(run_round: Callable[[int], tuple[np.ndarray, np.ndarray, float]], *,
+                 step_size: float, dim: int, pairs: int, steps: int, estimate_passes: float,
+                 refine: bool, started: float) -> BiasProbe:
+    """The rounds of coupled pairs of :func:`probe_bias` and what they measured:
+    ``run_round(r)`` runs round r's ``pairs`` pairs for ``steps`` steps (round 0 first, the
+    others from other starts) and returns their batch means (pairs, batches, 4, dim), whether
+    the chains at h and at h/2 stayed healthy and the full data passes spent beyond the
+    gradient estimates (each ``estimate_passes`` of a pass). With ``refine``, up to
+    :data:`REFINE_ROUNDS` further rounds where :func:`suspect`, then while :func:`undecided`
+    (within :data:`MAX_ESTIMATES` and :data:`MAX_ESCALATED_ESTIMATES`); a first round's
+    alarm stands only if a second round's pairs pooled in keep it."""
+    h, d = float(step_size), int(dim)
     extra: list[float] = []  # full data passes of the estimator's updates (SVRG's refreshes)
+
+    def run(r: int):
+        sums, ok, passes = run_round(r)
+        extra.append(float(passes))
+        return sums, ok
 
     def diverged(ok, total_pairs):  # a chain became non-finite or exploded: no estimate
         nan = np.full(d, np.nan)
         evaluations = 3 * total_pairs * steps
         return BiasProbe(h, nan, nan, nan, nan, 0, "diverged-h" if ok[1] else "diverged",
                          True, total_pairs, steps, evaluations,
-                         float(evaluations * n / potential.num_data + sum(extra)),
-                         time.perf_counter() - t0, nan)
+                         float(evaluations * estimate_passes + sum(extra)),
+                         time.perf_counter() - started, nan)
 
-    sums, ok = run_round(w0, xi0)
+    sums, ok = run(0)
     if not ok.all():
         return diverged(ok, pairs)
     estimates = batch_estimates(sums)
@@ -480,9 +504,9 @@ def probe_bias(
                               and 3 * pairs * (r + 2) * steps <= MAX_ESCALATED_ESTIMATES)
 
     r = 0
-    while more_rounds(r):  # more pairs from other pilot draws, the same program
+    while more_rounds(r):  # more pairs from other starts, the same program
         r += 1
-        more, ok = run_round(starts(r, rng), rng.standard_normal((pairs, d)))
+        more, ok = run(r)
         if not ok.all():
             return diverged(ok, pairs * (r + 1))
         sums = np.concatenate([sums, more], axis=0)
@@ -491,7 +515,7 @@ def probe_bias(
     worst, kind, flagged = _flag(estimates)
     if flagged and r == 0:  # one round's alarm stands only if the pairs of a second keep it
         r = 1
-        more, ok = run_round(starts(r, rng), rng.standard_normal((pairs, d)))
+        more, ok = run(r)
         if not ok.all():
             return diverged(ok, pairs * 2)
         sums = np.concatenate([sums, more], axis=0)
@@ -499,12 +523,10 @@ def probe_bias(
         worst, kind, flagged = _flag(estimates)
     pairs *= r + 1
     evaluations = 3 * pairs * steps
-    passes = evaluations * n / potential.num_data + sum(extra)
+    passes = evaluations * estimate_passes + sum(extra)
     mean_bias, mean_se, sd_bias, sd_se, ess = estimates
     return BiasProbe(h, mean_bias, mean_se, sd_bias, sd_se, worst, kind, flagged, pairs,
-                     steps, evaluations, float(passes), time.perf_counter() - t0, ess)
-
-
+                     steps, evaluations, float(passes), time.perf_counter() - started, ess)
 
 
 def _flat(mean_bias, mean_se, sd_bias, sd_se, ess=None):
