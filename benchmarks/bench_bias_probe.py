@@ -3,7 +3,7 @@
     python benchmarks/bench_bias_probe.py cost     # default runs with and without the probe
     python benchmarks/bench_bias_probe.py --quick  # cost, linear regression and SGLD only
     python benchmarks/bench_bias_probe.py hier [--ref-dir DIR] [KERNEL:step_size=H ...]
-    python benchmarks/bench_bias_probe.py stateful  # SAGA, SVRG, drawn local sites, SGRLD
+    python benchmarks/bench_bias_probe.py stateful [LABEL]  # SAGA, SVRG, local sites, SGRLD
 
 ``cost``: each row is a fresh process (compilation included) running ``KERNEL(model)`` at
 default arguments under NumPyro's ``MCMC``, 4 vectorized chains × (1000 + 10,000) steps, with
@@ -155,12 +155,13 @@ def _stateful_cases():
         ("random effect, z drawn (SGLD)",
          lambda **kw: ns.SGLD(effect_model, local=local, **kw), effect,
          [None, 0.0004, 0.0007, 0.001]),
-        ("Dir-cat K=8 (SGRLD)", lambda **kw: ns.SGRLD(categorical, **kw), cat,
+        ("Dir-cat K=8 (SGRLD)",
+         lambda progress_bar, **kw: ns.SGRLD(categorical, **kw), cat,
          [None, 0.0003, 0.0005, 0.0006, 0.0008]),
     ]
 
 
-def stateful() -> None:
+def stateful(only: str = "") -> None:
     import jax
     import numpy as np
 
@@ -170,6 +171,8 @@ def stateful() -> None:
           "(resolution) | probe estimates / run's | probe s / run s | warned |")
     print("|---|---|---|---|---|---|---|---|")
     for label, make, (args, kwargs, site, mean, sd), steps in _stateful_cases():
+        if only not in label:
+            continue
         for step in steps:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -213,6 +216,6 @@ if __name__ == "__main__":
             del rest[i:i + 2]
         hier(rest, ref_dir)
     elif command == "stateful":
-        stateful()
+        stateful(sys.argv[2] if len(sys.argv) > 2 else "")
     else:
         raise SystemExit(__doc__)

@@ -7,9 +7,16 @@ The probe of :mod:`~numpyro_subsample.sgmcmc.step_bias` for the simplex dynamics
 synchronously coupled increments (Durmus, Şimşekli, Moulines, Badeau and Richard 2016,
 Sect. 3): Y takes (ξ₁ + ξ₂)/√2 where Z takes ξ₁ and ξ₂, and Y's subsample (with its local
 latent sites' inner update) is drawn with the key of Z's first half-step. The pairs start
-from the run's last states (θ, and the local sites' table), further rounds from earlier draws
-π of the same chains scaled by their last totals Σθ; the figures are the simplex values π, in
-units of the run's posterior sds, and are read as
+from the run's last draws π (and the local sites' tables), further rounds from earlier draws
+of the same chains, at θ = S_r π with the total S_r of the step rule
+(:func:`~numpyro_subsample.sgmcmc.simplex_model.reference_totals`, E[1/S] = 1/S_r under the
+total's Gamma(Σα, 1) law). The total S = Σθ sets the clock of π's diffusion (its effective
+step is ε/S) and relaxes only over some 2/ε steps, far more than the probe's: started at the
+chains' own totals, pairs in a chain whose S had wandered low measured a much larger bias than
+the others, and the pairs' spread swamped the estimate (a run 40-60 % too wide in its sds was
+probed inconclusive); started at S_r they measure the bias at the rule's clock, which to first
+order (the bias is linear in ε/S) is the run's averaged over its S. The figures are the
+simplex values π, in units of the run's posterior sds, read as
 :func:`~numpyro_subsample.sgmcmc.coupled_pairs.batch_estimates` reads the other kernels'.
 """
 
@@ -34,6 +41,7 @@ from numpyro_subsample.sgmcmc.simplex import (
     mirrored_langevin_noise,
     to_simplex,
 )
+from numpyro_subsample.sgmcmc.simplex_model import reference_totals
 from numpyro_subsample.sgmcmc.step_bias import (
     MAX_STEPS,
     MIN_STEPS,
@@ -45,12 +53,8 @@ from numpyro_subsample.sgmcmc.step_bias import (
 
 __all__ = ["SIMPLEX_PAIRS", "probe_simplex", "simplex_labels"]
 
-#: Coupled pairs per round: each pair's chains keep their own total S = Σθ, which sets the
-#: clock of π's diffusion (its effective step ∝ ε/S) and relaxes only over some 2/ε steps, so
-#: the bias a pair measures depends on its S; 16 pairs sample S well enough that the pairs'
-#: spread does not swamp the estimate (4 pairs left a bias of +0.29 in the sds within 2 of its
-#: standard errors, on a Dirichlet-categorical model). Their steps are capped so that a round
-#: makes as many gradient estimates as a round of the other kernels' probe at its longest.
+#: Coupled pairs per round; their steps are capped so that a round makes as many gradient
+#: estimates as a round of the other kernels' probe at its longest.
 SIMPLEX_PAIRS = 16
 
 
@@ -178,16 +182,16 @@ def probe_simplex(cfg: SGRLDConfig, params: SGRLDParams, data: ModelData, *, sta
     def per_pair(a):
         return (a if batched else a[None])[owner]
 
-    theta_last = {k: per_pair(np.asarray(state.theta[k])) for k in names}
-    totals = {k: theta_last[k].sum(-1, keepdims=True) for k in names}
+    totals = reference_totals(params.alpha)
+    pi_last = {k: per_pair(np.asarray(state.pi[k])) for k in names}
     local = None if state.local is None else jax.tree.map(per_pair, state.local)
     per_chain = -(-pairs // chains)
     spacing = max(n // (4 * per_chain), 1)
     rng = np.random.default_rng([int(seed), 0x51A7])
 
-    def starts(r: int) -> dict:
+    def starts(r: int) -> dict:  # θ = S_r π: the rule's clock of π's diffusion
         if r == 0:
-            return theta_last
+            return {k: pi_last[k] * totals[k] for k in names}
         back = np.arange(pairs) // chains + (r - 1) * per_chain
         row = np.clip(n - 1 - back * spacing, 0, n - 1)
         return {k: np.asarray(pi_draws[k])[owner, row] * totals[k] for k in names}
