@@ -232,8 +232,8 @@ class BiasProbe(NamedTuple):
         :attr:`bias_limited_step`; None where it kept ``step_size``.
     after_run
         Whether the pairs ran after the run (:func:`probe_after_run`: the adapted
-        preconditioner or a structured proxy), from its last draws, rather than in the
-        preprocessing.
+        preconditioner, a structured proxy, drawn local latent sites; SGRLD's), from its last
+        draws, rather than in the preprocessing.
     labels
         The coordinates' labels where they are not the potential's flat unconstrained ones
         (SGRLD's simplex values, :mod:`~numpyro_subsample.sgmcmc.simplex_probe`), else None.
