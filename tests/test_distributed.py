@@ -102,8 +102,24 @@ SCRIPT = textwrap.dedent(
     out["comm"] = k.communication_bytes(last)
 
     # 2. cv, fixed τ = 5 with unequal shards (q_s = 1/S ≠ N_s/N, Eq. 1 weights N_s S / N)
-    run("cv_fixed_tau5_unequal", trajectory_length=5, adaptive_trajectory=False,
-        shard_sizes=UNEQUAL, proxy=proxy, seed=2)
+    k5, _ = run("cv_fixed_tau5_unequal", trajectory_length=5, adaptive_trajectory=False,
+                shard_sizes=UNEQUAL, proxy=proxy, seed=2)
+    # the step's bias probe: at run 1's step (silent), at h = 0.6 (drawn sds about 20 % too
+    # wide), and not with trajectories of 5 steps
+    import warnings
+    from numpyro_subsample import StepBiasWarning
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        big = DistributedSGLD(linreg_model, num_shards=4, step_size=0.6, trajectory_length=1,
+                              adaptive_trajectory=False, proxy=proxy)
+        big.preprocess((X, y))
+    p1, p6 = k.preprocessed.step_bias, big.preprocessed.step_bias
+    out["probe"] = {
+        "default": [p1.flagged, p1.bias, p1.kind],
+        "large": [p6.flagged, p6.bias, p6.kind],
+        "large_warned": [str(w.message) for w in seen if issubclass(w.category, StepBiasWarning)],
+        "tau5_skipped": k5.preprocessed.step_bias_skipped,
+    }
     # 3. cv, adaptive τ_s = τ̄ S q_s with user frequencies unrelated to the sizes (Cor. 1.3)
     kq, _ = run("cv_adaptive_userq", trajectory_length=3, shard_sizes=UNEQUAL,
                 shard_frequencies=[0.2, 0.3, 0.3, 0.2], proxy=proxy, seed=3)
@@ -266,6 +282,19 @@ def test_estimator_unbiased_over_shards_and_minibatches(result, estimator):
 def test_rerun_on_new_data_compiles_nothing_of_ours(result):
     assert result["rerun_compiled"] == []
     assert result["rerun_refit"]
+
+
+@pytest.mark.slow
+def test_the_step_bias_is_probed_where_trajectories_are_one_step(result):
+    """With one step per shard the coupled pairs at h and h/2 run with the single-device
+    reference of the shard estimator: silent at the default step, warning at h = 0.6 (the
+    Euler step's sds (1 − h/2)^(-1/2) − 1 = 20 % too wide); not with trajectories of 5 steps,
+    whose shard noise persists over a trajectory (the reason recorded)."""
+    r = result["probe"]
+    assert r["default"][0] is False and abs(r["default"][1]) < 0.1
+    assert r["large"][0] is True and r["large"][2] == "sd" and 0.12 < r["large"][1] < 0.4
+    assert r["large_warned"] and "DistributedSGLD: the time step h = 0.6" in r["large_warned"][0]
+    assert "trajectories of more than one step" in r["tau5_skipped"]
 
 
 @pytest.mark.slow

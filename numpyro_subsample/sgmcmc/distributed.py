@@ -50,6 +50,7 @@ from numpyro_subsample.core.options import check_options
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.base import ControlVariate, make_estimator
 from numpyro_subsample.estimators.selection import SamplingDesign
+from numpyro_subsample.sgmcmc import step_bias
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, SGMCMCState
 from numpyro_subsample.sgmcmc.kernel import SGLD
 from numpyro_subsample.sgmcmc.options import NoiseOptions, check_record, legacy_records
@@ -160,7 +161,9 @@ class DistributedSGLD(SGLD):
         As :class:`~numpyro_subsample.sgmcmc.kernel.SGMCMCKernel` (``step_size`` is the time
         step h; no noise correction, no ``zv``). With ``step_size=None`` the SGLD rule is applied to
         the measured noise v_within + τ̄·v_between: the shard part of the noise persists over a
-        trajectory.
+        trajectory. With one step per shard (every τ_s = 1, the default) the step's bias is
+        probed (``bias_probe``) by coupled pairs at h and h/2 with the single-device reference
+        of the shard estimator, which warn and leave the step as it is.
     model
         A NumPyro model with a subsample plate; its arrays with N rows are sharded.
 
@@ -335,11 +338,34 @@ class DistributedSGLD(SGLD):
             potential=potential, proxy=proxy, estimator=reference, step_size=float(step_size),
             noise=noise, centre=base.centre, scale_tril=base.scale_tril,
             seconds=time.perf_counter() - t0, data_passes=passes, params=params,
-            step_bias_skipped="DistributedSGLD's shard estimator has no coupled-pair probe",
         )
+        core = self._probed(core, data, layout, rep)
         return DistributedPreprocessed(
             core=core, shards=ShardFacts(layout=layout, noise_within=v_w, noise_between=v_b),
         )
+
+    def _probed(self, core: Preprocessed, data: ModelData, layout: ShardLayout,
+                rep: NamedSharding) -> Preprocessed:
+        """``core`` with the probe of its step's bias
+        (:func:`~numpyro_subsample.sgmcmc.step_bias.probed`: coupled pairs at h and h/2 on
+        one device, with the single-device reference of the shard estimator, a shard drawn
+        with its frequency q_s at every step), which warns and does not change the step.
+        With trajectories of more than one step per shard the run's shard noise persists
+        over a trajectory, which the reference's fresh draw every step does not reproduce: not
+        probed then (the reason is recorded)."""
+        if not self.bias_probe:
+            return step_bias.not_probed(core, "bias_probe=False")
+        if int(np.max(layout.trajectory_lengths)) > 1:
+            return step_bias.not_probed(
+                core, "trajectories of more than one step per shard, whose shard noise "
+                "persists over a trajectory (the probe's reference estimator draws a shard at "
+                "every step)")
+        probed = step_bias.probed(core, data, dynamics=self._dynamics(False),
+                                  diffusion=self._diffusion, seed=self.seed,
+                                  kernel=type(self).__name__, reduce_step=False, stacklevel=6,
+                                  rng_impl="threefry2x32")  # Philox: the shard draw won't lower
+        passes = jax.device_put(probed.params.data_passes, rep)
+        return probed._replace(params=probed.params._replace(data_passes=passes))
 
     def shard_estimates(self, keys: jax.Array, theta: jax.Array) -> jax.Array:
         """g_s(θ) (Eq. 1, full-gradient scale, estimates ∇f) for each shard s and each key:

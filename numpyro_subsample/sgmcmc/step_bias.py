@@ -376,6 +376,7 @@ def probe_bias(
     update: Any = None,
     state: Any = None,
     state_axes: Any = 0,
+    rng_impl: str = PROBE_RNG,
 ) -> BiasProbe:
     """Run the coupled Richardson-Romberg pairs at h = ``step_size`` and h/2 (module docstring).
 
@@ -417,6 +418,8 @@ def probe_bias(
         A stateful estimator's ``update`` (used instead of ``estimate``), the state each
         pair's two chains start from in every round (pairs on the leading axis of the leaves
         with a chains axis) and the vmap axes of its leaves (its ``state_axes``).
+    rng_impl
+        The implementation of the pairs' keys (default Philox, as the chains').
 
     Returns
     -------
@@ -455,7 +458,7 @@ def probe_bias(
         w0 = starts(r, rng)
         xi0 = rng.standard_normal((pairs, d))
         bits = rng.integers(0, 2**32, 2, dtype=np.uint32)
-        key = jax.random.wrap_key_data(device_array(bits), impl=PROBE_RNG)
+        key = jax.random.wrap_key_data(device_array(bits), impl=rng_impl)
         return run_pairs(
             estimate, dynamics, batch_len, estimator_params, centre, scale_tril, sd, h,
             (scale_h, scale_half), (w0, xi0), key, data, precond, update=update, state=state,
@@ -656,7 +659,8 @@ def not_probed(pre: Any, reason: str) -> Any:
 
 
 def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, seed: int,
-           kernel: str, reduce_step: bool = False, stacklevel: int = 2) -> Any:
+           kernel: str, reduce_step: bool = False, stacklevel: int = 2,
+           rng_impl: str = PROBE_RNG) -> Any:
     """``pre`` (a :class:`~numpyro_subsample.sgmcmc.chain.Preprocessed`) with the probe of its
     step in ``step_bias`` and its cost added to ``data_passes`` and ``seconds``; with
     ``reduce_step`` (a step the kernel's rule chose), at the probe's
@@ -680,7 +684,7 @@ def probed(pre: Any, data: ModelData, *, dynamics: Dynamics, diffusion: float, s
         estimator_params=est.params, dynamics=dynamics, centre=pre.centre,
         scale_tril=pre.scale_tril, step_size=pre.step_size, diffusion=diffusion,
         noise_cov=pre.noise_cov, proxy=pre.proxy, seed=seed, refine=reduce_step,
-        update=est.update, state=state, state_axes=est.state_axes,
+        update=est.update, state=state, state_axes=est.state_axes, rng_impl=rng_impl,
     )
     probe = probe._replace(data_passes=probe.data_passes + float(state_passes))
     new_h = probe.bias_limited_step if reduce_step else None
