@@ -4,6 +4,7 @@
     python benchmarks/bench_bias_probe.py --quick  # cost, linear regression and SGLD only
     python benchmarks/bench_bias_probe.py hier [--ref-dir DIR] [KERNEL:step_size=H ...]
     python benchmarks/bench_bias_probe.py stateful [LABEL]  # SAGA, SVRG, local sites, SGRLD
+    python benchmarks/bench_bias_probe.py model NAME KERNEL 0|1  # one bench_models run
 
 ``cost``: each row is a fresh process (compilation included) running ``KERNEL(model)`` at
 default arguments under NumPyro's ``MCMC``, 4 vectorized chains × (1000 + 10,000) steps, with
@@ -17,7 +18,9 @@ regression (N = 2000, d = 3, n = 100), SGLD with a per-row random effect drawn b
 (``LocalConfig(nodes=0)``; N = 1000, n = 500) and SGRLD on Dirichlet-categorical data (8
 categories, N = 2·10^4, n = 500); 4 vectorized chains × (1000 + 8000) steps under the
 package's ``MCMC``; the worst mean error and the range of the drawn sd / exact sd, and the
-probe's worst estimate, cost and warning.
+probe's worst estimate, cost and warning. ``model``: one default run of a ``bench_models.py``
+problem (``_unseen_models.py``) with ``bias_probe`` off (0) or on (1), to time as a whole
+process (e.g. with ``farm-bench --vs``).
 """
 
 from __future__ import annotations
@@ -201,6 +204,22 @@ def stateful(only: str = "") -> None:
                   f"{'yes' if warned else 'no'} |", flush=True)
 
 
+def model_run(name: str, kernel: str, probe: bool) -> None:
+    import _unseen_models
+    import jax
+
+    import numpyro_subsample as ns
+
+    prob = _unseen_models.suite([name])[name]
+    k = getattr(ns, kernel)(prob.model, progress_bar=False, bias_probe=probe)
+    mcmc = ns.MCMC(k, num_warmup=1000, num_samples=10_000, num_chains=4,
+                   chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.run(jax.random.PRNGKey(0), *prob.args, **prob.kwargs)
+    jax.block_until_ready(mcmc.get_samples())
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "cost"
     if command == "_cost":
@@ -215,6 +234,8 @@ if __name__ == "__main__":
             ref_dir = rest[i + 1]
             del rest[i:i + 2]
         hier(rest, ref_dir)
+    elif command == "model":
+        model_run(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
     elif command == "stateful":
         stateful(sys.argv[2] if len(sys.argv) > 2 else "")
     else:
