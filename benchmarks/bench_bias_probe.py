@@ -5,6 +5,7 @@
     python benchmarks/bench_bias_probe.py hier [--ref-dir DIR] [KERNEL:step_size=H ...]
     python benchmarks/bench_bias_probe.py stateful [LABEL]  # SAGA, SVRG, local sites, SGRLD
     python benchmarks/bench_bias_probe.py model NAME KERNEL 0|1  # one bench_models run
+    python benchmarks/bench_bias_probe.py short 0|1  # one chain of 1000 + 1000 SGLD steps
 
 ``cost``: each row is a fresh process (compilation included) running ``KERNEL(model)`` at
 default arguments under NumPyro's ``MCMC``, 4 vectorized chains × (1000 + 10,000) steps, with
@@ -20,7 +21,8 @@ categories, N = 2·10^4, n = 500); 4 vectorized chains × (1000 + 8000) steps un
 package's ``MCMC``; the worst mean error and the range of the drawn sd / exact sd, and the
 probe's worst estimate, cost and warning. ``model``: one default run of a ``bench_models.py``
 problem (``_unseen_models.py``) with ``bias_probe`` off (0) or on (1), to time as a whole
-process (e.g. with ``farm-bench --vs``).
+process (e.g. with ``farm-bench --vs``). ``short``: likewise a short run of NumPyro's defaults,
+one chain of 1000 + 1000 steps of ``SGLD(model)`` on the linear regression (N = 10^4, d = 4).
 """
 
 from __future__ import annotations
@@ -220,6 +222,20 @@ def model_run(name: str, kernel: str, probe: bool) -> None:
     jax.block_until_ready(mcmc.get_samples())
 
 
+def short_run(probe: bool) -> None:
+    import jax
+    from models import linreg_data, linreg_model
+    from numpyro.infer import MCMC
+
+    import numpyro_subsample as ns
+
+    X, y = linreg_data(N=10_000, d=4)
+    k = ns.SGLD(linreg_model, progress_bar=False, bias_probe=probe)
+    mcmc = MCMC(k, num_warmup=1000, num_samples=1000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    jax.block_until_ready(mcmc.get_samples())
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "cost"
     if command == "_cost":
@@ -234,6 +250,8 @@ if __name__ == "__main__":
             ref_dir = rest[i + 1]
             del rest[i:i + 2]
         hier(rest, ref_dir)
+    elif command == "short":
+        short_run(sys.argv[2] == "1")
     elif command == "model":
         model_run(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
     elif command == "stateful":
