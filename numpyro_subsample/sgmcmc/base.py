@@ -84,7 +84,7 @@ def _recorded(fn: Callable[[], Any]) -> tuple[Any, list]:
     return out, list(caught)
 
 
-class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
+class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKernel):
     """Stochastic-gradient MCMC for a NumPyro model with a subsample plate.
 
     Parameters
@@ -221,9 +221,6 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
     supports_structured: ClassVar[bool] = True
     supports_adaptation: ClassVar[bool] = True
     supports_proxy_adaptation: ClassVar[bool] = True
-    #: (the last state of a run, its probe by :meth:`probe_after_run`)
-    _after_run_probe: tuple | None = None
-
     def __init__(
         self,
         model: Callable,
@@ -382,32 +379,11 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             pre, self._dynamics(pre.noise_corrected), self.bias_probe,
             self._pre_data) is None
 
-    def probe_after_run(self, state: SGMCMCState, draws: np.ndarray, *, warn: bool = True,
-                        stacklevel: int = 2) -> step_bias.BiasProbe | None:
-        """The probe of the step's bias after a run (:attr:`probes_after_run`, else None):
-        coupled Richardson-Romberg pairs at h and h/2 (Durmus et al. 2016, Sect. 3) from the
-        run's last draws, with its final adapted preconditioner (``state.adapt``), whitening,
-        dynamics, estimator and step
-        (:func:`~numpyro_subsample.sgmcmc.step_bias.probe_after_run`); a
-        :class:`~numpyro_subsample.sgmcmc.step_bias.StepBiasWarning` where it is flagged
-        (with ``warn``). Made once per final ``state`` (the run check and ``to_arviz`` share
-        it).
-
-        Parameters
-        ----------
-        state
-            The run's last state (``mcmc.last_state``; chains on the leading axis).
-        draws
-            Flat unconstrained draws (chains, draws, d) after warm-up, e.g. 256 evenly
-            spaced per chain.
-        warn, stacklevel
-            Warn where the probe is flagged, at this ``stacklevel``.
-        """
-        cached = self._after_run_probe
-        if cached is not None and cached[0] is state:
-            return cached[1]
-        if not self.probes_after_run:
-            return None
+    def _after_run_probe_of(self, state: SGMCMCState, draws: np.ndarray):
+        """The pairs of :func:`~numpyro_subsample.sgmcmc.step_bias.probe_after_run` from the
+        run's last draws, with its final adapted preconditioner (``state.adapt``), estimator
+        state (``state.est_state``), whitening, dynamics, estimator and step; the labels of
+        the flat unconstrained coordinates."""
         from numpyro_subsample.core.sites import coordinate_names
 
         pre = self._pre
@@ -417,11 +393,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, SubsampleKernel):
             precond=None if adapt is None else np.asarray(adapt.scale),
             dynamics=self._dynamics(pre.noise_corrected), diffusion=self._diffusion,
             seed=self.seed, est_state=state.est_state)
-        self._after_run_probe = (state, probe)
-        if warn:
-            step_bias.warn_if_biased(probe, coordinate_names(pre.potential),
-                                     type(self).__name__, stacklevel=stacklevel + 1)
-        return probe
+        return probe, coordinate_names(pre.potential)
 
     def without_centring(self, model: Callable | None = None) -> SGMCMCKernel:
         """A copy that samples ``model`` (default: the kernel's) as written

@@ -59,7 +59,7 @@ from numpyro_subsample.sgmcmc.simplex_step import (
     dirichlet_concentrations,
     simplex_step,
 )
-from numpyro_subsample.sgmcmc.step_bias import BiasProbe, warn_if_biased
+from numpyro_subsample.sgmcmc.step_bias import AfterRunProbing
 
 __all__ = [
     "EM_ITERATIONS",
@@ -102,7 +102,7 @@ class SGRLDPreprocessed(NamedTuple):
     step_bias_skipped: str = "SGRLD probes its step after the run"
 
 
-class SGRLD(SubsampleKernel):
+class SGRLD(AfterRunProbing, SubsampleKernel):
     """Stochastic gradient Riemannian Langevin dynamics on the probability simplex
     (Patterson and Teh 2013), expanded-mean parameterisation with mirroring.
 
@@ -249,7 +249,6 @@ class SGRLD(SubsampleKernel):
                             "False.")
         super().__init__(model, seed=seed)
         self.bias_probe = bool(bias_probe)
-        self._after_run_probe: tuple | None = None
         self._step_size = None if step_size is None else float(step_size)
         self._estimator_request, self.replace = estimator, bool(replace)
         self.schedule = records["schedule"]
@@ -325,52 +324,31 @@ class SGRLD(SubsampleKernel):
         pre = self._pre
         return (pre is not None and self.bias_probe and self.schedule.kind == "constant")
 
-    def probe_after_run(self, state: SGRLDState, draws: np.ndarray, *, warn: bool = True,
-                        stacklevel: int = 2) -> BiasProbe | None:
-        """The probe of the constant step's bias after a run (:attr:`probes_after_run`, else
-        None): coupled pairs at ε and ε/2 (Durmus et al. 2016, Sect. 3) from the run's last
-        states (:func:`~numpyro_subsample.sgmcmc.simplex_probe.probe_simplex`), in units of
-        the draws' sds of π; a ``StepBiasWarning`` where it is flagged (with ``warn``). Made
-        once per final ``state``.
-
-        Parameters
-        ----------
-        state
-            The run's last state (``mcmc.last_state``).
-        draws
-            Flat unconstrained draws (chains, draws, d) after warm-up (the Dirichlet sites'
-            stick-breaking coordinates), e.g. 256 evenly spaced per chain.
-        warn, stacklevel
-            Warn where the probe is flagged, at this ``stacklevel``.
-        """
-        cached = self._after_run_probe
-        if cached is not None and cached[0] is state:
-            return cached[1]
-        if not self.probes_after_run:
-            return None
+    def _after_run_probe_of(self, state: SGRLDState, draws: np.ndarray):
+        """The pairs at ε and ε/2 of
+        :func:`~numpyro_subsample.sgmcmc.simplex_probe.probe_simplex` from the run's last
+        states, in units of the draws' sds of π (``draws``: the Dirichlet sites'
+        stick-breaking coordinates, mapped back to π); the labels of the simplex values."""
         pre = self._pre
-        pot = pre.potential
         to_pi = biject_to(constraints.simplex)
         x = jnp.asarray(draws)
         flat = x.reshape((-1, x.shape[-1]))
-        pi = jax.vmap(lambda t: {k: to_pi(v) for k, v in pot.unravel(t).items()})(flat)
+        pi = jax.vmap(lambda t: {k: to_pi(v) for k, v in pre.potential.unravel(t).items()})(flat)
         pi = {k: np.asarray(v).reshape(x.shape[:2] + v.shape[1:]) for k, v in pi.items()}
-        cfg = SGRLDConfig(potential=pot, draw=pre.design.draw, size=pre.design.size,
-                          rng_impl=STEP_RNG, local=self.local)
-        probe = probe_simplex(cfg, pre.params, self._pre_data, state=state, pi_draws=pi,
-                              rate=pre.rate, seed=self.seed)
+        probe = probe_simplex(self._config(pre, traced=False), pre.params, self._pre_data,
+                              state=state, pi_draws=pi, rate=pre.rate, seed=self.seed)
         labels = simplex_labels({k: v[0, 0] for k, v in pi.items()})
-        probe = probe._replace(labels=tuple(labels))
-        self._after_run_probe = (state, probe)
-        if warn:
-            warn_if_biased(probe, labels, "SGRLD", stacklevel=stacklevel + 1)
-        return probe
+        return probe._replace(labels=tuple(labels)), labels
+
+    def _config(self, pre: SGRLDPreprocessed, traced: bool) -> SGRLDConfig:
+        """The static configuration of the programs (Threefry keys where NumPyro traces the
+        step, as the SG kernels' :meth:`~.SGMCMCKernel._config`)."""
+        return SGRLDConfig(potential=pre.potential, draw=pre.design.draw, size=pre.design.size,
+                           rng_impl="threefry2x32" if traced else STEP_RNG, local=self.local)
 
     def _programs(self, pre: SGRLDPreprocessed, *, num_warmup: int, traced: bool):
         del num_warmup
-        cfg = SGRLDConfig(potential=pre.potential, draw=pre.design.draw, size=pre.design.size,
-                          rng_impl="threefry2x32" if traced else STEP_RNG, local=self.local)
-        init_one, step = sgrld_programs(cfg)
+        init_one, step = sgrld_programs(self._config(pre, traced))
         return init_one, step, pre.params
 
     def _state_axes(self) -> SGRLDState:

@@ -90,6 +90,7 @@ from numpyro_subsample.sgmcmc.coupled_pairs import (
 from numpyro_subsample.sgmcmc.dynamics import Dynamics, injected_noise_scale
 
 __all__ = [
+    "AfterRunProbing",
     "BIAS_TARGET",
     "BIAS_TOLERANCE",
     "ESCALATE_FROM",
@@ -334,6 +335,53 @@ class BiasProbe(NamedTuple):
         left = self.bias * self.chosen_step / h
         return (f"{found}; the step was reduced {h / self.chosen_step:.3g}-fold to "
                 f"{self.chosen_step:.3g}, where about {left:+.2f} is left")
+
+
+class AfterRunProbing:
+    """A kernel's probe of its step's bias after a run, made once per final state and warned
+    about: the kernel gives :attr:`probes_after_run` (whether it applies) and
+    ``_after_run_probe_of(state, draws) -> (BiasProbe, labels of its coordinates)``."""
+
+    #: (the last state of a run, its probe by :meth:`probe_after_run`)
+    _after_run_probe: tuple | None = None
+    probes_after_run: bool
+
+    def probe_after_run(self, state: Any, draws: np.ndarray, *, warn: bool = True,
+                        stacklevel: int = 2) -> BiasProbe | None:
+        """The probe of the step's bias after a run (:attr:`probes_after_run`, else None): the
+        kernel's coupled Richardson-Romberg pairs at h and h/2 (Durmus et al. 2016, Sect. 3)
+        from the run's last state and draws; a :class:`StepBiasWarning` where it is flagged
+        (with ``warn``). Made once per final ``state`` (the run check and ``to_arviz`` share
+        it).
+
+        Parameters
+        ----------
+        state
+            The run's last state (``mcmc.last_state``; chains on the leading axis).
+        draws
+            Flat unconstrained draws (chains, draws, d) after warm-up, e.g. 256 evenly
+            spaced per chain.
+        warn, stacklevel
+            Warn where the probe is flagged, at this ``stacklevel``.
+
+        Returns
+        -------
+        BiasProbe or None
+            The probe (``after_run=True``), or None where it does not apply.
+        """
+        cached = self._after_run_probe
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        if not self.probes_after_run:
+            return None
+        probe, labels = self._after_run_probe_of(state, draws)
+        self._after_run_probe = (state, probe)
+        if warn:
+            warn_if_biased(probe, labels, type(self).__name__, stacklevel=stacklevel + 1)
+        return probe
+
+    def _after_run_probe_of(self, state: Any, draws: np.ndarray) -> tuple[BiasProbe, list]:
+        raise NotImplementedError
 
 
 def probe_steps(step_size: float) -> int:
