@@ -11,10 +11,9 @@ from the run's last draws π (and the local sites' tables), further rounds from 
 of the same chains, at θ = S_r π with the total S_r of the step rule
 (:func:`~numpyro_subsample.sgmcmc.simplex_model.reference_totals`, E[1/S] = 1/S_r under the
 total's Gamma(Σα, 1) law). The total S = Σθ sets the clock of π's diffusion (its effective
-step is ε/S) and relaxes only over some 2/ε steps, far more than the probe's: started at the
-chains' own totals, pairs in a chain whose S had wandered low measured a much larger bias than
-the others, and the pairs' spread swamped the estimate (a run 40-60 % too wide in its sds was
-probed inconclusive); started at S_r they measure the bias at the rule's clock, which to first
+step is ε/S) and relaxes only over some 2/ε steps, far more than the probe's: pairs started at
+the chains' own totals would each measure the bias at their chain's S, and their spread would
+swamp the estimate; started at S_r they measure the bias at the rule's clock, which to first
 order (the bias is linear in ε/S) is the run's averaged over its S. The figures are the
 simplex values π, in units of the run's posterior sds, read as
 :func:`~numpyro_subsample.sgmcmc.coupled_pairs.batch_estimates` reads the other kernels'.
