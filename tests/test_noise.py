@@ -332,7 +332,7 @@ def test_float64_exact_covariance_equals_the_formula():
 def test_noise_on_a_row_sample_is_unbiased_and_costs_its_share(monkeypatch, name, options):
     """Above 2 · NOISE_ROWS rows the exact noise sums over a uniform row sample scaled by N/M:
     over many samples its mean is the full pass's covariance (to its Monte Carlo error), one
-    sample is within a few percent at M = 2000, and a point costs M/N of a pass (a stratified
+    sample's relative sd is below 10 % at M = 2000, and a point costs M/N of a pass (a stratified
     design keeps the full pass)."""
     X, y = logistic_data(N=20_000, d=3, seed=2)
     data = ModelData.from_args((X, y), {"subsample_size": 50})
@@ -363,4 +363,4 @@ def test_noise_on_a_row_sample_is_unbiased_and_costs_its_share(monkeypatch, name
         traces = np.trace(sampled[:, p], axis1=1, axis2=2)
         se = traces.std(ddof=1) / np.sqrt(len(traces))
         assert abs(traces.mean() - exact) < 4 * se + 1e-6 * exact, (p, traces.mean(), exact, se)
-        assert np.abs(traces / exact - 1).max() < 0.15, (p, traces / exact)
+        assert traces.std(ddof=1) / exact < 0.1, (p, traces / exact)  # one sample's spread

@@ -23,10 +23,14 @@ def raw_key(key: jax.Array) -> jax.Array:
     return key
 
 
-def host_generator(key: jax.Array) -> np.random.Generator:
-    """NumPy's generator seeded with the bits of ``key`` (a legacy or typed JAX key): the same
-    key gives the same host draws."""
-    return np.random.default_rng(np.asarray(raw_key(key), np.uint32).ravel())
+def host_generator(key: jax.Array, stream: int | None = None) -> np.random.Generator:
+    """NumPy's generator seeded with the bits of ``key`` (a legacy or typed JAX key) and, if
+    given, the number ``stream`` (independent draws from one key, as ``fold_in`` for JAX's
+    generators, without compiling one): the same key gives the same host draws."""
+    entropy = np.asarray(raw_key(key), np.uint32).ravel()
+    if stream is not None:
+        entropy = np.append(entropy, np.uint32(stream))
+    return np.random.default_rng(entropy)
 
 
 def host_normals(key: jax.Array, shape: tuple[int, ...], dtype) -> np.ndarray:

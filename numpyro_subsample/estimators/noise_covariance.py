@@ -33,9 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.compiling import preprocessing_jit
+from numpyro_subsample.core.compiling import fast_compile_jit
+from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
 from numpyro_subsample.core.potential import ModelData
+from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimator
 
 __all__ = ["NOISE_ROWS", "exact_whitened_covs", "monte_carlo_whitened_covs", "noise_rows",
@@ -51,7 +53,8 @@ def noise_rows(estimator: GradientEstimator, thetas, data: ModelData, rng_key: j
     """The rows whose moment sums, scaled by N/M, estimate the exact noise covariance: None
     (every row) where N ≤ 2 M, M = ``max_rows`` (default :data:`NOISE_ROWS`), or where the
     design has groups (a stratified design: a small stratum's sums would rest on few rows);
-    else M rows drawn uniformly without replacement from ``rng_key``, sorted (int32, (M,)).
+    else M rows drawn uniformly without replacement by NumPy from ``rng_key`` (stream 2 of
+    :func:`~numpyro_subsample.core.rng.host_generator`), sorted (int32, (M,)).
 
     The sums Σ_i a_i u_i u_iᵀ and U_g are then unbiased; the product U Uᵀ is biased by
     Var(Û), a fraction of about 1/M of the first term under a uniform or importance design. A
@@ -63,12 +66,11 @@ def noise_rows(estimator: GradientEstimator, thetas, data: ModelData, rng_key: j
     design = jax.eval_shape(estimator.moments.design, estimator.params, thetas[0], data)
     if design.labels is not None:
         return None
-    seed = int(jax.random.randint(rng_key, (), 0, np.iinfo(np.int32).max))
-    rows = np.random.default_rng(seed).choice(num_data, size=m, replace=False)
-    return jnp.asarray(np.sort(rows), jnp.int32)
+    rows = host_generator(rng_key, stream=2).choice(num_data, size=m, replace=False)
+    return device_array(np.sort(rows), np.int32)
 
 
-@partial(preprocessing_jit, static_argnames=("moments", "chunk_size"))
+@partial(fast_compile_jit, static_argnames=("moments", "chunk_size"))
 def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_size, rows=None):
     """At one point θ: Σ_i a_i u_i u_iᵀ (d, d), the group sums U_g (G, d) and c (G,); one data
     pass (plus ``moments.passes_per_point``), or, with ``rows`` (M,) a uniform sample of the
@@ -201,7 +203,7 @@ def point_covariances(
     O(d²) float64 numbers, not P · d²."""
     P = int(thetas.shape[0])
     if exact:
-        rows = noise_rows(estimator, thetas, data, jax.random.fold_in(rng_key, 2))
+        rows = noise_rows(estimator, thetas, data, rng_key)
         cov_at = _exact_cov_at(estimator, thetas, scale_tril, data, chunk_size, rows)
         share = 1.0 if rows is None else rows.shape[0] / estimator.num_data
         return cov_at, P * (share + float(estimator.moments.passes_per_point))

@@ -11,7 +11,8 @@ an argument of the loop's programs and never an output: no constant, no referenc
 and a memory-mapped array (``np.load(path, mmap_mode="r")``) is read in place.
 
 The loop is NumPyro's (same body, same collection, same thinning and progress bar), so the
-draws are those NumPyro's loop gives for the same key.
+draws are those NumPyro's loop gives for the same key, up to rounding: its programs are
+compiled with :data:`~numpyro_subsample.core.compiling.FAST_COMPILE_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tqdm
 from jax import lax
 from numpyro.util import cond, identity
 
+from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import check_mapped, device_array
 from numpyro_subsample.core.potential import ModelData
 
@@ -69,7 +71,7 @@ class LoopPrograms:
 
             return jax.tree.map(zeros_like_stack, transform((init_state, args, kwargs)))
 
-        self.start = jax.jit(start, static_argnums=2)
+        self.start = fast_compile_jit(start, static_argnums=2)
 
         def body(i, val, collection, start_idx, thinning, data: ModelData):
             args, kwargs = data.args_kwargs()
@@ -83,13 +85,13 @@ class LoopPrograms:
             collection = jax.tree.map(update_fn, collection, transform((val, args, kwargs)))
             return val, collection, start_idx, thinning
 
-        self.body = jax.jit(body, donate_argnums=2)
+        self.body = fast_compile_jit(body, donate_argnums=2)
 
         def loop(upper, val, collection, start_idx, thinning, data: ModelData):
-            return lax.fori_loop(0, upper, lambda i, vals: self.body(i, *vals, data),
+            return lax.fori_loop(0, upper, lambda i, vals: body(i, *vals, data),
                                  (val, collection, start_idx, thinning))
 
-        self.loop = jax.jit(loop, static_argnums=0, donate_argnums=2)
+        self.loop = fast_compile_jit(loop, static_argnums=0, donate_argnums=2)
 
 
 def collect(programs: LoopPrograms, lower: int, upper: int, init_state: Any, data: ModelData,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from numpyro_subsample.core.compiling import preprocessing_jit
+from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import (
     DEFAULT_CHUNK,
@@ -79,7 +79,7 @@ def _cholesky_of_inverse(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return cov, np.linalg.cholesky(cov)
 
 
-@partial(preprocessing_jit, static_argnames=("potential", "num_steps", "lr"))
+@partial(fast_compile_jit, static_argnames=("potential", "num_steps", "lr"))
 def _adam_block(potential, num_steps, lr, carry, idxs, data):
     """Adam steps on the minibatches ``idxs`` (steps, n), one per row (cosine schedule over
     ``num_steps``, continued from the optimiser state in ``carry``)."""
@@ -98,7 +98,7 @@ def _adam_block(potential, num_steps, lr, carry, idxs, data):
     return jax.lax.scan(step, carry, idxs)[0]
 
 
-@partial(preprocessing_jit, static_argnames=("num_steps", "lr"))
+@partial(fast_compile_jit, static_argnames=("num_steps", "lr"))
 def _adam_init(theta, num_steps, lr):
     return theta, optax.adam(optax.cosine_decay_schedule(lr, num_steps, alpha=0.05)).init(theta)
 

@@ -54,7 +54,7 @@ from numpyro.infer.util import constrain_fn
 from numpyro.primitives import Messenger
 
 from numpyro_subsample.core.adapter import preprocess_keys
-from numpyro_subsample.core.data import ModelData
+from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential, build_potential
 from numpyro_subsample.proxies.covariance import diag_precision, scale_matvec
 from numpyro_subsample.proxies.structured import StructuredProxy
@@ -84,7 +84,7 @@ def _base_normal(fn) -> dist.Normal | None:
 def _on_first_rows(model: Callable, potential, plate_name: str) -> Callable:
     """``model`` seeded, with the subsample plate ``plate_name`` fixed to its first rows (a
     random subsample would compile its sampler at every eager call)."""
-    rows = jnp.arange(potential.plate.subsample_size)
+    rows = device_array(np.arange(potential.plate.subsample_size), np.int32)
     return numpyro.handlers.substitute(numpyro.handlers.seed(model, rng_seed=0),
                                        data={plate_name: rows})
 

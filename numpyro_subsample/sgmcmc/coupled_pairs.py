@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from numpyro_subsample.core.compiling import preprocessing_jit
+from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.proxies.whitening import Scale, whiten_matvec, whiten_rmatvec
 from numpyro_subsample.sgmcmc.chain import MAX_PROXY_SD
@@ -102,7 +102,7 @@ def _probe_program(estimate, dynamics: Dynamics, num_batches: int, batch_len, es
     return carry[4], carry[5]  # (pairs, batches, 4, d); chains at h, h/2 stayed healthy
 
 
-_probe_compiled = preprocessing_jit(_probe_program, static_argnums=(0, 1, 2))
+_probe_compiled = fast_compile_jit(_probe_program, static_argnums=(0, 1, 2))
 
 
 def _stateful_probe_program(update, state_axes, dynamics: Dynamics, num_batches: int,
@@ -167,7 +167,7 @@ def _stateful_probe_program(update, state_axes, dynamics: Dynamics, num_batches:
     return carry[4], carry[5], carry[6]
 
 
-_stateful_probe_compiled = preprocessing_jit(_stateful_probe_program,
+_stateful_probe_compiled = fast_compile_jit(_stateful_probe_program,
                                              static_argnums=(0, 1, 2, 3))
 
 
@@ -229,7 +229,7 @@ def run_pairs(estimate: Any, dynamics: Dynamics, batch_len: int, estimator_param
     ``update`` (then ``estimate`` is not used), ``state`` is its state per pair (pairs on the
     leading axis of the leaves ``state_axes`` maps to 0), with which both chains of a pair
     start (:func:`_stateful_probe_program`). The program is compiled with the options of
-    :func:`~numpyro_subsample.core.compiling.preprocessing_jit`."""
+    :func:`~numpyro_subsample.core.compiling.fast_compile_jit`."""
     dtype = centre.dtype
     if precond is None:
         precond = np.ones(np.shape(start[0]))

@@ -15,7 +15,7 @@ from functools import partial
 import jax
 import numpy as np
 
-from numpyro_subsample.core.compiling import preprocessing_jit
+from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import full_data_sums
 from numpyro_subsample.core.potential import Potential
@@ -24,7 +24,7 @@ from numpyro_subsample.proxies.base import Proxy
 __all__ = ["measured_curvature"]
 
 
-@partial(preprocessing_jit, static_argnames=("potential",))
+@partial(fast_compile_jit, static_argnames=("potential",))
 def _prior_hessians(potential: Potential, points: jax.Array, data: ModelData) -> jax.Array:
     return jax.lax.map(jax.hessian(lambda t: potential.prior(t, data)), points)
 

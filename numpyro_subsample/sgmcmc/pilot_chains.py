@@ -12,14 +12,14 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from numpyro_subsample.core.compiling import preprocessing_jit
+from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.rng import STEP_RNG, host_normals, raw_key
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.proxies.base import Proxy
 from numpyro_subsample.proxies.structured import StructuredProxy
-from numpyro_subsample.proxies.whitening import proxy_scale, whiten_matvec
+from numpyro_subsample.proxies.whitening import is_structured, proxy_scale, whiten_matvec
 from numpyro_subsample.sgmcmc.adaptation import adaptation_window
 from numpyro_subsample.sgmcmc.chain import (
     SamplerParams,
@@ -37,7 +37,7 @@ __all__ = ["BLOCK", "PilotSettings", "ProxyAdaptationWarning", "pilot_keys", "ru
 BLOCK = 50
 
 
-@partial(preprocessing_jit, static_argnums=(0, 1, 2))
+@partial(fast_compile_jit, static_argnums=(0, 1, 2))
 def _window(step: Callable, num_steps: int, axes, states: SGMCMCState, data: ModelData):
     """``num_steps`` vectorized steps; returns the final states and the draws of w."""
     vstep = jax.vmap(step, in_axes=(axes, None), out_axes=axes)
@@ -58,7 +58,7 @@ def _vinit(init_one: Callable, potential: Potential) -> Callable:
     """The vectorized chain init at flat positions (P, d)."""
     def at(key, theta, data, params, draws):
         return init_one(key, potential.unravel(theta), data, params, draws)
-    return preprocessing_jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
+    return fast_compile_jit(jax.vmap(at, in_axes=(0, 0, None, None, 0), out_axes=_state_axes()))
 
 
 class ProxyAdaptationWarning(UserWarning):
@@ -125,8 +125,13 @@ def run_window(pilot: PilotSettings, proxy: Proxy | StructuredProxy, length: int
     )
     chain_keys = device_array(keys)
     draws = host_normals(chain_keys, (2, potential.dim), dtype)
-    if theta_start is None:  # draws of the start proxy
-        theta_start = np.asarray(proxy.centre + whiten_matvec(scale, draws[:, 0]), np.float64)
+    if theta_start is None:  # draws of the start proxy (on the host for a dense factor)
+        if is_structured(scale):
+            theta_start = np.asarray(proxy.centre + whiten_matvec(scale, draws[:, 0]))
+        else:
+            theta_start = (np.asarray(proxy.centre, np.float64)
+                           + draws[:, 0].astype(np.float64) @ np.asarray(scale, np.float64).T)
+        theta_start = np.asarray(theta_start, np.float64)
     states = _vinit(init_one, potential)(chain_keys, device_array(theta_start.astype(dtype)),
                                          data, params, device_array(draws))
     blocks, axes = [], _state_axes()

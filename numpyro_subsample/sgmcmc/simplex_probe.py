@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.compiling import preprocessing_jit
+from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.sgmcmc.coupled_pairs import BATCHES
@@ -63,7 +63,7 @@ def _flat_pi(theta: dict, names: tuple[str, ...]) -> jax.Array:
     return jnp.concatenate([pi[k].reshape(pi[k].shape[0], -1) for k in names], axis=1)
 
 
-@partial(preprocessing_jit, static_argnums=(0, 1, 2))
+@partial(fast_compile_jit, static_argnums=(0, 1, 2))
 def _simplex_pairs(cfg: SGRLDConfig, names: tuple[str, ...], num_batches: int, batch_len,
                    params: SGRLDParams, eps, centre, sd, theta0, local0, key, data: ModelData):
     """The pairs' ``num_batches × batch_len`` steps at ε from θ (pairs leading) and the local
