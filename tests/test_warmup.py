@@ -136,6 +136,44 @@ def test_adapted_noise_at_most_the_initial_on_a_poor_mode():
     assert noise["adapted"] <= noise["mode"]
 
 
+@pytest.mark.parametrize("num_data, subsample_size", [
+    (300_000, 100), (300_000, 1000), (10**6, 1000), (10**6, 5000), (10**7, 1000),
+    (10**7, 50_000), (20_000, 500), (2_561, 400), (10**6, 1250), (4 * 10**6, 35_000),
+])
+def test_pilot_subsamples_cost_at_most_7_passes_beyond_the_floors(num_data, subsample_size):
+    """The windows' subsamples cost at most MAX_PILOT_PASSES = 7 data passes where the floors
+    (2·10^6 datum evaluations, 50 steps per window) do not bind, so that with two full passes
+    per window the warm-up costs at most 15; below, they cost exactly a floor."""
+    windows = warmup.pilot_schedule(num_data, subsample_size)
+    rows = sum(windows) * warmup.PILOT_CHAINS * subsample_size
+    floors = (warmup.MIN_PILOT_ROWS <= 7 * num_data
+              and 4 * warmup.MIN_WINDOW * warmup.PILOT_CHAINS * subsample_size <= 7 * num_data)
+    assert len(windows) == len(warmup.DEFAULT_WINDOWS) and min(windows) >= warmup.MIN_WINDOW
+    if floors:
+        assert rows / num_data <= warmup.MAX_PILOT_PASSES
+        assert warmup.MAX_PILOT_PASSES + 2 * len(windows) <= 15
+    else:  # the larger floor, never more than the full windows
+        floor_rows = max(warmup.MIN_PILOT_ROWS, warmup.MAX_PILOT_PASSES * num_data,
+                         len(windows) * warmup.MIN_WINDOW * warmup.PILOT_CHAINS * subsample_size)
+        full = sum(warmup.DEFAULT_WINDOWS) * warmup.PILOT_CHAINS * subsample_size
+        assert rows <= min(1.05 * floor_rows, full)
+
+
+def test_each_window_costs_its_subsamples_and_at_most_two_full_passes():
+    """The pilot's data passes: the windows' subsamples plus at most two full passes (the
+    control variates at the new centre, the Hessian) per window that moved or rescaled the
+    proxy, none for a window that kept it."""
+    g, y = grouped_data(num_groups=30, num_data=1500, seed=4)
+    _, pot, data, start, proxy = _adapted(noncentred, g, y)
+    windows = proxy.info["windows"]
+    n = pot.plate.subsample_size
+    subsamples = sum(w.steps for w in windows) * warmup.PILOT_CHAINS * n / pot.num_data
+    changed = sum(w.moved or w.rescaled for w in windows)
+    full = proxy.num_data_passes - start.num_data_passes - subsamples
+    assert changed >= 1
+    assert -1e-6 <= full <= 2 * changed + 1e-6, (full, changed, windows)
+
+
 def test_well_fitted_proxy_is_kept_and_costs_few_passes():
     """Laplace on a near-Gaussian posterior agrees with the pilot within its Monte Carlo
     error: no window moves it, the pilot stops after two windows, and (at N = 10^5, where the

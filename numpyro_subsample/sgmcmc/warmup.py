@@ -85,8 +85,13 @@ DEFAULT_WINDOWS = (100, 150, 250, 500)
 #: Pilot chains run side by side (vectorized).
 PILOT_CHAINS = 4
 #: At most this many data passes are spent on the pilot's subsamples (the windows shrink
-#: in proportion when N/n is small; never below :data:`MIN_WINDOW` steps each).
-MAX_PILOT_PASSES = 10.0
+#: in proportion when N/n is small; never below :data:`MIN_WINDOW` steps each). With at
+#: most two full-data passes per window (recentring and Hessian), the dense proxy's warm-up
+#: then costs at most 7 + 2 · 4 = 15 passes where neither floor binds: N ≥
+#: :data:`MIN_PILOT_ROWS` / 7 (about 2.9 · 10^5 rows) and N ≥ 4 · :data:`MIN_WINDOW` ·
+#: :data:`PILOT_CHAINS` · n / 7 (115 n). The structured proxy's windows add their Lanczos
+#: passes (:mod:`~numpyro_subsample.sgmcmc.pilot_structured`).
+MAX_PILOT_PASSES = 7.0
 #: The shortest window.
 MIN_WINDOW = 50
 #: Below this many datum evaluations (rows) in all, the pilot keeps its full windows: on small
@@ -116,11 +121,17 @@ def pilot_schedule(num_data: int, subsample_size: int,
                    num_chains: int = PILOT_CHAINS) -> tuple[int, ...]:
     """The windows' lengths: ``windows`` scaled down so that the pilot's subsamples cost at most
     :data:`MAX_PILOT_PASSES` data passes or :data:`MIN_PILOT_ROWS` datum evaluations, whichever
-    is more (each window at least :data:`MIN_WINDOW` steps)."""
+    is more: each window rounded down to whole blocks of steps and at least :data:`MIN_WINDOW`
+    steps, the longest shortened where windows raised to that minimum exceed the budget."""
     rows = sum(windows) * num_chains * subsample_size
     allowed = max(MAX_PILOT_PASSES * num_data, MIN_PILOT_ROWS)
     scale = min(1.0, allowed / rows) if rows > 0 else 1.0
-    return tuple(max(MIN_WINDOW, BLOCK * int(round(w * scale / BLOCK))) for w in windows)
+    lengths = [max(MIN_WINDOW, BLOCK * int(w * scale // BLOCK)) for w in windows]
+    budget = allowed / max(1, num_chains * subsample_size)  # steps
+    while sum(lengths) > budget and max(lengths) - BLOCK >= MIN_WINDOW:
+        longest = int(np.argmax(lengths))  # windows raised to MIN_WINDOW: shorten the longest
+        lengths[longest] -= BLOCK
+    return tuple(lengths)
 
 
 def proxy_at(potential: Potential, data: ModelData, centre: np.ndarray, cov: np.ndarray, *,
