@@ -80,8 +80,8 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
     position, and ``init_one`` compiles no estimator). A stateful estimator's state is made by
     ``init_one`` and advanced by every ``step`` (``update``); the data passes it spends beyond
     the subsample are added to ``data_passes``. With ``params.steps_per_draw`` = k, ``step``
-    moves the dynamics k times per draw after the first, which evaluates the estimate at the
-    start once (``state.i`` counts draws).
+    moves the dynamics k times per draw after the first, whose k steps evaluate the estimate at
+    the start without moving (``state.i`` counts draws).
     """
     pot, dynamics = cfg.potential, cfg.dynamics
     inv_n = 1.0 / pot.num_data
@@ -113,9 +113,11 @@ def chain_programs(cfg: SGMCMCConfig) -> tuple[Callable, Callable]:
         k = state.params.steps_per_draw
         if k is None:
             new = move(state, data)
-        else:  # k steps per draw; the first draw only evaluates the estimate at the start
-            trips = jnp.where(state.i == 0, 1, k)
-            new = jax.lax.fori_loop(0, trips, lambda _, s: move(s, data), state)
+        else:  # k steps per draw; at the first draw each of them evaluates the estimate at
+            # the start without moving: a trip count shared by vectorized chains, whose loop
+            # would otherwise carry (and select) every chain's state, SAGA's table included,
+            # at every step
+            new = jax.lax.fori_loop(0, k, lambda _, s: move(s, data), state)
         new = new._replace(i=state.i + 1)
         if zv_flat is not None:
             new = new._replace(zv_stats=_zv_accumulate(cfg, zv_flat, state.zv_stats, new, data))
