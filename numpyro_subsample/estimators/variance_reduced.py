@@ -169,12 +169,13 @@ def _saga_programs(potential: Potential, draw: Callable, size: int, chunk_size: 
         delta = new - state.table[idx]
         g = _prior_grad(potential, theta, data) + state.total + w.astype(theta.dtype) @ delta
         # With replacement an index may repeat: its rows of `new` are equal (same θ, same
-        # datum), so the sum changes once per distinct index and the table may take a repeated
-        # row twice (the indices are in bounds: no dropped updates, whose bounds checks kept
-        # XLA from updating the table in place).
+        # datum), and the table and its sum change once per distinct index. The table adds
+        # the change rather than setting the rows: XLA updates it in place, where a set after
+        # the gather above copied the N × d table at every step.
         first = first_occurrences(idx)
-        total = state.total + jnp.where(first[:, None], delta, 0.0).sum(0)
-        table = state.table.at[idx].set(new, mode="promise_in_bounds")
+        change = jnp.where(first[:, None], delta, 0.0)
+        total = state.total + change.sum(0)
+        table = state.table.at[idx].add(change, mode="promise_in_bounds")
         passes = jnp.zeros((), theta.dtype)
         return g, jnp.asarray(size), SAGAState(table=table, total=total), passes
 
