@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from numpyro_subsample.core.data import device_array
 
-__all__ = ["DesignMoments", "SamplingDesign", "uniform_design", "sample_without_replacement"]
+__all__ = ["DesignMoments", "SamplingDesign", "first_occurrences", "sample_without_replacement",
+           "uniform_design"]
 
 
 class DesignMoments(NamedTuple):
@@ -102,10 +103,7 @@ def sample_without_replacement(key: jax.Array, population: int, n: int) -> jax.A
         raise ValueError(f"Cannot draw {n} distinct indices from {population}.")
 
     def duplicated(idx):
-        order = jnp.argsort(idx, stable=True)
-        s = idx[order]
-        dup_sorted = jnp.concatenate([jnp.zeros((1,), bool), s[1:] == s[:-1]])
-        return jnp.zeros((n,), bool).at[order].set(dup_sorted)
+        return ~first_occurrences(idx)
 
     def body(carry):
         key, idx, dup = carry
@@ -179,3 +177,12 @@ def uniform_design(num_data: int, n: int, replace: bool = True, dtype=None) -> S
     key = (int(num_data), int(n), bool(replace))
     return SamplingDesign(draw=_uniform_draw(*key), size=int(n), num_data=int(num_data),
                           params=weight, moments=_uniform_moments(*key))
+
+
+def first_occurrences(idx: jax.Array) -> jax.Array:
+    """Boolean mask (n,): True at the first occurrence of each value of ``idx``."""
+    order = jnp.argsort(idx, stable=True)
+    s = idx[order]
+    first_sorted = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
+    return jnp.zeros(idx.shape, bool).at[order].set(first_sorted)
+

@@ -58,7 +58,7 @@ from numpyro_subsample.estimators.base import (
     make_estimator,
     weighted_gradient,
 )
-from numpyro_subsample.estimators.selection import uniform_design
+from numpyro_subsample.estimators.selection import first_occurrences, uniform_design
 
 __all__ = [
     "SAGA_MAX_TABLE_BYTES",
@@ -67,7 +67,6 @@ __all__ = [
     "build_saga",
     "build_svrg",
     "check_saga_memory",
-    "first_occurrences",
 ]
 
 #: The largest SAGA gradient table a kernel allocates, in bytes: N·d·itemsize per chain, times
@@ -105,14 +104,6 @@ def check_saga_memory(num_data: int, dim: int, dtype, num_chains: int = 1) -> No
             "Use estimator='svrg' (O(d) state per chain, one data pass every update_every "
             "steps) or 'cv', or fewer vectorized chains."
         )
-
-
-def first_occurrences(idx: jax.Array) -> jax.Array:
-    """Boolean mask (n,): True at the first occurrence of each value of ``idx``."""
-    order = jnp.argsort(idx, stable=True)
-    s = idx[order]
-    first_sorted = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
-    return jnp.zeros(idx.shape, bool).at[order].set(first_sorted)
 
 
 def _datum_grads(potential: Potential, theta: jax.Array, idx: jax.Array, data: ModelData):
@@ -170,8 +161,8 @@ def _saga_programs(potential: Potential, draw: Callable, size: int, chunk_size: 
         g = _prior_grad(potential, theta, data) + state.total + w.astype(theta.dtype) @ delta
         # With replacement an index may repeat: its rows of `new` are equal (same θ, same
         # datum), and the table and its sum change once per distinct index. The table adds
-        # the change rather than setting the rows: XLA updates it in place, where a set after
-        # the gather above copied the N × d table at every step.
+        # the change: XLA updates it in place, where setting the rows read above copied the
+        # N × d table at every step.
         first = first_occurrences(idx)
         change = jnp.where(first[:, None], delta, 0.0)
         total = state.total + change.sum(0)
