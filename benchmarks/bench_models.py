@@ -15,6 +15,7 @@ cached) this benchmark shares.
     python benchmarks/bench_models.py --batch 2          # the second batch (_unseen_models2)
     python benchmarks/bench_models.py --batch 3          # the third batch (_unseen_models3)
     python benchmarks/bench_models.py --batch 4          # the fourth batch (_unseen_models4)
+    python benchmarks/bench_models.py --batch 5          # the fifth batch (_unseen_models5)
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import _unseen_models  # noqa: E402
 import _unseen_models2  # noqa: E402
 import _unseen_models3  # noqa: E402
 import _unseen_models4  # noqa: E402
+import _unseen_models5  # noqa: E402
 import bench_hierarchical  # noqa: E402
 
 BATCHES = {1: _unseen_models.suite, 2: _unseen_models2.suite, 3: _unseen_models3.suite,
-           4: _unseen_models4.suite}
+           4: _unseen_models4.suite, 5: _unseen_models5.suite}
 
 
 def main(argv=None) -> int:

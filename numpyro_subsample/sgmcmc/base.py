@@ -436,7 +436,13 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
                 form = None
                 pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
         else:
-            pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
+            try:
+                pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
+            except NonFiniteNoiseError:  # the model as written; its non-centred form, if any
+                fallback = self._noncentred_fallback(data, sig)
+                if fallback is None:
+                    raise
+                return fallback
         potential = (None if sig in self._centred_kept
                      else centring.centred_potential(self, pre, data, form))
         if potential is None:
@@ -456,6 +462,39 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         if potential is not None:
             self._potentials[sig] = potential
         return with_cost_of(partial, dropped), caught
+
+    def _noncentred_fallback(self, data: ModelData, sig) -> tuple[Preprocessed, list] | None:
+        """The preprocessing of the model with its group effects non-centred
+        (:func:`~numpyro_subsample.sgmcmc.centring.noncentred_potential`), or partially
+        centred at the weights of that form's proxy
+        (:func:`~numpyro_subsample.sgmcmc.centring.weights_from_noncentred`) where its measured
+        step is not smaller (:func:`~numpyro_subsample.sgmcmc.centring.centring_pays`), and its
+        warnings, for a model written centred whose own preprocessing raised a
+        :class:`~numpyro_subsample.estimators.noise.NonFiniteNoiseError`; None where the model
+        has no such form or that form fails too."""
+        potential = centring.noncentred_potential(self, self.potential_for(data), data)
+        if potential is None:
+            return None
+        try:
+            pre, caught = _recorded(lambda: self._preprocess(potential, data))
+        except (LaplaceFitError, NonFiniteNoiseError):
+            return None
+        dropped = []
+        weights = centring.weights_from_noncentred(pre)
+        if weights:  # partially centred at the weights its proxy gives, if that pays
+            partial = centring.partially_centred_potential(self, weights, data)
+            try:
+                partial_pre, partial_caught = _recorded(lambda: self._preprocess(partial, data))
+            except (LaplaceFitError, NonFiniteNoiseError):
+                partial_pre = None
+            if partial_pre is not None and centring.centring_pays(pre, partial_pre):
+                dropped, pre, caught = [pre], partial_pre, partial_caught
+                potential = partial
+            elif partial_pre is not None:
+                dropped = [partial_pre]
+        self._potentials[sig] = potential
+        self._centred_kept.discard(sig)
+        return with_cost_of(pre, dropped), caught
 
     def _preprocess_hand_form(self, data: ModelData, sig) -> tuple[Preprocessed | None, list]:
         """The preprocessing of the centred form of group effects written non-centred by hand

@@ -62,9 +62,16 @@ from numpyro_subsample.proxies.structured import StructuredProxy
 __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centred_form",
            "centred_potential", "centres", "centring_pays", "centring_weights", "has_group_scales",
            "hand_centred", "hand_forms",
-           "hand_noncentred_remedy", "hand_noncentred_sites", "partially_centred",
-           "weights_from", "written_form"]
+           "hand_noncentred_remedy", "hand_noncentred_sites", "noncentred_potential",
+           "partially_centred", "partially_centred_potential", "weights_from",
+           "weights_from_noncentred", "written_form"]
 
+#: The site a partially centred group effect ``a`` is sampled as (``a`` is then deterministic).
+NOISE_SUFFIX = "_partially_centred"
+#: Weights from a non-centred proxy all below this leave the group effects non-centred (a
+#: third preprocessing for a form this close to the second is not spent; a threshold, not a
+#: measured optimum).
+NONCENTRED_ENOUGH = 0.2
 #: Sites whose weights are all at least this are left centred (reparameterising them would
 #: change nothing measurable).
 CENTRED_ENOUGH = 0.99
@@ -168,7 +175,7 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
             tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
         found.extend(
             name for name, site, normal in _normals_outside(tr, potential.plate.name)
-            if not name.endswith("_partially_centred")  # the kernels' own
+            if not name.endswith(NOISE_SUFFIX)  # the kernels' own
             and site["cond_indep_stack"] and np.size(site["value"]) >= 2
             and (name.endswith("_decentered")  # a LocScaleReparam inside the body
                  or _all_equal(normal.loc, 0.0) and _all_equal(normal.scale, 1.0)))
@@ -509,7 +516,7 @@ class PartialCentring(LocScaleReparam):
         c = jnp.asarray(self.centered)
         noise_fn = self._wrap(type(base)(loc=base.loc * c, scale=base.scale ** c),
                               expand_shape, event_dim)
-        noise = numpyro.sample(f"{name}_partially_centred", noise_fn)
+        noise = numpyro.sample(f"{name}{NOISE_SUFFIX}", noise_fn)
         value = base.loc + base.scale ** (1 - c) * (noise - c * base.loc)
         if self.written is not None:
             w = jnp.asarray(self.written)
@@ -663,6 +670,57 @@ def centring_pays(centred, partial) -> bool:
     """
     measured = (np.isfinite(centred.noise_free_step) and np.isfinite(partial.noise_free_step))
     return not (measured and partial.step_size * CENTRED_STEP_RATIO < centred.step_size)
+
+
+def noncentred_potential(kernel, potential: Potential, data: ModelData) -> Potential | None:
+    """The potential of the user's model with each group effect whose scale is latent
+    non-centred (weight c = 0, :func:`partially_centred`): the form a kernel falls back to
+    where the model as written cannot be preprocessed (a joint mode in the neck of the group
+    scale's funnel, which a scale prior that vanishes at 0, such as a LogNormal, keeps finite,
+    and whose proxy's draws overflow). None where centring is off, the model is
+    reparameterised or has local latent sites, or no Normal site has a latent scale."""
+    if (not centres(kernel) or potential.plate_latent_sites
+            or potential.model is not kernel.user_model
+            or _reparameterised(kernel.user_model)):
+        return None
+    model_args, model_kwargs = data.args_kwargs()
+    scales = _site_scales(potential.model, potential, potential.plate.name)
+    sites = _latent_scale_sites(scales, potential.init_theta, model_args, dict(model_kwargs))
+    if not sites:
+        return None
+    values = potential.unravel(potential.init_theta)
+    return partially_centred_potential(
+        kernel, {name: np.zeros(np.shape(values[name])) for name in sorted(sites)}, data)
+
+
+def partially_centred_potential(kernel, weights: dict[str, np.ndarray],
+                                data: ModelData) -> Potential:
+    """The potential of the kernel's model partially centred at ``weights``
+    (:func:`partially_centred`)."""
+    return build_potential(partially_centred(kernel.user_model, weights), data,
+                           preprocess_keys(kernel.seed)[0])
+
+
+def weights_from_noncentred(pre) -> dict[str, np.ndarray]:
+    """Partial-centring weights from the dense Gaussian proxy of a model whose group effects
+    are sampled non-centred (:func:`noncentred_potential`): c_j = 1 − Var(z_j | rest), the
+    proxy's conditional variance of the standardised effect z_j = (a_j − m)/s, which is
+    1 − Var(a_j | rest)/s² of :func:`weights_from` at a given scale s (Gorinova, Moore and
+    Hoffman 2020, Sect. 3). Empty without a dense proxy or where every weight is below
+    ``NONCENTRED_ENOUGH``."""
+    proxy, potential = pre.proxy, pre.potential
+    cov = None if proxy is None else getattr(proxy, "cov", None)
+    if cov is None or isinstance(proxy, StructuredProxy):
+        return {}
+    cov = np.asarray(cov, np.float64)
+    conditional = 1.0 / np.diag(np.linalg.inv(0.5 * (cov + cov.T)))
+    index = potential.unravel(jnp.arange(cov.shape[0]).astype(potential.init_theta.dtype))
+    weights = {}
+    for name, idx in index.items():
+        if name.endswith(NOISE_SUFFIX):
+            c = np.clip(1.0 - conditional[np.asarray(idx).astype(int)], 0.0, 1.0)
+            weights[name.removesuffix(NOISE_SUFFIX)] = c
+    return weights if any(np.any(c >= NONCENTRED_ENOUGH) for c in weights.values()) else {}
 
 
 def centred_potential(kernel, pre, data: ModelData,
