@@ -184,8 +184,9 @@ def test_progress_bar_and_init_params(small):
 
 
 def test_first_step_evaluates_the_gradient_at_the_start_without_moving(small):
-    """The initial state holds no gradient: step 1 evaluates it at init_params (the first
-    draw with num_warmup=0, one subsample spent) and step 2 moves."""
+    """The initial state holds no gradient: the first draw evaluates it at init_params (with
+    num_warmup=0; each of its k steps per draw spends a subsample without moving) and the
+    second draw moves."""
     X, y = small
     kernel = SGLD(logistic_hier_model, progress_bar=False)
     init = {"beta": jnp.asarray([0.3, -0.2, 0.1]), "tau": jnp.asarray(0.0)}
@@ -195,8 +196,8 @@ def test_first_step_evaluates_the_gradient_at_the_start_without_moving(small):
     np.testing.assert_allclose(beta[0], init["beta"], rtol=1e-6)
     assert not np.allclose(beta[1], beta[0])
     passes = np.asarray(mcmc.get_extra_fields()["data_passes"], np.float64)
-    n = kernel.potential.plate.subsample_size
-    np.testing.assert_allclose(passes[0], kernel.preprocessed.data_passes + n / X.shape[0],
+    n, k = kernel.potential.plate.subsample_size, kernel.steps_per_draw
+    np.testing.assert_allclose(passes[0], kernel.preprocessed.data_passes + k * n / X.shape[0],
                                rtol=1e-5)
 
 
