@@ -17,7 +17,7 @@ import numpyro
 import numpyro.distributions as dist
 from _unseen_models import problems_from
 from _unseen_models2 import _rows
-from numpyro.infer.reparam import LocScaleReparam
+from _unseen_models4 import _noncentred
 
 
 def bugs_precision_data(groups=60, seed=501):
@@ -86,11 +86,6 @@ def truncnormal_poisson_slopes(g, x, y=None, groups=50, subsample_size=500):
     with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
         numpyro.sample("y", dist.Poisson(jnp.exp(a[g[i]] + b[g[i]] * x[i])),
                        obs=None if y is None else y[i])
-
-
-def _noncentred(model, *sites):
-    """The same posterior with ``sites`` non-centred: the NUTS reference's model."""
-    return numpyro.handlers.reparam(model, config={s: LocScaleReparam(0) for s in sites})
 
 
 #: name: (model, data generator, compared sites, the model NUTS runs where it differs)

@@ -17,7 +17,7 @@ import numpyro
 import numpyro.distributions as dist
 from _unseen_models import problems_from
 from _unseen_models2 import _rows
-from numpyro.infer.reparam import LocScaleReparam
+from _unseen_models4 import _noncentred
 
 
 def gamma_poisson_data(groups=120, seed=601):
@@ -87,11 +87,6 @@ def invgamma_scale_logit(g, x, y=None, groups=100, subsample_size=500):
     with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
         numpyro.sample("y", dist.Bernoulli(logits=a[g[i]] + b * x[i]),
                        obs=None if y is None else y[i])
-
-
-def _noncentred(model, *sites):
-    """The same posterior with ``sites`` non-centred: the NUTS reference's model."""
-    return numpyro.handlers.reparam(model, config={s: LocScaleReparam(0) for s in sites})
 
 
 #: name: (model, data generator, compared sites, the model NUTS runs where it differs)
