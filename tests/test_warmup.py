@@ -388,3 +388,85 @@ def test_default_kernels_leave_a_collapsed_variational_start_of_a_radon_model(
         sd = r.std(0)
         assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.15, site
         assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.15, site
+
+
+def test_a_laplace_fit_stopped_far_from_its_mode_hands_the_start_to_the_variational_fit():
+    """A Laplace fit that stopped more than MAX_START_DECREMENT proxy sds from the mode of its
+    local quadratic (Adam ran into a funnel's neck) does not start the pilot: the variational
+    fit does, with both fits' passes; a fit that stopped near its mode does; where the
+    variational fit fails too, the unconverged Laplace fit is the start."""
+    g, y = grouped_data()
+    _, pot, data = _potential(noncentred, g, y)
+    base = warmup.safe_start(pot, data, chunk_size=256, reason="")
+    far = base._replace(kind="laplace", num_data_passes=3.0,
+                        info={"converged": False, "newton_decrement": 8.8})
+    near = far._replace(info={"converged": False, "newton_decrement": 0.5})
+    variational = base._replace(kind="variational", num_data_passes=5.0,
+                                info={"converged": True})
+
+    def fits(laplace, variational_fails=False):
+        def fit(kind):
+            if kind == "variational" and variational_fails:
+                raise np.linalg.LinAlgError("not positive definite")
+            return laplace if kind == "laplace" else variational
+        return fit
+
+    start = warmup.start_proxy(fits(far), "laplace", pot, data, chunk_size=256)
+    assert start.kind == "variational" and start.num_data_passes == 8.0
+    assert start.info["fallback_from"][0].startswith("laplace: stopped 8.8 proxy sds")
+    assert warmup.start_proxy(fits(near), "laplace", pot, data, chunk_size=256).kind == "laplace"
+    kept = warmup.start_proxy(fits(far, True), "laplace", pot, data, chunk_size=256)
+    assert kept.kind == "laplace" and kept.info["newton_decrement"] == 8.8
+
+
+def _rat_data(groups=70, seed=701):
+    """Bernoulli rows of 70 groups of 3 to 2000 rows (benchmarks/_unseen_models7.py)."""
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(np.round(rng.lognormal(3.5, 1.3, groups)), 3, 2000).astype(int)
+    g = np.repeat(np.arange(groups), sizes)
+    rng.shuffle(g)
+    theta = rng.beta(2.5, 14.0, groups)
+    y = rng.uniform(size=g.size) < theta[g]
+    return jnp.asarray(g, jnp.int32), jnp.asarray(y, jnp.float32)
+
+
+def rat_tumours(g, y=None, groups=70, subsample_size=500):
+    phi = numpyro.sample("phi", dist.Beta(1.0, 1.0))
+    kappa = numpyro.sample("kappa", dist.Pareto(1.0, 1.5))
+    with numpyro.plate("groups", groups):
+        theta = numpyro.sample("theta", dist.Beta(phi * kappa, (1.0 - phi) * kappa))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+        numpyro.sample("y", dist.Bernoulli(probs=theta[g[i]]), obs=None if y is None else y[i])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["SGLD", "SGHMC"])
+def test_a_beta_hierarchy_whose_laplace_fit_runs_into_the_funnel_is_right_by_default(kernel):
+    """Gelman's rat-tumour model (BDA3 Sect. 5.3): group rates Beta(φκ, (1 − φ)κ), a Pareto
+    prior on κ. Its joint density grows without bound as κ → ∞ with every rate at φ, so Adam
+    runs into that neck and Newton stops there, 8 sds from its quadratic's mode; pilot chains
+    started there stayed in the neck (κ ≈ 10^7, ESS 9). By default the pilot starts from the
+    variational fit: every site within 0.15 sd in mean and log-sd of long NUTS, no warning."""
+    from numpyro.infer import MCMC as NumPyroMCMC
+    from numpyro.infer import NUTS
+
+    from numpyro_subsample import MCMC, SGHMC
+
+    g, y = _rat_data()
+    nuts = NumPyroMCMC(NUTS(rat_tumours), num_warmup=1000, num_samples=10_000,
+                       progress_bar=False)
+    nuts.run(jax.random.PRNGKey(1), g, y, subsample_size=g.shape[0])
+    ref = nuts.get_samples()
+    cls = {"SGLD": SGLD, "SGHMC": SGHMC}[kernel]
+    mcmc = MCMC(cls(rat_tumours, progress_bar=False), num_warmup=1000, num_samples=10_000,
+                num_chains=4, chain_method="vectorized", progress_bar=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.PRNGKey(0), g, y)
+    assert [str(w.message) for w in caught] == []
+    draws = mcmc.get_samples()
+    for site in ("phi", "kappa", "theta"):
+        r, d = np.asarray(ref[site]), np.asarray(draws[site])
+        sd = r.std(0)
+        assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.15, site
+        assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.15, site

@@ -62,6 +62,7 @@ from numpyro_subsample.core.structure import (
     _prototype_trace,
     _validate_sites,
     jittered_start,
+    with_improper_values,
 )
 from numpyro_subsample.core.terms import (
     LocalSite,
@@ -283,6 +284,7 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     """
     check_data_finite(data)
     tr, init_values = _prototype_trace(model, data, rng_key)
+    model = with_improper_values(model, tr)
     plate = _find_data_plate(tr)
     latent, plate_det, enumerated, local_names = _validate_sites(tr, plate)
     dims = enumeration_dims(tr, enumerated)

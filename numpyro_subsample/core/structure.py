@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
-from numpyro.distributions import biject_to
+from numpyro.distributions import ImproperUniform, biject_to
 
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.enumeration import check_enumerable
@@ -23,7 +23,7 @@ from numpyro_subsample.core.plates import (
 )
 from numpyro_subsample.core.rng import host_generator
 
-__all__ = ["INIT_JITTER", "jittered_start"]
+__all__ = ["INIT_JITTER", "as_given", "jittered_start", "with_improper_values"]
 
 
 #: Standard deviation of the jitter added to the prior mean in unconstrained coordinates to
@@ -62,6 +62,45 @@ def _init_to_mean(site=None):
     except (NotImplementedError, ValueError, TypeError, AttributeError):
         return feasible
     return jnp.where(jnp.isfinite(mean), mean, feasible).astype(feasible.dtype)
+
+
+def _improper(fn) -> bool:
+    """Whether ``fn`` is an improper prior (NumPyro's ``ImproperUniform``, possibly expanded,
+    made independent, masked or transformed), which has a density but no ``sample``."""
+    while hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    return isinstance(fn, ImproperUniform)
+
+
+def _improper_value(site):
+    """``substitute_fn``: the point of an improper prior's support at 0 in unconstrained
+    coordinates, for its latent sites only (None, no substitution, for every other site)."""
+    if (site["type"] != "sample" or site["is_observed"] or site["value"] is not None
+            or not _improper(site["fn"])):
+        return None
+    fn = site["fn"]
+    transform = biject_to(fn.support)
+    shape = tuple(site["kwargs"].get("sample_shape") or ()) + fn.shape()
+    return transform(jnp.zeros(transform.inverse_shape(shape)))
+
+
+def with_improper_values(model, trace: dict):
+    """``model`` with a feasible value in every latent site of an improper prior
+    (``dist.ImproperUniform``) where its ``trace`` has one (else ``model`` itself), so that
+    the traces that read the model's structure, which draw the other latent sites from their
+    priors, run; a value substituted from outside (the sampled θ) takes precedence, as
+    NumPyro's ``init_to_uniform`` does for such sites."""
+    if not any(site["type"] == "sample" and not site["is_observed"] and _improper(site["fn"])
+               for site in trace.values()):
+        return model
+    return handlers.substitute(model, substitute_fn=_improper_value)
+
+
+def as_given(model):
+    """The model given to :func:`with_improper_values` (``model`` itself if not wrapped)."""
+    if isinstance(model, handlers.substitute) and model.substitute_fn is _improper_value:
+        return model.fn
+    return model
 
 
 def _prototype_trace(model, data: ModelData, rng_key) -> tuple[dict, dict]:

@@ -28,7 +28,7 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import check_options, keyword_params
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import LocalConfig
-from numpyro_subsample.estimators.noise import NonFiniteNoiseError
+from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning, NonFiniteNoiseError
 from numpyro_subsample.estimators.registry import (
     STATEFUL,
     check_estimator_request,
@@ -82,6 +82,13 @@ def _recorded(fn: Callable[[], Any]) -> tuple[Any, list]:
         warnings.simplefilter("always")
         out = fn()
     return out, list(caught)
+
+
+def _not_about_its_step(caught: list) -> list:
+    """The warnings of a form of the model that is not sampled, without those about its own
+    step (:class:`~numpyro_subsample.estimators.noise.NoiseLimitedStepWarning`): they do not
+    hold for the form sampled."""
+    return [w for w in caught if not issubclass(w.category, NoiseLimitedStepWarning)]
 
 
 class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKernel):
@@ -450,7 +457,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         dropped = [pre]  # preprocess again, on the partially centred model
         partial, partial_caught = _recorded(lambda: self._preprocess(potential, data))
         if centring.centring_pays(pre, partial):  # the weights' warnings stand too
-            caught = [*caught, *partial_caught]
+            caught = [*_not_about_its_step(caught), *partial_caught]
         else:  # the centred form's step is better
             self._centred_kept.add(sig)
             potential = centring.centred_potential(self, pre, data, form, centred=True)

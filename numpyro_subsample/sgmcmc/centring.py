@@ -56,6 +56,7 @@ from numpyro.primitives import Messenger
 from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential, build_potential
+from numpyro_subsample.core.structure import as_given
 from numpyro_subsample.proxies.covariance import diag_precision, scale_matvec
 from numpyro_subsample.proxies.structured import StructuredProxy
 
@@ -680,7 +681,7 @@ def noncentred_potential(kernel, potential: Potential, data: ModelData) -> Poten
     and whose proxy's draws overflow). None where centring is off, the model is
     reparameterised or has local latent sites, or no Normal site has a latent scale."""
     if (not centres(kernel) or potential.plate_latent_sites
-            or potential.model is not kernel.user_model
+            or as_given(potential.model) is not kernel.user_model
             or _reparameterised(kernel.user_model)):
         return None
     model_args, model_kwargs = data.args_kwargs()
@@ -741,7 +742,7 @@ def centred_potential(kernel, pre, data: ModelData,
     potential, proxy = pre.potential, pre.proxy
     if not centres(kernel) or potential.plate_latent_sites or (centred and form is None):
         return None
-    if form is None and (potential.model is not kernel.user_model
+    if form is None and (as_given(potential.model) is not kernel.user_model
                          or _reparameterised(kernel.user_model)):
         return None
     gaussian = (proxy is not None

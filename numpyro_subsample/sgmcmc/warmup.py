@@ -68,6 +68,7 @@ from numpyro_subsample.sgmcmc.pilot_structured import structured_pilot_proxy
 __all__ = [
     "DEFAULT_WINDOWS",
     "MAX_PILOT_PASSES",
+    "MAX_START_DECREMENT",
     "PILOT_CHAINS",
     "ProxyAdaptationWarning",
     "adapt_proxy",
@@ -99,6 +100,11 @@ MIN_WINDOW = 50
 MIN_PILOT_ROWS = 2_000_000
 #: Pilot draws of the last window at which the whitened curvature is measured.
 CURVATURE_POINTS = 16
+#: A Laplace fit that stopped with a Newton decrement above this many proxy sds (the distance
+#: to the mode of its local quadratic) is not a start: Adam ran into a funnel's neck, where
+#: the quadratic is poor and Newton's line search finds no way out, and pilot chains started
+#: there adapt the proxy to the neck. The pilot starts from the variational fit instead.
+MAX_START_DECREMENT = 1.0
 
 
 class PilotWindow(NamedTuple):
@@ -172,10 +178,11 @@ def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
     """The pilot's first proxy: ``fit(spec)`` (the kernel's proxy fit), its warnings kept in
     ``info["warnings"]`` instead of raised (the adapted proxy replaces it). Where the Laplace
     fit has no positive definite Hessian (:class:`~numpyro_subsample.proxies.laplace.
-    LaplaceFitError`: the degenerate joint mode of a centred hierarchical model, a saddle), the
-    start is ``fit("variational")`` (not with a local site integrated out of the terms), and
-    :func:`safe_start` if that fails too."""
-    tried = []
+    LaplaceFitError`: the degenerate joint mode of a centred hierarchical model, a saddle) or
+    whose fit stopped more than :data:`MAX_START_DECREMENT` proxy sds from its quadratic's mode,
+    the start is ``fit("variational")`` (not with a local site integrated out of the terms);
+    where that fails too, the unconverged Laplace fit, else :func:`safe_start`."""
+    tried, unconverged = [], None
     fallback = spec == "laplace" and not potential.integrated
     for kind in ([spec, "variational"] if fallback else [spec]):
         with warnings.catch_warnings(record=True) as caught:
@@ -191,8 +198,21 @@ def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
         found = [str(w.message) for w in caught if issubclass(w.category, ProxyFitWarning)]
         info = dict(proxy.info or {})
         info["warnings"] = found
-        info["fallback_from"] = tried
-        return proxy._replace(info=info)
+        info["fallback_from"] = list(tried)
+        proxy = proxy._replace(info=info)
+        decrement = float(info.get("newton_decrement") or 0.0)
+        if (fallback and kind == "laplace" and info.get("converged") is False
+                and decrement > MAX_START_DECREMENT):
+            tried.append(f"laplace: stopped {decrement:.3g} proxy sds from its quadratic's "
+                         "mode")
+            unconverged = proxy
+            continue
+        if unconverged is not None:  # the Laplace fit's passes were spent too
+            proxy = proxy._replace(num_data_passes=proxy.num_data_passes
+                                   + unconverged.num_data_passes)
+        return proxy
+    if unconverged is not None:
+        return unconverged
     return safe_start(potential, data, chunk_size=chunk_size, reason="; ".join(tried))
 
 
