@@ -683,7 +683,7 @@ def test_a_centred_model_whose_proxy_overflows_falls_back_to_its_partially_centr
     its proxy's draws overflow and the kernel raises NonFiniteNoiseError on the model as
     written. By default the kernel then preprocesses the non-centred form instead, then the
     form partially centred at that form's proxy's weights (kept: its step is not smaller),
-    silently, and costs both forms it dropped."""
+    silently, and costs the forms it dropped, the one that raised included."""
     import warnings
 
     from numpyro_subsample.estimators.noise import NonFiniteNoiseError
@@ -693,9 +693,10 @@ def test_a_centred_model_whose_proxy_overflows_falls_back_to_its_partially_centr
 
     as_written = SGLD(lognormal_scale_logit, progress_bar=False,
                       adaptation=AdaptationOptions(centring=False))
-    with pytest.raises(NonFiniteNoiseError), warnings.catch_warnings():
+    with pytest.raises(NonFiniteNoiseError) as raised, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the pilot's failed window
         as_written.preprocess(lognormal_data)
+    assert raised.value.passes > 0  # the fit's and the pilot's
     kernel = SGLD(lognormal_scale_logit, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -705,7 +706,7 @@ def test_a_centred_model_whose_proxy_overflows_falls_back_to_its_partially_centr
     sites = pre.potential.unravel(pre.potential.init_theta)
     assert "a_partially_centred" in sites and "a" not in sites
     costs = dict(pre.cost)
-    assert costs["other forms of the model"] > 0
+    assert costs["other forms of the model"] > raised.value.passes  # and the one that raised
     assert np.isfinite(kernel.step_size) and kernel.step_size > 0.01
 
 
@@ -738,3 +739,20 @@ def test_a_centred_model_whose_proxy_overflows_is_right_by_default(lognormal_dat
         sd = r.std(0)
         assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.15, site
         assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.15, site
+
+
+def test_a_dropped_forms_step_warning_is_not_raised_with_the_run():
+    """Where the kernel samples the partially centred form, the warnings of the form as written
+    stand (they concern the proxy its weights come from) except those about that form's own
+    step, which does not hold for the form sampled."""
+    import warnings
+
+    from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning
+    from numpyro_subsample.proxies.base import ProxyFitWarning
+    from numpyro_subsample.sgmcmc.base import _not_about_its_step
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("step limited", NoiseLimitedStepWarning, stacklevel=1)
+        warnings.warn("fit far", ProxyFitWarning, stacklevel=1)
+    assert [str(w.message) for w in _not_about_its_step(caught)] == ["fit far"]

@@ -131,7 +131,12 @@ def _projections(cov: np.ndarray, basis: np.ndarray) -> np.ndarray:
 
 
 class NonFiniteNoiseError(ValueError):
-    """The gradient estimator was not finite at any proxy draw where its noise was measured."""
+    """The gradient estimator was not finite at any proxy draw where its noise was measured;
+    ``passes``: the data passes its preprocessing had spent."""
+
+    def __init__(self, message: str, passes: float = 0.0) -> None:
+        super().__init__(message)
+        self.passes = float(passes)
 
 
 def _non_finite_error(count: int) -> NonFiniteNoiseError:

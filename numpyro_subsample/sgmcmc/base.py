@@ -63,12 +63,14 @@ from numpyro_subsample.sgmcmc.stepsize import sgld_step_size
 __all__ = ["SGMCMCKernel"]
 
 
-def with_cost_of(pre: Preprocessed, others: list[Preprocessed]) -> Preprocessed:
+def with_cost_of(pre: Preprocessed, others: list[Preprocessed],
+                 failed: float = 0.0) -> Preprocessed:
     """``pre`` with the data passes and seconds of the preprocessings ``others`` (of other
-    forms of the model, run to choose ``pre``'s) added to its own."""
-    if not others:
+    forms of the model, run to choose ``pre``'s) and the passes ``failed`` of those that
+    raised added to its own."""
+    if not others and not failed:
         return pre
-    spent = sum(float(o.data_passes) for o in others)
+    spent = sum(float(o.data_passes) for o in others) + float(failed)
     passes = pre.data_passes + spent
     params = pre.params._replace(data_passes=device_array(passes, pre.params.data_passes.dtype))
     return pre._replace(data_passes=passes, params=params,
@@ -445,8 +447,8 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         else:
             try:
                 pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
-            except NonFiniteNoiseError:  # the model as written; its non-centred form, if any
-                fallback = self._noncentred_fallback(data, sig)
+            except NonFiniteNoiseError as err:  # the model as written; its non-centred form
+                fallback = self._noncentred_fallback(data, sig, failed=err.passes)
                 if fallback is None:
                     raise
                 return fallback
@@ -470,15 +472,17 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
             self._potentials[sig] = potential
         return with_cost_of(partial, dropped), caught
 
-    def _noncentred_fallback(self, data: ModelData, sig) -> tuple[Preprocessed, list] | None:
+    def _noncentred_fallback(self, data: ModelData, sig,
+                             failed: float) -> tuple[Preprocessed, list] | None:
         """The preprocessing of the model with its group effects non-centred
         (:func:`~numpyro_subsample.sgmcmc.centring.noncentred_potential`), or partially
         centred at the weights of that form's proxy
         (:func:`~numpyro_subsample.sgmcmc.centring.weights_from_noncentred`) where its measured
         step is not smaller (:func:`~numpyro_subsample.sgmcmc.centring.centring_pays`), and its
         warnings, for a model written centred whose own preprocessing raised a
-        :class:`~numpyro_subsample.estimators.noise.NonFiniteNoiseError`; None where the model
-        has no such form or that form fails too."""
+        :class:`~numpyro_subsample.estimators.noise.NonFiniteNoiseError` after ``failed`` data
+        passes (counted with the forms dropped); None where the model has no such form or that
+        form fails too."""
         potential = centring.noncentred_potential(self, self.potential_for(data), data)
         if potential is None:
             return None
@@ -492,8 +496,10 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
             partial = centring.partially_centred_potential(self, weights, data)
             try:
                 partial_pre, partial_caught = _recorded(lambda: self._preprocess(partial, data))
-            except (LaplaceFitError, NonFiniteNoiseError):
+            except LaplaceFitError:
                 partial_pre = None
+            except NonFiniteNoiseError as err:
+                partial_pre, failed = None, failed + err.passes
             if partial_pre is not None and centring.centring_pays(pre, partial_pre):
                 dropped, pre, caught = [pre], partial_pre, partial_caught
                 potential = partial
@@ -501,7 +507,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
                 dropped = [partial_pre]
         self._potentials[sig] = potential
         self._centred_kept.discard(sig)
-        return with_cost_of(pre, dropped), caught
+        return with_cost_of(pre, dropped, failed), caught
 
     def _preprocess_hand_form(self, data: ModelData, sig) -> tuple[Preprocessed | None, list]:
         """The preprocessing of the centred form of group effects written non-centred by hand

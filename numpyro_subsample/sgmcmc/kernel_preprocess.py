@@ -22,6 +22,7 @@ from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.quadrature import check_quadrature, integrable_site, integrate_local
 from numpyro_subsample.estimators.local_start import local_estimator_choice
+from numpyro_subsample.estimators.noise import NonFiniteNoiseError
 from numpyro_subsample.estimators.registry import (
     NEEDS_PROXY,
     check_estimator_request,
@@ -182,8 +183,11 @@ class SGMCMCPreprocessing:
             curvature, passes = measured_curvature(wh.proxy, potential, data,
                                                    chunk_size=self.chunk_size)
             wh = wh._replace(data_passes=wh.data_passes + passes)
-        pre = self._measured(potential, data, wh, estimator, k_noise, corrected=corrected,
-                             curvature=curvature, started=t0)
+        try:
+            pre = self._measured(potential, data, wh, estimator, k_noise, corrected=corrected,
+                                 curvature=curvature, started=t0)
+        except NonFiniteNoiseError as err:  # with the passes spent before it
+            raise NonFiniteNoiseError(str(err), passes=wh.data_passes + err.passes) from None
         if adapted_structured(wh.proxy):
             pre, curvature = self._mean_field_choice(pre, wh, curvature, potential, data,
                                                      k_est, k_noise, t0)
