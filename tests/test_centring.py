@@ -756,3 +756,47 @@ def test_a_dropped_forms_step_warning_is_not_raised_with_the_run():
         warnings.warn("step limited", NoiseLimitedStepWarning, stacklevel=1)
         warnings.warn("fit far", ProxyFitWarning, stacklevel=1)
     assert [str(w.message) for w in _not_about_its_step(caught)] == ["fit far"]
+
+
+def _frailty(g, t, event, groups=8, subsample_size=50):
+    v = numpyro.sample("v", dist.HalfNormal(1.0))
+    rates = numpyro.sample("rates", dist.Beta(2.0, 2.0).expand([groups]).to_event(1))
+    with numpyro.plate("groups", groups):
+        w = numpyro.sample("w", dist.Gamma(1.0 / v, 1.0 / v))
+        u = numpyro.sample("u", dist.Normal(0.0, v))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+        log_rate = jnp.log(w[g[i]] * rates[g[i]]) + u[g[i]]
+        numpyro.factor("lik", event[i] * log_rate - jnp.exp(log_rate) * t[i])
+
+
+def test_group_effects_of_another_family_are_named_in_the_advice(data):
+    """A Gamma frailty w with a latent shape is a hierarchy that partial centring cannot see:
+    the run checks' advice names it (and not the Normal effects u, which the kernels centre
+    partially, nor the Beta rates of fixed parameters); a model of Normal group effects gets
+    no advice to rewrite them."""
+    from types import SimpleNamespace
+
+    from numpyro_subsample.core.data import ModelData
+    from numpyro_subsample.post.check_messages import _mixing_remedy
+    from numpyro_subsample.sgmcmc.centring import other_family_group_sites
+
+    rng = np.random.default_rng(0)
+    g = jnp.asarray(rng.integers(0, 8, 400), jnp.int32)
+    t = jnp.asarray(rng.exponential(1.0, 400), jnp.float32)
+    event = jnp.asarray(rng.uniform(size=400) < 0.7, jnp.float32)
+    md = ModelData.from_args((g, t, event), {})
+    kernel = SGLD(_frailty, progress_bar=False)
+    assert other_family_group_sites(kernel.potential_for(md), md) == ("w",)
+    normal = SGLD(grouped_normal, progress_bar=False)
+    gd = ModelData.from_args(data[:2], {})
+    assert other_family_group_sites(normal.potential_for(gd), gd) == ()
+
+    class Run:  # what the advice reads of a run: its kernel after preprocessing
+        def __init__(self, kernel, md):
+            self.sampler = kernel
+            kernel._pre = SimpleNamespace(potential=kernel.potential_for(md),
+                                          proxy=SimpleNamespace(kind="adapted"))
+            kernel._pre_data = md
+
+    assert "group effects w, whose prior is not a Normal" in _mixing_remedy(Run(kernel, md))
+    assert "prior is not a Normal" not in _mixing_remedy(Run(normal, gd))

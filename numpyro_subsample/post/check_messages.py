@@ -10,7 +10,11 @@ from typing import Any
 import numpy as np
 
 from numpyro_subsample.core.sites import coordinate_names
-from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
+from numpyro_subsample.sgmcmc.centring import (
+    hand_noncentred_remedy,
+    hand_noncentred_sites,
+    other_family_group_sites,
+)
 
 __all__ = ["chain_failures", "ess_message", "kernel_probe", "probe_message",
            "structural_constants"]
@@ -75,6 +79,16 @@ def _hand_noncentred(kernel) -> tuple[str, ...]:
     return hand_noncentred_sites(potential, data)
 
 
+def _other_family_groups(kernel) -> tuple[str, ...]:
+    """:func:`~numpyro_subsample.sgmcmc.centring.other_family_group_sites` of the kernel's
+    model and data, () for kernels without them."""
+    potential, data = getattr(kernel, "_pre", None), getattr(kernel, "_pre_data", None)
+    potential = getattr(potential, "potential", None)
+    if potential is None or data is None:
+        return ()
+    return other_family_group_sites(potential, data)
+
+
 def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     """What to try when a run has not mixed, for the kernel at hand; ``factor``: the ratio of
     the ESS needed to the ESS reached (the ESS grows about linearly with the steps)."""
@@ -100,10 +114,13 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
     if hand:  # the remedy that changes most: first
         tips.insert(0, hand_noncentred_remedy(hand))
     elif kind == "adapted":
-        tips.append("write hierarchical group effects as a ~ Normal(m, s), centred or "
-                    "non-centred with reparam(model, {'a': LocScaleReparam(0)}) outside the "
-                    "model's body (the kernels then sample them partially centred per group, "
-                    "AdaptationOptions(centring=None); docs/adapted_proxy.md)")
+        others = _other_family_groups(kernel)
+        if others:  # Normal group effects are sampled partially centred already
+            tips.append(
+                f"write the group effects {', '.join(others)}, whose prior is not a Normal, as "
+                "a Normal on an unconstrained scale (e.g. log w ~ Normal(m, s) for a Gamma "
+                "frailty w), centred or non-centred: the kernels sample Normal group effects "
+                "with a latent scale partially centred per group (docs/adapted_proxy.md)")
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
                     "structured proxy that misses correlated directions whitens them poorly")

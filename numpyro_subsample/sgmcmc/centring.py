@@ -64,6 +64,7 @@ __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centre
            "centred_potential", "centres", "centring_pays", "centring_weights", "has_group_scales",
            "hand_centred", "hand_forms",
            "hand_noncentred_remedy", "hand_noncentred_sites", "noncentred_potential",
+           "other_family_group_sites",
            "partially_centred", "partially_centred_potential", "weights_from",
            "weights_from_noncentred", "written_form"]
 
@@ -180,6 +181,40 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
             and site["cond_indep_stack"] and np.size(site["value"]) >= 2
             and (name.endswith("_decentered")  # a LocScaleReparam inside the body
                  or _all_equal(normal.loc, 0.0) and _all_equal(normal.scale, 1.0)))
+        return jnp.zeros(())
+
+    try:
+        jax.make_jaxpr(find)(data)
+    except Exception:  # noqa: BLE001  (a model that cannot be traced on its first rows)
+        return ()
+    return tuple(found)
+
+
+def other_family_group_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
+    """The latent sites of several values in a plate other than the subsample plate whose prior
+    is not a Normal and has a parameter that is not a constant of the model: group effects of
+    another family (Gamma frailties, Beta rates, LogNormal discriminations), which partial
+    centring cannot see. One trace of the model on the plate's first rows (traced, not run);
+    () where the trace fails."""
+    seeded = _on_first_rows(potential.model, potential, potential.plate.name)
+    found = []
+
+    def find(d):
+        args, kwargs = d.args_kwargs()
+        with numpyro.handlers.block():
+            tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
+        for name, site in tr.items():
+            if (site["type"] != "sample" or site["is_observed"] or name not in
+                    potential.latent_sites or not site["cond_indep_stack"]
+                    or any(f.name == potential.plate.name for f in site["cond_indep_stack"])
+                    or np.size(site["value"]) < 2 or _base_normal(site["fn"]) is not None):
+                continue
+            fn = site["fn"]
+            while hasattr(fn, "base_dist") and not isinstance(fn, dist.TransformedDistribution):
+                fn = fn.base_dist
+            params = [getattr(fn, k, None) for k in getattr(fn, "arg_constraints", {})]
+            if any(isinstance(v, jax.core.Tracer) for v in params):
+                found.append(name)
         return jnp.zeros(())
 
     try:
