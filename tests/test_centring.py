@@ -550,6 +550,8 @@ def spline_random_walk(basis, y, by_hand: bool = False):
 
 
 def test_centring_pays_compares_the_measured_steps():
+    from types import SimpleNamespace
+
     from numpyro_subsample.sgmcmc.centring import CENTRED_STEP_RATIO, centring_pays
 
     class Pre(NamedTuple):
@@ -561,6 +563,20 @@ def test_centring_pays_compares_the_measured_steps():
     assert not centring_pays(centred, Pre(0.99 * 0.02 / CENTRED_STEP_RATIO, 0.03))
     # a step the user gave (no rule's step known) is not compared
     assert centring_pays(Pre(0.02, float("nan")), Pre(0.001, float("nan")))
+
+    class Stepped(NamedTuple):
+        step_size: float
+        noise_free_step: float
+        params: SimpleNamespace
+
+    def stepped(h, k):
+        return Stepped(h, 0.1, SimpleNamespace(steps_per_draw=None if k == 1 else k))
+
+    # the steps are within the ratio, but the centred form's chain moves 8 steps per draw and
+    # the partially centred one's 1 (ar-groups of bench_models.py --batch 7)
+    assert not centring_pays(stepped(0.0067, 8), stepped(0.0040, 1))
+    assert centring_pays(stepped(0.0067, 8), stepped(0.0040, 8))
+    assert centring_pays(stepped(0.05, 2), stepped(0.02, 5))
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -798,5 +814,6 @@ def test_group_effects_of_another_family_are_named_in_the_advice(data):
                                           proxy=SimpleNamespace(kind="adapted"))
             kernel._pre_data = md
 
-    assert "group effects w, whose prior is not a Normal" in _mixing_remedy(Run(kernel, md))
-    assert "prior is not a Normal" not in _mixing_remedy(Run(normal, gd))
+    assert "group effects w, whose prior is not a univariate Normal" in _mixing_remedy(
+        Run(kernel, md))
+    assert "prior is not a univariate Normal" not in _mixing_remedy(Run(normal, gd))

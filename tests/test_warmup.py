@@ -470,3 +470,33 @@ def test_a_beta_hierarchy_whose_laplace_fit_runs_into_the_funnel_is_right_by_def
         sd = r.std(0)
         assert np.max(np.abs(d.mean(0) - r.mean(0)) / sd) < 0.15, site
         assert np.max(np.abs(np.log(d.std(0) / sd))) < 0.15, site
+
+
+def test_a_hierarchy_of_another_family_starts_from_the_variational_fit():
+    """Beta group rates around a latent mean and concentration: the start is the variational
+    fit, tried first, and the Laplace fit only where it fails; Normal group effects keep the
+    Laplace fit first."""
+    g, y = _rat_data(groups=12)
+    kernel = SGLD(rat_tumours, progress_bar=False)
+    data = ModelData.from_args((g, y), {"groups": 12})
+    pot = kernel.potential_for(data)
+    base = warmup.safe_start(pot, data, chunk_size=256, reason="")
+    asked = []
+
+    def fit(kind, fail=()):
+        asked.append(kind)
+        if kind in fail:
+            raise LaplaceFitError("refused")
+        return base._replace(kind=kind, info={"converged": True})
+
+    assert warmup.start_proxy(fit, "laplace", pot, data, chunk_size=256).kind == "variational"
+    assert asked == ["variational"]
+    asked.clear()
+    start = warmup.start_proxy(lambda k: fit(k, ("variational",)), "laplace", pot, data,
+                               chunk_size=256)
+    assert start.kind == "laplace" and asked == ["variational", "laplace"]
+    gg, yy = grouped_data()
+    _, npot, ndata = _potential(noncentred, gg, yy)
+    asked.clear()
+    assert warmup.start_proxy(fit, "laplace", npot, ndata, chunk_size=256).kind == "laplace"
+    assert asked == ["laplace"]

@@ -117,10 +117,11 @@ def _mixing_remedy(mcmc, factor: float = float("nan")) -> str:
         others = _other_family_groups(kernel)
         if others:  # Normal group effects are sampled partially centred already
             tips.append(
-                f"write the group effects {', '.join(others)}, whose prior is not a Normal, as "
-                "a Normal on an unconstrained scale (e.g. log w ~ Normal(m, s) for a Gamma "
-                "frailty w), centred or non-centred: the kernels sample Normal group effects "
-                "with a latent scale partially centred per group (docs/adapted_proxy.md)")
+                f"write the group effects {', '.join(others)}, whose prior is not a univariate "
+                "Normal, as a Normal on an unconstrained scale (e.g. log w ~ Normal(m, s) for a "
+                "Gamma frailty w; m + L z with z ~ Normal(0, 1) for a multivariate Normal): the "
+                "kernels sample Normal group effects with a latent scale partially centred per "
+                "group (docs/adapted_proxy.md)")
     elif kind == "structured":
         tips.append("try proxy='low-rank' with a larger rank (proxy_kwargs={'rank': k}): a "
                     "structured proxy that misses correlated directions whitens them poorly")

@@ -53,6 +53,7 @@ from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
 from numpyro_subsample.proxies.laplace import LaplaceFitError, proxy_from_moments
 from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
+from numpyro_subsample.sgmcmc.centring import other_family_group_sites
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
 from numpyro_subsample.sgmcmc.pilot_chains import (
     BLOCK,
@@ -181,10 +182,23 @@ def start_proxy(fit: Callable[[str], Proxy], spec: str, potential: Potential,
     LaplaceFitError`: the degenerate joint mode of a centred hierarchical model, a saddle) or
     whose fit stopped more than :data:`MAX_START_DECREMENT` proxy sds from its quadratic's mode,
     the start is ``fit("variational")`` (not with a local site integrated out of the terms);
-    where that fails too, the unconverged Laplace fit, else :func:`safe_start`."""
+    where that fails too, the unconverged Laplace fit, else :func:`safe_start`.
+
+    A model with group effects of another family than the Normal
+    (:func:`~numpyro_subsample.sgmcmc.centring.other_family_group_sites`: Beta rates, Gamma
+    frailties, Dirichlet simplexes around a latent mean) starts from the variational fit, and
+    from the Laplace fit only where that fails: the joint mode of such a hierarchy lies towards
+    complete pooling, where the group effects' density grows as their spread shrinks, and
+    partial centring, which removes that for Normal effects, cannot see them. On categorical
+    rows of 50 groups with Dirichlet(α m) simplexes the Laplace fit converged at log α = 5.65,
+    17 posterior sds above the posterior's 2.96, and pilot chains started there did not leave
+    it in their windows."""
     tried, unconverged = [], None
     fallback = spec == "laplace" and not potential.integrated
-    for kind in ([spec, "variational"] if fallback else [spec]):
+    order = [spec, "variational"] if fallback else [spec]
+    if fallback and other_family_group_sites(potential, data):
+        order = ["variational", spec]
+    for kind in order:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ProxyFitWarning)
             try:
