@@ -258,6 +258,12 @@ def build_potential(model: Callable, data: ModelData, rng_key: jax.Array) -> Pot
     the draws (:attr:`Potential.enumerated_sites` lists them); a user scale on a site of the
     plate multiplies its log-prob inside the sum.
 
+    A latent site with an improper prior (``dist.ImproperUniform``), which NumPyro cannot draw,
+    is given the point of its support at 0 in unconstrained coordinates wherever the package
+    traces the model for its structure
+    (:func:`~numpyro_subsample.core.structure.with_improper_values`); its log-density is
+    NumPyro's.
+
     Raises ``ValueError`` naming the site, argument or setting for: no subsample plate, several
     subsample plates, a plate of size 0, a subsample size outside [1, N] (``TypeError`` if not
     an integer), discrete latent sites outside the plate (marked for enumeration or not),
