@@ -161,13 +161,9 @@ def _all_equal(x, value: float) -> bool:
         return False
 
 
-def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
-    """The latent sites that look like group effects written non-centred by hand: a standard
-    Normal(0, 1) site of several values in a plate other than the subsample plate (``z`` of
-    ``a = m + s * z``), which partial centring cannot see (it needs ``a ~ Normal(m, s)``), or
-    the noise ``<a>_decentered`` of a ``LocScaleReparam`` applied inside the model's body
-    (its loc and scale are traced values). One trace of the model on the plate's first rows
-    (traced, not run: nothing compiled); () where the trace fails."""
+def _sites_on_first_rows(potential: Potential, data: ModelData, pick) -> tuple[str, ...]:
+    """The site names ``pick(trace)`` yields from one trace of the model on the plate's first
+    rows (traced, not run: nothing compiled); () where the trace fails."""
     seeded = _on_first_rows(potential.model, potential, potential.plate.name)
     found = []
 
@@ -175,12 +171,7 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
         args, kwargs = d.args_kwargs()
         with numpyro.handlers.block():
             tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
-        found.extend(
-            name for name, site, normal in _normals_outside(tr, potential.plate.name)
-            if not name.endswith(NOISE_SUFFIX)  # the kernels' own
-            and site["cond_indep_stack"] and np.size(site["value"]) >= 2
-            and (name.endswith("_decentered")  # a LocScaleReparam inside the body
-                 or _all_equal(normal.loc, 0.0) and _all_equal(normal.scale, 1.0)))
+        found.extend(pick(tr))
         return jnp.zeros(())
 
     try:
@@ -190,19 +181,30 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
     return tuple(found)
 
 
+def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
+    """The latent sites that look like group effects written non-centred by hand: a standard
+    Normal(0, 1) site of several values in a plate other than the subsample plate (``z`` of
+    ``a = m + s * z``), which partial centring cannot see (it needs ``a ~ Normal(m, s)``), or
+    the noise ``<a>_decentered`` of a ``LocScaleReparam`` applied inside the model's body
+    (its loc and scale are traced values). One trace of the model on the plate's first rows
+    (:func:`_sites_on_first_rows`)."""
+    def pick(tr):
+        return (name for name, site, normal in _normals_outside(tr, potential.plate.name)
+                if not name.endswith(NOISE_SUFFIX)  # the kernels' own
+                and site["cond_indep_stack"] and np.size(site["value"]) >= 2
+                and (name.endswith("_decentered")  # a LocScaleReparam inside the body
+                     or _all_equal(normal.loc, 0.0) and _all_equal(normal.scale, 1.0)))
+
+    return _sites_on_first_rows(potential, data, pick)
+
+
 def other_family_group_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
     """The latent sites of several values in a plate other than the subsample plate whose prior
     is not a Normal and has a parameter that is not a constant of the model: group effects of
     another family (Gamma frailties, Beta rates, LogNormal discriminations), which partial
-    centring cannot see. One trace of the model on the plate's first rows (traced, not run);
-    () where the trace fails."""
-    seeded = _on_first_rows(potential.model, potential, potential.plate.name)
-    found = []
-
-    def find(d):
-        args, kwargs = d.args_kwargs()
-        with numpyro.handlers.block():
-            tr = numpyro.handlers.trace(seeded).get_trace(*args, **dict(kwargs))
+    centring cannot see. One trace of the model on the plate's first rows
+    (:func:`_sites_on_first_rows`)."""
+    def pick(tr):
         for name, site in tr.items():
             if (site["type"] != "sample" or site["is_observed"] or name not in
                     potential.latent_sites or not site["cond_indep_stack"]
@@ -214,14 +216,9 @@ def other_family_group_sites(potential: Potential, data: ModelData) -> tuple[str
                 fn = fn.base_dist
             params = [getattr(fn, k, None) for k in getattr(fn, "arg_constraints", {})]
             if any(isinstance(v, jax.core.Tracer) for v in params):
-                found.append(name)
-        return jnp.zeros(())
+                yield name
 
-    try:
-        jax.make_jaxpr(find)(data)
-    except Exception:  # noqa: BLE001  (a model that cannot be traced on its first rows)
-        return ()
-    return tuple(found)
+    return _sites_on_first_rows(potential, data, pick)
 
 
 def hand_noncentred_remedy(sites: tuple[str, ...]) -> str:
