@@ -513,9 +513,9 @@ def test_hand_written_group_effects_whose_centred_form_fails_are_sampled_as_writ
     """Where the centred form cannot be preprocessed (noise sd 6 against group sd 0.5, 8 rows
     a group: started at its Laplace fit, which stopped in the funnel's neck, its proxy's
     draws overflow, a NonFiniteNoiseError), the user's non-centred model is sampled as
-    written, without the centred form's warnings. The pilot now starts such a fit from the
-    variational fit (``warmup.MAX_START_DECREMENT``), and the centred form preprocesses; the
-    old start is forced here to keep the failure."""
+    written, without the centred form's warnings. By default the pilot starts such a fit from
+    the variational fit (``warmup.MAX_START_DECREMENT``), under which the centred form
+    preprocesses, so the test keeps the Laplace start (``MAX_START_DECREMENT = inf``)."""
     import warnings
 
     from numpyro_subsample.sgmcmc import warmup
