@@ -14,6 +14,7 @@ from numpyro_subsample import ModelData, ProxyFitWarning, build_potential
 from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.proxies import fit_laplace, fit_variational
 from numpyro_subsample.proxies.checks import MAX_AXES, coordinate_labels, excursion_axes
+from numpyro_subsample.proxies.fit_checks import chain_moments
 
 
 def _potential(model, *args, **kwargs):
@@ -138,6 +139,8 @@ def test_good_variational_fit_is_silent(logistic):
     assert proxy.info["converged"] and proxy.info["warnings"] == []
     assert np.all(np.abs(np.log(proxy.info["stein_ratio"])) < np.log(2)), proxy.info["stein_ratio"]
     assert proxy.info["pareto_k"] < 0.5
+    assert np.all(np.abs(np.log(proxy.info["chain_sd_ratio"])) < np.log(1.5))
+    assert np.all(np.abs(proxy.info["chain_shift"]) < 1.0), proxy.info["chain_shift"]
 
 
 def test_variational_with_few_steps_warns_with_sites(logistic):
@@ -193,6 +196,67 @@ def test_variational_funnel_warns_far_from_posterior_naming_tau():
     message = next(str(w.message) for w in record if "far from" in str(w.message))
     assert message.index("'tau'") < message.index("correlation") and "LocScaleReparam" in message
     assert proxy.info["pareto_k"] > 0.7
+
+
+def barely_differing_groups(g, x, y, groups, subsample_size=200):
+    """Centred normal model whose groups barely differ; HalfNormal(1) group scale."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 5.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", groups):
+        a = numpyro.sample("a", dist.Normal(mu, tau))
+    with numpyro.plate("data", g.shape[0], subsample_size=subsample_size) as i:
+        numpyro.sample("y", dist.Normal(a[g[i]] + b * x[i], sigma), obs=y[i])
+
+
+def _barely_differing_potential(groups=50, tau=0.02, seed=902):
+    """50 groups of 2 to ~800 rows (1800 in all), true group sd 0.02 against a noise sd of 1."""
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(np.round(np.exp(rng.normal(3.5, 0.9, groups))), 2, 800).astype(int)
+    g = np.repeat(np.arange(groups), sizes)
+    rng.shuffle(g)
+    x = rng.normal(size=g.size).astype(np.float32)
+    a = 0.3 + tau * rng.normal(size=groups)
+    y = (a[g] + 0.5 * x + rng.normal(size=g.size)).astype(np.float32)
+    return _potential(barely_differing_groups, jnp.asarray(g), jnp.asarray(x), jnp.asarray(y),
+                      groups=groups)
+
+
+def test_variational_funnel_the_weights_miss_is_found_by_the_chains():
+    """A guide collapsed into the funnel's neck whose importance weights look fine: q's log
+    tau is -5.4 where full-data NUTS (2 × 5000 draws) has -3.17 ± 0.61, and q's sds are
+    several times too small; the Pareto k̂ of p/q stays below 0.7 (q's draws all lie where
+    p/q is smooth), the Stein checks pass, and the chain check's chains spread out of the
+    neck."""
+    pot, data = _barely_differing_potential()
+    with pytest.warns(ProxyFitWarning, match="short MALA chains") as record:
+        proxy = fit_variational(pot, data, jax.random.PRNGKey(1))
+    assert proxy.info["pareto_k"] < 0.7  # the weights alone would have been silent
+    assert [m for m in proxy.info["warnings"] if "MALA" not in m] == []
+    message = next(str(w.message) for w in record if "MALA" in str(w.message))
+    assert "neck of a funnel" in message and "SGHMC(model)" in message
+    assert float(pot.unravel(proxy.centre)["tau"]) < -4.5  # collapsed: NUTS -3.17 ± 0.61
+    assert np.max(proxy.info["chain_sd_ratio"]) > 3, proxy.info["chain_sd_ratio"]
+
+
+@pytest.mark.fast_compile
+def test_chains_recover_a_gaussian_posterior_and_see_a_narrow_q(logistic):
+    """On the logistic model (posterior close to Gaussian), MALA chains started at the Laplace
+    fit's draws and moved in its whitened coordinates keep its moments (sd ratio within 0.7-1.4,
+    means within 0.6 sd); with q's sds 4 times too small they spread to over twice q's sd."""
+    pot, data = logistic
+    laplace = fit_laplace(pot, data, jax.random.PRNGKey(1))
+    sd = np.sqrt(np.diag(np.asarray(laplace.cov)))
+    for shrink, check in ((1.0, lambda r: np.all(np.abs(np.log(r)) < np.log(1.4))),
+                          (0.25, lambda r: np.all(r > 2.0))):
+        offset, chain_sd, acceptance = chain_moments(pot, laplace.centre,
+                                                     shrink * laplace.scale_tril,
+                                                     jax.random.PRNGKey(3), data)
+        ratio = np.asarray(chain_sd) / (shrink * sd)
+        assert check(ratio), (shrink, ratio)
+        assert 0.4 < float(acceptance) < 0.8, acceptance
+        assert np.all(np.abs(np.asarray(offset)) / sd < 0.6), offset
 
 
 def test_excursion_axes_keep_the_extreme_sds_in_high_dimension():

@@ -38,8 +38,9 @@ subsampled ELBO, with the same plateau rule on an ELBO estimated with common ran
 Checks (:mod:`~numpyro_subsample.proxies.fit_checks`): a fit that stopped at ``max_steps``,
 a Gaussian q whose mean or variances break the Stein identities of the posterior at 32
 antithetic guide draws (E_q[∇f] = 0, diag E_q[∇²f] = diag Σ⁻¹), whose importance weights p/q
-at 100 draws have a Pareto k̂ above 0.7 (q far from the posterior), a mean at a support's
-boundary, or non-finite SVI steps warn by site with a remedy.
+at 300 draws have a Pareto k̂ above 0.7 (q far from the posterior), from which short
+full-data MALA chains move away (the check that sees a guide collapsed into a funnel's neck),
+a mean at a support's boundary, or non-finite SVI steps warn by site with a remedy.
 
 Ordering. An ``AutoContinuous`` guide flattens the latent sites in model order, ``Potential``
 by name; the guide's moments are permuted by the map read off ``guide._unpack_latent``
@@ -226,6 +227,7 @@ def fit_variational(
     num_hessian_draws: int = 8,
     chunk_size: int = DEFAULT_CHUNK,
     store_datum_grads: bool = True,
+    check_chain: bool = True,
     progress: bool = False,
 ) -> Proxy:
     """Variational proxy: a Gaussian q fitted by SVI until its ELBO stops rising.
@@ -259,8 +261,10 @@ def fit_variational(
     figure and a remedy) if SVI stopped at ``max_steps``, if more than 1% of its steps had a
     non-finite loss, if q's mean or variances break the Stein identities (Newton step
     Σ E_q[∇f] over 1 sd, or a variance ratio beyond a factor 10), if the Pareto k̂ of the
-    importance weights p/q exceeds 0.7, or if its mean is at a support's boundary
-    (:mod:`.fit_checks`). ``info["pareto_k"]`` holds k̂.
+    importance weights p/q exceeds 0.7, if short MALA chains on the full data started at q's
+    draws spread over twice q's sd or move 1.5 sds from its mean (``check_chain``), or if its
+    mean is at a support's boundary (:mod:`.fit_checks`). ``info`` holds ``pareto_k`` and
+    the chains' ``chain_sd_ratio`` and ``chain_shift`` per coordinate.
 
     Parameters
     ----------
@@ -285,6 +289,10 @@ def fit_variational(
         Data per vmapped evaluation in full-data passes.
     store_datum_grads
         Keep the (N, d) table of ∇f_i at the centre.
+    check_chain
+        Run the chain check (:func:`~.fit_checks.chain_moments`, 202 full-data passes). The
+        package's kernels turn it off: their warm-up is such a chain, and adapts the proxy
+        to it.
     progress
         Show progress bars.
 
@@ -297,7 +305,8 @@ def fit_variational(
     ----------
     Rønning and Hamelryck (2021), Eq. 2-4 (variational proxies); Baker, Fearnhead, Fox and
     Nemeth (2019), Eq. 4 (the control variates of the ELBO); Yao, Vehtari, Simpson and
-    Gelman (2018) (Pareto k̂ of the importance weights).
+    Gelman (2018) (Pareto k̂ of the importance weights); Roberts and Rosenthal (1998) (MALA's
+    optimal acceptance, the chain check).
     """
     t0 = time.perf_counter()
     full_rank = guide is None and potential.dim <= int(max_full_rank_dim)
@@ -330,13 +339,14 @@ def fit_variational(
         store_datum_grads=store_datum_grads, kind="variational", num_data_passes=passes,
     )
     messages, figures = fit_messages(potential, data, proxy, fit.info, int(patience), tol,
-                                     fit.gaussian, chunk_size)
+                                     fit.gaussian, chunk_size, bool(check_chain))
     for message in messages:
         warn_proxy(message)
     info = dict(fit.info, guide=fit.guide, guide_params=fit.params, gaussian=fit.gaussian,
                 sample=fit.sample, warnings=messages, guide_cov=fit.cov, covariance=covariance,
                 **cov_info, **figures)
-    passes = proxy.num_data_passes + (check_passes(potential.num_data) if fit.gaussian else 0)
+    passes = proxy.num_data_passes + (
+        check_passes(potential.num_data, bool(check_chain)) if fit.gaussian else 0)
     return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
 
 

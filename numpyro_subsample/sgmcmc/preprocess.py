@@ -221,6 +221,7 @@ def fit_proxy(request: ProxyRequest, choice: str, potential: Potential, data: Mo
         kwargs = dict(request.kwargs)
         if potential.dim <= kwargs.get("max_full_rank_dim", MAX_FULL_RANK_DIM):
             kwargs.setdefault("covariance", "expected_hessian")
+        kwargs.setdefault("check_chain", False)  # the pilot is that chain, and adapts to it
         proxy = fit_variational(
             potential, data, key, chunk_size=request.chunk_size, store_datum_grads=store,
             progress=request.progress, **kwargs,
