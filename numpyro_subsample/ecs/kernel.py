@@ -294,6 +294,7 @@ class EnergyConservingHMC(SubsampleKernel):
             )
         opts = dict(chunk_size=self.chunk_size, store_datum_grads=False,
                     progress=resolve_progress(self.progress_bar), **self.proxy_kwargs)
+        opts.setdefault("check_chain", False)  # the run's own checks judge the chain
         if isinstance(proxy, (Proxy, StructuredProxy)):
             if proxy.centre.shape != (potential.dim,):
                 raise ValueError(

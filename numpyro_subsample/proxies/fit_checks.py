@@ -9,11 +9,8 @@
   their Pareto k̂ above 0.7 (Yao et al. 2018, "Yes, but did it work?") says q is far from the
   posterior (e.g. a guide collapsed into the funnel of a
   centred hierarchical model);
-* a short exact chain on the full data (:func:`chain_moments`): 4 MALA chains in q's whitened
-  coordinates, started at q's draws, 100 steps tuned to an acceptance of 0.574 (Roberts and
-  Rosenthal 1998) by dual averaging, then 100 measured. Where their draws spread over twice
-  q's sd along a coordinate (or less than half), or their mean moves over 1.5 q sds from q's,
-  q is far from the posterior where the importance weights cannot see it: a guide collapsed
+* short exact chains on the full data (:mod:`.chain_check`): where they move away from q, q
+  is far from the posterior where the importance weights cannot see it: a guide collapsed
   into a funnel's neck puts all its draws where p/q is smooth, so k̂ stays low, while the
   chains diffuse out of the neck;
 * a mean at a support's boundary (:func:`~.checks.boundary_message`).
@@ -25,13 +22,13 @@ import warnings
 from functools import partial
 
 import arviz as az
-import blackjax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data, scan_chunks
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
 from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_check
 from numpyro_subsample.proxies.checks import (
     boundary_message,
     coordinate_labels,
@@ -44,19 +41,13 @@ from numpyro_subsample.proxies.checks import (
     transformed_coordinates,
 )
 
-__all__ = ["fit_messages", "importance_log_weights", "pareto_khat", "check_passes",
-           "chain_moments"]
+__all__ = ["fit_messages", "importance_log_weights", "pareto_khat", "check_passes"]
 
 MAX_NONFINITE_STEPS = 0.01  # share of SVI steps with a non-finite loss before a warning
 STEIN_DRAWS = 32  # guide draws of the Stein checks, 16 antithetic pairs
 PARETO_DRAWS = 300  # guide draws of the importance-weight check (full-data values)
 MAX_STEIN_OFFSET = 1.0  # |Σ E_q[∇f]|_k / sd_k above which the guide's mean is off
 MAX_PARETO_K = 0.7  # Pareto k̂ of p/q above which q is far from p (Yao et al. 2018)
-CHAIN_CHAINS = 4  # MALA chains of the chain check, started at guide draws
-CHAIN_STEPS = 200  # their steps: the first half tunes the step, the second is measured
-MALA_ACCEPTANCE = 0.574  # the optimal acceptance of MALA (Roberts and Rosenthal 1998)
-MAX_CHAIN_SD_RATIO = 2.0  # chains' sd over q's sd (or its inverse) above which q is off
-MAX_CHAIN_SHIFT = 1.5  # |chains' mean − q's mean| / q's sd above which q is off
 
 
 def check_passes(num_data: int, chain: bool = True) -> float:
@@ -64,7 +55,7 @@ def check_passes(num_data: int, chain: bool = True) -> float:
     subsample, the importance weights' full-data values and the chain check's (the terms at
     q's mean, then a gradient pass at the start and at each step, for all its chains)."""
     return (STEIN_DRAWS + 1) * len(stein_subsample(num_data, STEIN_DRAWS)) / num_data + (
-        PARETO_DRAWS) + (CHAIN_STEPS + 2 if chain else 0)
+        PARETO_DRAWS) + (CHAIN_PASSES if chain else 0)
 
 
 @partial(jax.jit, static_argnames=("potential", "chunk_size"))
@@ -90,109 +81,6 @@ def importance_log_weights(
     lik = scan_chunks(chunk, potential.num_data, chunk_size, jnp.zeros(z.shape[0], centre.dtype))
     prior = jax.vmap(lambda t: potential.prior(t, data))(thetas)
     return -(lik + prior) + 0.5 * jnp.sum(z**2, axis=1)
-
-
-@partial(jax.jit, static_argnames=("potential", "num_chains", "num_steps", "chunk_size"))
-def chain_moments(
-    potential: Potential,
-    centre: jax.Array,
-    scale_tril: jax.Array,
-    key: jax.Array,
-    data: ModelData,
-    num_chains: int = CHAIN_CHAINS,
-    num_steps: int = CHAIN_STEPS,
-    chunk_size: int = DEFAULT_CHUNK,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Mean of θ − m and sd of θ over the second half of ``num_chains`` MALA chains on the
-    full-data posterior, and their mean acceptance there.
-
-    The chains move z, θ = m + L z (q = N(m, LLᵀ)), start at z ~ N(0, I) and take
-    ``num_steps`` steps of BlackJAX's MALA; over the first half the step is tuned towards an
-    acceptance of :data:`MALA_ACCEPTANCE` by BlackJAX's dual averaging (Hoffman and Gelman
-    2014, Sec. 3.2), from 1.65² d^(−1/3) / 2 (Roberts and Rosenthal 1998), and the second
-    half runs at its average. Each step reads the data once for all chains; the log density
-    is summed as differences from the terms at m per datum (they keep their precision when f
-    is a large sum; the N terms at m are computed once)."""
-    dtype = centre.dtype
-    d = centre.shape[0]
-
-    base = map_data(lambda idx: potential.data_terms(centre, idx, data), potential.num_data,
-                    chunk_size)
-
-    def log_density(z):
-        theta = centre + scale_tril @ z
-
-        def chunk(idx, mask):
-            terms = potential.data_terms(theta, idx, data) - base[idx]
-            return jnp.sum(jnp.where(mask, terms, 0.0))
-
-        lik = scan_chunks(chunk, potential.num_data, chunk_size, jnp.zeros((), dtype))
-        return -(lik + potential.prior(theta, data))
-
-    kernel = blackjax.mala.build_kernel()
-    da_init, da_update, da_final = blackjax.adaptation.step_size.dual_averaging_adaptation(
-        MALA_ACCEPTANCE)
-    k_init, k_run = jax.random.split(key)
-    z0 = jax.random.normal(k_init, (num_chains, d), dtype)
-    states = jax.vmap(lambda z: blackjax.mala.init(z, log_density))(z0)
-    half = num_steps // 2
-
-    def step(carry, inp):
-        states, da, sums = carry
-        k, t = inp
-        size = jnp.where(t < half, jnp.exp(da.log_step_size), da_final(da)).astype(dtype)
-        keys = jax.random.split(k, num_chains)
-        states, info = jax.vmap(lambda kk, s: kernel(kk, s, log_density, size))(keys, states)
-        accept = jnp.mean(jnp.where(jnp.isfinite(info.acceptance_rate),
-                                    info.acceptance_rate, 0.0))
-        da = jax.tree.map(lambda new, old: jnp.where(t < half, new, old),
-                          da_update(da, accept), da)
-        offset = states.position @ scale_tril.T  # θ − m
-        keep = (t >= half).astype(dtype)
-        sums = jax.tree.map(lambda acc, x: acc + keep * x, sums,
-                            (jnp.sum(offset, 0), jnp.sum(offset**2, 0), accept))
-        return (states, da, sums), None
-
-    size0 = jnp.asarray(0.5 * 1.65**2 * d ** (-1.0 / 3.0), dtype)
-    zeros = (jnp.zeros((d,), dtype), jnp.zeros((d,), dtype), jnp.zeros((), dtype))
-    steps = (jax.random.split(k_run, num_steps), jnp.arange(num_steps))
-    (_, _, (s1, s2, acc)), _ = jax.lax.scan(step, (states, da_init(size0), zeros), steps)
-    count = (num_steps - half) * num_chains
-    mean = s1 / count
-    sd = jnp.sqrt(jnp.maximum(s2 / count - mean**2, 0.0))
-    return mean, sd, acc / (num_steps - half)
-
-
-def chain_message(labels, ratio, shift, acceptance) -> str | None:
-    """Message for a Gaussian guide whose chain check (:func:`chain_moments`) found the chains'
-    sd beyond :data:`MAX_CHAIN_SD_RATIO` times q's (or below its inverse), or their mean over
-    :data:`MAX_CHAIN_SHIFT` q sds from q's; or None."""
-    ratio = np.asarray(ratio, np.float64)
-    shift = np.asarray(shift, np.float64)
-    wide = ~(ratio <= MAX_CHAIN_SD_RATIO)
-    narrow = ratio < 1.0 / MAX_CHAIN_SD_RATIO
-    moved = ~(np.abs(shift) <= MAX_CHAIN_SHIFT)
-    found = []
-    if wide.any():
-        found.append(f"their sd is q's times {describe(labels, np.where(wide, ratio, 0.0))}")
-    if narrow.any():
-        found.append("their sd is q's over "
-                     f"{describe(labels, np.where(narrow, 1.0 / ratio, 0.0))}")
-    if moved.any():
-        found.append("their mean is off q's by "
-                     f"{describe(labels, np.where(moved, shift, 0.0))} q sds")
-    if not found:
-        return None
-    return (
-        f"The Gaussian guide is far from the posterior: {CHAIN_CHAINS} short MALA chains on "
-        f"the full data, started at q's draws ({CHAIN_STEPS} steps in q's whitened "
-        f"coordinates, acceptance {float(acceptance):.2f}), moved away from q: "
-        f"{'; '.join(found)} (limits {MAX_CHAIN_SD_RATIO:g}× and {MAX_CHAIN_SHIFT:g} sd). A "
-        "guide collapsed into the neck of a funnel (a centred hierarchical scale near 0) does "
-        "this, while its importance weights look fine. Do not read the posterior off q: sample "
-        "it (SGLD(model) or SGHMC(model), whose warm-up moves the proxy to where its chains "
-        "are), and check the chain against a long full-data NUTS run."
-    )
 
 
 def pareto_message(labels, khat, z, log_weights) -> str | None:
@@ -284,15 +172,9 @@ def fit_messages(potential, data, proxy, info, patience, tol, gaussian,
                                  scale_message(labels, ratio),
                                  pareto_message(labels, khat, z, lw)) if m]
         if chain:
-            c_offset, c_sd, acceptance = chain_moments(potential, proxy.centre, proxy.scale_tril,
-                                                     jax.random.PRNGKey(2), data,
-                                                     chunk_size=int(chunk_size))
-            sd = np.sqrt(np.diag(cov))
-            c_ratio = np.asarray(c_sd, np.float64) / sd
-            c_shift = np.asarray(c_offset, np.float64) / sd
-            figures.update(chain_sd_ratio=c_ratio, chain_shift=c_shift,
-                           chain_acceptance=float(acceptance))
-            message = chain_message(labels, c_ratio, c_shift, acceptance)
+            message, more = chain_check(potential, data, proxy.centre, proxy.scale_tril, cov,
+                                        labels, chunk_size, "guide")
+            figures.update(more)
             messages += [message] if message else []
     outward = -offsets * (np.abs(offsets) > 1.0) if info.get("converged") is False else None
     boundary = boundary_message(

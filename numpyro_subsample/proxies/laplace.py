@@ -30,6 +30,7 @@ from numpyro_subsample.core.datapass import (
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_check
 from numpyro_subsample.proxies.checks import (
     BOUNDARY_REMEDY,
     MAX_DECREMENT,
@@ -138,21 +139,25 @@ def fit_laplace(
     max_newton_steps: int = 25,
     chunk_size: int = DEFAULT_CHUNK,
     store_datum_grads: bool = True,
+    check_chain: bool = True,
     progress: bool = False,
 ) -> Proxy:
     """Laplace proxy: mode by Adam + full-data Newton, Σ̂ = (∇²f(θ̂))⁻¹ (Baker et al. 2019, Sect. 3).
 
     The data passes used are counted in ``num_data_passes`` (Adam epochs + one per Newton
     evaluation + one for the axis excursions of :mod:`.checks` + one for the per-datum
-    gradients). Raises ``ValueError`` naming the sites if the potential is not finite at the
+    gradients + 202 for the chain check). Raises ``ValueError`` naming the sites if the potential is not finite at the
     mode, or the Hessian there is not positive definite (the sites its non-positive directions
     load on). Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and
-    a remedy) if the fit stopped short of the mode, the centre is at a support's boundary, or
-    the Gaussian is far wider than the posterior along a coordinate (:mod:`.checks`).
+    a remedy) if the fit stopped short of the mode, the centre is at a support's boundary, the
+    Gaussian is far wider than the posterior along a coordinate (:mod:`.checks`), or short
+    full-data MALA chains started at its draws move away from it (:mod:`.chain_check`: the
+    joint mode of a hierarchical model far from the posterior's mass).
     ``proxy.info`` holds ``adam_steps``, ``newton_steps``, ``potential`` f(θ̂), ``converged``
     (Newton's criterion met), ``newton_decrement``, ``axis_excursions`` (2, K, on the
-    coordinates of :func:`~.checks.excursion_axes`), the ``warnings`` issued and ``hessian``
-    ∇²f(θ̂) (float64, d × d, whose inverse is Σ̂).
+    coordinates of :func:`~.checks.excursion_axes`), the chain check's ``chain_sd_ratio`` and
+    ``chain_shift`` (None without it), the ``warnings`` issued and ``hessian`` ∇²f(θ̂)
+    (float64, d × d, whose inverse is Σ̂).
 
     Parameters
     ----------
@@ -172,6 +177,9 @@ def fit_laplace(
         Data per vmapped evaluation in full-data passes.
     store_datum_grads
         Keep the (N, d) table of ∇f_i(θ̂).
+    check_chain
+        Run the chain check. The package's kernels turn it off: their warm-up is such a
+        chain, and adapts the proxy to it.
     progress
         Show progress bars.
 
@@ -205,6 +213,12 @@ def fit_laplace(
         potential, data, theta, cov, gn, hn, labels, transformed, newton.stop, chunk_size
     )
     passes += 1  # the axis excursions
+    figures = {"chain_sd_ratio": None, "chain_shift": None, "chain_acceptance": None}
+    if check_chain:
+        message, figures = chain_check(potential, data, theta, device_array(chol, theta.dtype),
+                                       cov, labels, chunk_size, "Laplace")
+        messages += [message] if message else []
+        passes += CHAIN_PASSES
     for message in messages:
         warn_proxy(message)
     datum_grads, sum_grads, grad_passes = _datum_gradients(
@@ -228,6 +242,7 @@ def fit_laplace(
             "axis_excursions": np.asarray(final.rises),
             "warnings": messages,
             "hessian": hn,
+            **figures,
         },
     )
 

@@ -290,7 +290,7 @@ def fit_variational(
     store_datum_grads
         Keep the (N, d) table of ∇f_i at the centre.
     check_chain
-        Run the chain check (:func:`~.fit_checks.chain_moments`, 202 full-data passes). The
+        Run the chain check (:mod:`~.chain_check`, 202 full-data passes). The
         package's kernels turn it off: their warm-up is such a chain, and adapts the proxy
         to it.
     progress

@@ -227,9 +227,11 @@ def fit_proxy(request: ProxyRequest, choice: str, potential: Potential, data: Mo
             progress=request.progress, **kwargs,
         )
     else:
+        kwargs = dict(request.kwargs)
+        kwargs.setdefault("check_chain", False)  # the pilot is that chain, and adapts to it
         proxy = fit_laplace(
             potential, data, key, chunk_size=request.chunk_size, store_datum_grads=store,
-            progress=request.progress, **request.kwargs,
+            progress=request.progress, **kwargs,
         )
     if not store and proxy.datum_grads is not None:
         proxy = proxy._replace(datum_grads=None)
