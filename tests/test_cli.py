@@ -21,6 +21,7 @@ from numpyro_subsample.cli import main
 from numpyro_subsample.compare import available_methods, setup_compile_cache
 from numpyro_subsample.compare.checks import DrawsRun, check_code, record_warnings, run_checks
 from numpyro_subsample.datasets.generators import make_rare_features
+from numpyro_subsample.proxies.chain_check import CHAIN_PASSES
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -93,8 +94,9 @@ def test_compare_writes_table_csv_json_png(run, capsys):
         assert r["status"] == "ok" and r["iterations"] == 1000
         assert r["check_details"]["num_draws"] == 1000 and r["check_details"]["divergences"] == 0
         assert r["min_ess"] > 500  # independent draws
-    assert lap["data_passes"] == pytest.approx(shared["data_passes"])
-    assert lap["preprocessing_s"] == pytest.approx(shared["seconds"])
+    # the Laplace row: the kernels' shared fit and the chain check a fit on its own runs
+    assert lap["data_passes"] == pytest.approx(shared["data_passes"] + CHAIN_PASSES)
+    assert lap["preprocessing_s"] > shared["seconds"]
     assert lap["compile_s"] >= shared["compile_s"]
     assert vi["data_passes"] > 1 and vi["preprocessing_s"] > 0
     # the Laplace approximation is off on this problem (a skewed coefficient posterior)

@@ -5,9 +5,11 @@ whether a method needs MCMC at all: as many independent draws as a stochastic-gr
 has, from the Gaussian proxy in the potential's flat unconstrained space, mapped to the
 constrained sites by the potential (:attr:`~numpyro_subsample.core.potential.Potential.constrain`),
 and scored like every other run. The Laplace proxy is the shared one
-(:func:`~numpyro_subsample.compare.runners.fit_shared_proxy`); the variational one is fitted
-here by :func:`~numpyro_subsample.proxies.variational.fit_variational` with its defaults. Each
-row is charged its fit's seconds, compile seconds and data passes.
+(:func:`~numpyro_subsample.compare.runners.fit_shared_proxy`, fitted as the kernels fit it),
+to which its row adds the chain check that a fit on its own runs
+(:mod:`~numpyro_subsample.proxies.chain_check`); the variational one is fitted here by
+:func:`~numpyro_subsample.proxies.variational.fit_variational` with its defaults. Each row is
+charged its fit's seconds, compile seconds and data passes, the checks' included.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from numpyro_subsample.compare.runners import (
     merge_warnings,
 )
 from numpyro_subsample.compare.timing import CompileTimer
+from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
+from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_check
+from numpyro_subsample.proxies.checks import coordinate_labels, warn_proxy
 from numpyro_subsample.proxies.variational import fit_variational
 
 __all__ = ["PROXY_KINDS", "proxy_draws", "run_proxy"]
@@ -66,8 +71,19 @@ def run_proxy(kind: str, problem: Problem, settings: Settings, shared: SharedPro
     _, k_proxy, k_draws = jax.random.split(jax.random.PRNGKey(seed), 3)
     note = f"{S} independent draws from the {kind} proxy N(θ̂, Σ̂), no MCMC"
     if kind == "laplace":
-        proxy, fit_s, fit_compile_s, fit_warnings = (shared.proxy, shared.seconds,
-                                                     shared.compile_s, shared.warnings)
+        proxy = shared.proxy
+        with record_warnings() as caught, CompileTimer() as ct:
+            t0 = time.perf_counter()
+            message, _ = chain_check(shared.potential, shared.data, proxy.centre,
+                                     proxy.scale_tril, proxy.cov,
+                                     coordinate_labels(shared.potential), DEFAULT_CHUNK,
+                                     "Laplace")
+            if message:
+                warn_proxy(message)
+            fit_s = shared.seconds + time.perf_counter() - t0 - ct.seconds
+        proxy = proxy._replace(num_data_passes=proxy.num_data_passes + CHAIN_PASSES)
+        fit_compile_s = shared.compile_s + ct.seconds
+        fit_warnings = merge_warnings(shared.warnings, tuple(caught))
     else:
         with record_warnings() as caught, CompileTimer() as ct:
             t0 = time.perf_counter()

@@ -146,10 +146,11 @@ def fit_laplace(
 
     The data passes used are counted in ``num_data_passes`` (Adam epochs + one per Newton
     evaluation + one for the axis excursions of :mod:`.checks` + one for the per-datum
-    gradients + 202 for the chain check). Raises ``ValueError`` naming the sites if the potential is not finite at the
-    mode, or the Hessian there is not positive definite (the sites its non-positive directions
-    load on). Warns (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and
-    a remedy) if the fit stopped short of the mode, the centre is at a support's boundary, the
+    gradients + 202 for the chain check). Raises ``ValueError`` naming the sites if the
+    potential is not finite at the mode, or the Hessian there is not positive definite (the
+    sites its non-positive directions load on). Warns
+    (:class:`~numpyro_subsample.proxies.base.ProxyFitWarning`, naming sites and a remedy) if
+    the fit stopped short of the mode, the centre is at a support's boundary, the
     Gaussian is far wider than the posterior along a coordinate (:mod:`.checks`), or short
     full-data MALA chains started at its draws move away from it (:mod:`.chain_check`: the
     joint mode of a hierarchical model far from the posterior's mass).
