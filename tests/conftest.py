@@ -184,6 +184,7 @@ _SLOW_IN_CI = frozenset({
     "test_step_bias.py::test_drawn_local_sites_are_probed_after_the_run[default]",
     "test_step_bias.py::test_probe_is_skipped_where_it_cannot_apply_and_the_record_says_why",
     "test_cli_faults.py::test_resume_skips_saved_runs_and_finishes",
+    "test_cli_faults.py::test_corrupt_saved_run_is_recomputed_with_warning",  # needs the resume
     "test_cli_faults.py::test_corrupt_reference_cache_is_recomputed_with_warning",
     "test_variational.py::test_guide_flattening_order_is_mapped",
     "test_quadrature.py::test_a_positive_site_matches_the_negative_binomial_marginal",
