@@ -196,6 +196,9 @@ _SLOW_IN_CI = frozenset({
     "test_variance_reduced.py::test_matches_exact_conjugate_posterior[SGNHT-saga]",
     "test_sgrld.py::test_old_keywords_warn_and_give_the_same_draws",
     "test_centring.py::test_the_probe_runs_once_on_the_form_kept_and_both_forms_are_costed",
+    "test_local.py::test_random_effect_at_default_arguments[SGLD-package-mala]",
+    # CI's documentation build executes the quick start at the same reduced size
+    "test_notebooks.py::test_notebook_runs[quickstart]",
 })
 
 

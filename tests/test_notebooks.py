@@ -12,8 +12,9 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 TIMEOUT = int(os.environ.get("NUMPYRO_SUBSAMPLE_NOTEBOOK_TIMEOUT", "600"))  # per notebook
 
 
-# the quick start runs by default; the others are long and marked slow (left out of the
-# default run by pyproject.toml's addopts, run by CI after it; README)
+# the others are long and marked slow (left out of the default run by pyproject.toml's
+# addopts, run by CI after it; README); the quick start is too (tests/conftest.py
+# _SLOW_IN_CI: CI's documentation build also executes it)
 SLOW = {"bayesian_neural_network", "distributed_shards", "preferential_adaptive",
         "variance_reduced", "zv_postprocessing"}
 

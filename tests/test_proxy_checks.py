@@ -12,8 +12,8 @@ from models import logistic_data, logistic_model
 
 from numpyro_subsample import ModelData, ProxyFitWarning, build_potential
 from numpyro_subsample.compare.timing import CompileTimer
-from numpyro_subsample.proxies import fit_laplace, fit_variational
-from numpyro_subsample.proxies.chain_check import chain_moments
+from numpyro_subsample.proxies import chain_check, fit_laplace, fit_variational
+from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_moments
 from numpyro_subsample.proxies.checks import MAX_AXES, coordinate_labels, excursion_axes
 
 
@@ -252,6 +252,26 @@ def test_laplace_fit_at_a_hierarchical_joint_mode_is_found_by_the_chains():
     assert [m for m in proxy.info["warnings"] if "MALA" not in m] == []
     assert float(pot.unravel(proxy.centre)["tau"]) < -1.4  # NUTS: -1.11 ± 0.13
     assert np.max(np.abs(proxy.info["chain_shift"])) > 1.5
+
+
+def test_the_chain_check_runs_by_default_up_to_its_row_limit(monkeypatch):
+    """Above MAX_CHAIN_CHECK_ROWS rows the fits leave the chain check out unless asked (its
+    202 full-data passes grow with N): the Laplace fit at the hierarchical joint mode of the
+    test above is then silent and 202 passes cheaper, and check_chain=True finds it."""
+    limit = chain_check.MAX_CHAIN_CHECK_ROWS
+    assert chain_check.runs_chain_check(None, limit)
+    assert not chain_check.runs_chain_check(None, limit + 1)
+    assert chain_check.runs_chain_check(True, 10 * limit)
+    assert not chain_check.runs_chain_check(False, 1)
+    pot, data = _barely_differing_potential(tau=0.3)
+    monkeypatch.setattr(chain_check, "MAX_CHAIN_CHECK_ROWS", pot.num_data - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = fit_laplace(pot, data, jax.random.PRNGKey(1))
+    assert quiet.info["chain_sd_ratio"] is None
+    with pytest.warns(ProxyFitWarning, match="The Laplace proxy is far from the posterior"):
+        asked = fit_laplace(pot, data, jax.random.PRNGKey(1), check_chain=True)
+    assert asked.num_data_passes == pytest.approx(quiet.num_data_passes + CHAIN_PASSES)
 
 
 @pytest.mark.fast_compile

@@ -31,7 +31,11 @@ from numpyro_subsample.compare.runners import (
 from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_check
+from numpyro_subsample.proxies.chain_check import (
+    CHAIN_PASSES,
+    chain_check,
+    runs_chain_check,
+)
 from numpyro_subsample.proxies.checks import coordinate_labels, warn_proxy
 from numpyro_subsample.proxies.variational import fit_variational
 
@@ -72,16 +76,19 @@ def run_proxy(kind: str, problem: Problem, settings: Settings, shared: SharedPro
     note = f"{S} independent draws from the {kind} proxy N(θ̂, Σ̂), no MCMC"
     if kind == "laplace":
         proxy = shared.proxy
+        check = runs_chain_check(None, shared.potential.num_data)  # as fit_laplace's default
         with record_warnings() as caught, CompileTimer() as ct:
             t0 = time.perf_counter()
-            message, _ = chain_check(shared.potential, shared.data, proxy.centre,
-                                     proxy.scale_tril, proxy.cov,
-                                     coordinate_labels(shared.potential), DEFAULT_CHUNK,
-                                     "Laplace")
-            if message:
-                warn_proxy(message)
+            if check:
+                message, _ = chain_check(shared.potential, shared.data, proxy.centre,
+                                         proxy.scale_tril, proxy.cov,
+                                         coordinate_labels(shared.potential), DEFAULT_CHUNK,
+                                         "Laplace")
+                if message:
+                    warn_proxy(message)
             fit_s = shared.seconds + time.perf_counter() - t0 - ct.seconds
-        proxy = proxy._replace(num_data_passes=proxy.num_data_passes + CHAIN_PASSES)
+        proxy = proxy._replace(
+            num_data_passes=proxy.num_data_passes + (CHAIN_PASSES if check else 0))
         fit_compile_s = shared.compile_s + ct.seconds
         fit_warnings = merge_warnings(shared.warnings, tuple(caught))
     else:

@@ -8,7 +8,9 @@ coordinate is over twice the proxy's (or under half), or their mean is over 1.5 
 its centre, the proxy is far from the posterior: a variational guide collapsed into a funnel's
 neck, whose importance weights look fine, or a Laplace fit at the joint mode of a hierarchical
 model, far from the posterior's mass. Each step reads the data once for all chains: 202 data
-passes in all (the terms at m, the start, the steps).
+passes in all (the terms at m, the start, the steps). The fits run it by default up to
+:data:`MAX_CHAIN_CHECK_ROWS` rows (:func:`runs_chain_check`): beyond, its passes would cost many
+times the fit itself.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK, map_data, scan_chunks
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.checks import describe
 
-__all__ = ["chain_moments", "chain_message", "chain_check", "CHAIN_PASSES"]
+__all__ = ["chain_moments", "chain_message", "chain_check", "runs_chain_check", "CHAIN_PASSES",
+           "MAX_CHAIN_CHECK_ROWS"]
 
 CHAIN_CHAINS = 4  # MALA chains, started at the proxy's draws
 CHAIN_STEPS = 200  # their steps: the first half tunes the step, the second is measured
@@ -32,6 +35,9 @@ CHAIN_PASSES = CHAIN_STEPS + 2  # data passes: the terms at m, the start, the st
 MALA_ACCEPTANCE = 0.574  # the optimal acceptance of MALA (Roberts and Rosenthal 1998)
 MAX_CHAIN_SD_RATIO = 2.0  # chains' sd over the proxy's (or its inverse) above which it is off
 MAX_CHAIN_SHIFT = 1.5  # |chains' mean − m| / the proxy's sd above which it is off
+#: Rows up to which the fits run the chain check unless told (``check_chain=None``): its
+#: :data:`CHAIN_PASSES` full-data passes grow with N, where a Laplace fit costs a few.
+MAX_CHAIN_CHECK_ROWS = 200_000
 
 _CAUSES = {
     "guide": ("The Gaussian guide",
@@ -145,6 +151,14 @@ def chain_message(labels, ratio, shift, acceptance, kind: str = "guide") -> str 
         "proxy to where its chains are), and check the chain against a long full-data NUTS "
         "run."
     )
+
+
+def runs_chain_check(check_chain: bool | None, num_data: int) -> bool:
+    """Whether a fit runs the chain check: ``check_chain`` where given, else (None) where the
+    data have at most :data:`MAX_CHAIN_CHECK_ROWS` rows."""
+    if check_chain is None:
+        return int(num_data) <= MAX_CHAIN_CHECK_ROWS
+    return bool(check_chain)
 
 
 def chain_check(potential: Potential, data: ModelData, centre: jax.Array,

@@ -30,7 +30,7 @@ from numpyro_subsample.core.datapass import (
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.core.rng import host_generator
 from numpyro_subsample.proxies.base import Proxy
-from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_check
+from numpyro_subsample.proxies.chain_check import CHAIN_PASSES, chain_check, runs_chain_check
 from numpyro_subsample.proxies.checks import (
     BOUNDARY_REMEDY,
     MAX_DECREMENT,
@@ -139,7 +139,7 @@ def fit_laplace(
     max_newton_steps: int = 25,
     chunk_size: int = DEFAULT_CHUNK,
     store_datum_grads: bool = True,
-    check_chain: bool = True,
+    check_chain: bool | None = None,
     progress: bool = False,
 ) -> Proxy:
     """Laplace proxy: mode by Adam + full-data Newton, Σ̂ = (∇²f(θ̂))⁻¹ (Baker et al. 2019, Sect. 3).
@@ -179,8 +179,9 @@ def fit_laplace(
     store_datum_grads
         Keep the (N, d) table of ∇f_i(θ̂).
     check_chain
-        Run the chain check. The package's kernels turn it off: their warm-up is such a
-        chain, and adapts the proxy to it.
+        Run the chain check (:mod:`~.chain_check`, 202 full-data passes); None (default): up
+        to :data:`~.chain_check.MAX_CHAIN_CHECK_ROWS` rows. The package's kernels turn it
+        off: their warm-up is such a chain, and adapts the proxy to it.
     progress
         Show progress bars.
 
@@ -215,7 +216,7 @@ def fit_laplace(
     )
     passes += 1  # the axis excursions
     figures = {"chain_sd_ratio": None, "chain_shift": None, "chain_acceptance": None}
-    if check_chain:
+    if runs_chain_check(check_chain, N):
         message, figures = chain_check(potential, data, theta, device_array(chol, theta.dtype),
                                        cov, labels, chunk_size, "Laplace")
         messages += [message] if message else []

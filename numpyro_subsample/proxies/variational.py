@@ -62,6 +62,7 @@ from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.chain_check import runs_chain_check
 from numpyro_subsample.proxies.checks import warn_proxy
 from numpyro_subsample.proxies.fit_checks import check_passes, fit_messages
 from numpyro_subsample.proxies.guides import (
@@ -227,7 +228,7 @@ def fit_variational(
     num_hessian_draws: int = 8,
     chunk_size: int = DEFAULT_CHUNK,
     store_datum_grads: bool = True,
-    check_chain: bool = True,
+    check_chain: bool | None = None,
     progress: bool = False,
 ) -> Proxy:
     """Variational proxy: a Gaussian q fitted by SVI until its ELBO stops rising.
@@ -290,9 +291,9 @@ def fit_variational(
     store_datum_grads
         Keep the (N, d) table of ∇f_i at the centre.
     check_chain
-        Run the chain check (:mod:`~.chain_check`, 202 full-data passes). The
-        package's kernels turn it off: their warm-up is such a chain, and adapts the proxy
-        to it.
+        Run the chain check (:mod:`~.chain_check`, 202 full-data passes); None (default): up
+        to :data:`~.chain_check.MAX_CHAIN_CHECK_ROWS` rows. The package's kernels turn it
+        off: their warm-up is such a chain, and adapts the proxy to it.
     progress
         Show progress bars.
 
@@ -338,15 +339,16 @@ def fit_variational(
         potential, data, fit.mean, cov, chunk_size=chunk_size,
         store_datum_grads=store_datum_grads, kind="variational", num_data_passes=passes,
     )
+    chain = runs_chain_check(check_chain, potential.num_data)
     messages, figures = fit_messages(potential, data, proxy, fit.info, int(patience), tol,
-                                     fit.gaussian, chunk_size, bool(check_chain))
+                                     fit.gaussian, chunk_size, chain)
     for message in messages:
         warn_proxy(message)
     info = dict(fit.info, guide=fit.guide, guide_params=fit.params, gaussian=fit.gaussian,
                 sample=fit.sample, warnings=messages, guide_cov=fit.cov, covariance=covariance,
                 **cov_info, **figures)
     passes = proxy.num_data_passes + (
-        check_passes(potential.num_data, bool(check_chain)) if fit.gaussian else 0)
+        check_passes(potential.num_data, chain) if fit.gaussian else 0)
     return proxy._replace(info=info, num_data_passes=passes, seconds=time.perf_counter() - t0)
 
 
