@@ -20,6 +20,7 @@ cached) this benchmark shares.
     python benchmarks/bench_models.py --batch 7          # the seventh batch (_unseen_models7)
     python benchmarks/bench_models.py --batch 8          # the eighth batch (_unseen_models8)
     python benchmarks/bench_models.py --batch 9          # the ninth batch (_unseen_models9)
+    python benchmarks/bench_models.py --batch 10         # the tenth batch (_unseen_models10)
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ import _unseen_models6  # noqa: E402
 import _unseen_models7  # noqa: E402
 import _unseen_models8  # noqa: E402
 import _unseen_models9  # noqa: E402
+import _unseen_models10  # noqa: E402
 import bench_hierarchical  # noqa: E402
 
 BATCHES = {1: _unseen_models.suite, 2: _unseen_models2.suite, 3: _unseen_models3.suite,
            4: _unseen_models4.suite, 5: _unseen_models5.suite, 6: _unseen_models6.suite,
            7: _unseen_models7.suite, 8: _unseen_models8.suite,
-           9: _unseen_models9.suite}
+           9: _unseen_models9.suite, 10: _unseen_models10.suite}
 
 
 def main(argv=None) -> int:
