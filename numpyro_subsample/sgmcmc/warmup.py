@@ -26,7 +26,10 @@ pilot chains (vectorized) in windows w = 1, …, W:
    the potential's Hessian at θ̂_{w+1} and its scales from the draws
    (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`, one more data pass).
 
-The next window starts each chain where the last one stopped. The adapted proxy then replaces
+The next window starts each chain where the last one stopped. Where the last window of the
+schedule still moved the centre by more than :data:`SETTLED_SHIFT` of the proxy's sds, the
+pilot adds windows of its length, one at a time, until one moves it less (at most
+:data:`EXTRA_WINDOWS`). The adapted proxy then replaces
 the fitted one for everything: the sampling chains start at its draws, its centre and
 covariance set the estimator and the whitening, and the noise is measured at its draws for the
 step size (:func:`~numpyro_subsample.sgmcmc.noise_refine.measured_preprocessed`). Cost: one
@@ -63,11 +66,17 @@ from numpyro_subsample.sgmcmc.pilot_chains import (
     run_window,
     warn_all_failed,
 )
-from numpyro_subsample.sgmcmc.pilot_moments import hessian_whitened, window_moments
+from numpyro_subsample.sgmcmc.pilot_moments import (
+    hessian_whitened,
+    window_changes,
+    window_moments,
+)
 from numpyro_subsample.sgmcmc.pilot_structured import structured_pilot_proxy
 
 __all__ = [
     "DEFAULT_WINDOWS",
+    "EXTRA_WINDOWS",
+    "SETTLED_SHIFT",
     "MAX_PILOT_PASSES",
     "MAX_START_DECREMENT",
     "PILOT_CHAINS",
@@ -84,6 +93,17 @@ __all__ = [
 #: stops after the second window if neither that window nor the one before it moved the
 #: proxy (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_moments`).
 DEFAULT_WINDOWS = (100, 150, 250, 500)
+#: Windows of the last scheduled length that the pilot adds, one at a time, while its last
+#: window differed from its proxy by more than the Monte Carlo error
+#: (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_changes`, the test of a trusted
+#: start) and moved its centre by more than :data:`SETTLED_SHIFT` of the proxy's sds: a
+#: pilot still drifting that far has not found the posterior.
+EXTRA_WINDOWS = 4
+#: The largest shift of the centre (in the proxy's sds, worst coordinate) of a window that
+#: ends the pilot's schedule. Shifts of about one sd are common in the centred form of a
+#: hierarchical model, whose pilot chains reach a few effective draws per window; a drift of
+#: several sds per window is not (3-5 on a collapsed variational start).
+SETTLED_SHIFT = 2.0
 #: Pilot chains run side by side (vectorized).
 PILOT_CHAINS = 4
 #: At most this many data passes are spent on the pilot's subsamples (the windows shrink
@@ -284,6 +304,7 @@ def adapt_proxy(
     num_chains: int = PILOT_CHAINS,
     chunk_size: int,
     replace: bool = True,
+    extra_windows: int = EXTRA_WINDOWS,
 ) -> Proxy:
     """The proxy adapted from ``start`` by pilot chains in ``windows`` (module docstring).
 
@@ -299,6 +320,11 @@ def adapt_proxy(
         (:func:`~numpyro_subsample.sgmcmc.adaptation.adaptive_step_size`).
     windows
         Steps per window (:func:`pilot_schedule`).
+    extra_windows
+        At most this many windows of ``windows[-1]`` steps follow, one at a time, while the
+        last window moved the centre by more than :data:`SETTLED_SHIFT` proxy sds and its
+        draws differ from the proxy by more than their Monte Carlo error (tested as for a
+        trusted start, whatever the start).
 
     Returns
     -------
@@ -315,9 +341,10 @@ def adapt_proxy(
     proxy = start
     passes = float(start.num_data_passes)
     record: list[PilotWindow] = []
-    keys = pilot_keys(rng_key, len(windows) + 1, num_chains)
+    keys = pilot_keys(rng_key, len(windows) + 1 + extra_windows, num_chains)
     theta_start, hessian_data = None, None
-    for k, length in enumerate(windows):
+    schedule = list(windows)
+    for k, length in enumerate(schedule):
         states, ws, failed, est_passes = run_window(pilot, proxy, length, keys[k], theta_start)
         passes += est_passes + float(length) * num_chains * n / potential.num_data
         if failed.all():
@@ -339,6 +366,10 @@ def adapt_proxy(
             if k >= 1:  # two windows agree with the proxy within their Monte Carlo error
                 break
             continue
+        if (k + 1 == len(schedule) < len(windows) + extra_windows
+                and record[-1].shift > SETTLED_SHIFT
+                and any(window_changes(ws, True))):  # still drifting: one more window
+            schedule.append(schedule[-1])
         proxy, hessian_data, passes = _next_proxy(
             pilot, proxy, centre, cov, window_draws, moved=moved, passes=passes,
             elapsed=time.perf_counter() - t0 + start.seconds)
