@@ -15,6 +15,7 @@ Gamma for a positive amount, each part with its own group effects and scale).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -130,13 +131,9 @@ def hurdle_gamma(g, x, y, groups=50, subsample_size=500):
         logit_zero = u[g[k]] + bu * x[k]
         mean = jnp.exp(v[g[k]] + bv * x[k])
         positive = dist.Gamma(shape, shape / mean).log_prob(jnp.where(zero, 1.0, y[k]))
-        ll = jnp.where(zero, jax_log_sigmoid(logit_zero),
-                       jax_log_sigmoid(-logit_zero) + positive)
+        ll = jnp.where(zero, jax.nn.log_sigmoid(logit_zero),
+                       jax.nn.log_sigmoid(-logit_zero) + positive)
         numpyro.factor("y", ll)
-
-
-def jax_log_sigmoid(t):
-    return -jnp.logaddexp(0.0, -t)
 
 
 #: name: (model, data generator, compared sites, the model NUTS runs where it differs)
