@@ -22,13 +22,10 @@ from numpyro.util import is_prng_key
 from numpyro_subsample.core.adapter import (
     SubsampleKernel,
     concrete_under_pmap,
-    preprocess_keys,
 )
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK
-from numpyro_subsample.core.likelihood_map import with_likelihood_map
 from numpyro_subsample.core.options import check_options, keyword_params
-from numpyro_subsample.core.potential import Potential, build_potential
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import LocalConfig
 from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning, NonFiniteNoiseError
@@ -406,23 +403,6 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
             dynamics=self._dynamics(pre.noise_corrected), diffusion=self._diffusion,
             seed=self.seed, est_state=state.est_state)
         return probe, coordinate_names(pre.potential)
-
-    def potential_for(self, data: ModelData) -> Potential:
-        """The potential of the model as written; for a model the user wrote as
-        ``reparam(model, {a: LocScaleReparam(centered=c)})``
-        (:func:`~numpyro_subsample.sgmcmc.centring.written_form`), with its likelihood map to
-        the centred form, so that the control variate's Taylor term is taken in a
-        (:func:`~numpyro_subsample.core.likelihood_map.with_likelihood_map`)."""
-        sig = data.signature()
-        if sig in self._potentials:
-            return self._potentials[sig]
-        potential = super().potential_for(data)
-        form = None if potential.local else centring.written_form(self.user_model, data)
-        if form is not None:
-            original = build_potential(form.model, data, preprocess_keys(self.seed)[0])
-            potential = with_likelihood_map(potential, original, data)
-            self._potentials[sig] = potential
-        return potential
 
     def without_centring(self, model: Callable | None = None) -> SGMCMCKernel:
         """A copy that samples ``model`` (default: the kernel's) as written
