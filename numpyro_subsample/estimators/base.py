@@ -192,10 +192,11 @@ def weighted_gradient(
         batch_at_centre = jax.grad(
             lambda t: jnp.dot(weights, potential.data_terms(t, idx, data))
         )(cv.centre)
+    at_centre = cv.sum_grads - batch_at_centre
     if cv.map_inverse is None or potential.likelihood_map is None:
-        return jax.grad(weighted)(theta) + cv.sum_grads - batch_at_centre
+        return jax.grad(weighted)(theta) + at_centre
     # J(θ)ᵀ J(θ̂)⁻ᵀ (Σ_i ∇f_i(θ̂) − Σ_j w_j ∇f_{i_j}(θ̂)), as the gradient of <v, φ(θ)>
-    v = jax.lax.stop_gradient(cv.map_inverse.T @ (cv.sum_grads - batch_at_centre))
+    v = jax.lax.stop_gradient(cv.map_inverse.T @ at_centre)
     to_original = potential.likelihood_map.to_original
     return jax.grad(lambda t: weighted(t) + jnp.dot(v, to_original(t, data)))(theta)
 
