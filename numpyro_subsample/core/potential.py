@@ -30,7 +30,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +75,6 @@ from numpyro_subsample.core.terms import (
 
 __all__ = [
     "DataPlate",
-    "LikelihoodMap",
     "LocalSite",
     "ModelData",
     "Potential",
@@ -87,14 +85,6 @@ __all__ = [
     "per_datum",
     "in_plate",
 ]
-
-
-class LikelihoodMap(NamedTuple):
-    """θ ↦ φ = ``to_original(θ, data)``, the unconstrained coordinates of ``original``, a
-    potential whose per-datum terms at φ equal those of the reparameterised one at θ."""
-
-    original: Potential
-    to_original: Callable[[jax.Array, ModelData], jax.Array]
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,10 +107,6 @@ class Potential:
         Local sites integrated out of each f_i by quadrature
         (:func:`~numpyro_subsample.core.quadrature.integrate_local`): in neither θ nor
         ``local``.
-    likelihood_map
-        For a reparameterised model (the kernels' partial centring), the map to the
-        coordinates of the model it reparameterises
-        (:func:`~numpyro_subsample.core.likelihood_map.with_likelihood_map`).
 
     References
     ----------
@@ -144,9 +130,6 @@ class Potential:
     local: tuple[LocalSite, ...] = ()
     # local sites integrated out of each f_i (:mod:`.quadrature`): neither in θ nor in `local`
     integrated: tuple[LocalSite, ...] = ()
-    # θ ↦ φ, the coordinates of the model this one reparameterises, whose f_i(φ) equal these
-    # f_i(θ) (:mod:`.likelihood_map`); None for a model sampled as written
-    likelihood_map: LikelihoodMap | None = None
 
     @property
     def dim(self) -> int:

@@ -12,12 +12,7 @@ c_i is the control variate:
 - c_i(θ) = ∇f_i(θ̂)ᵀθ (first-order Taylor term at the proxy centre θ̂), whose gradient sum is
   the stored full gradient Σ_i ∇f_i(θ̂): SGLD-CV, Baker, Fearnhead, Fox and Nemeth (2019,
   Eq. 4), Putcha et al. (2023, Eq. 5);
-- non-uniform w = 1/(n p_i): Putcha et al. (2023, Eq. 8, SGLD-PS, and Eq. 12, SGLD-CV-PS);
-- for a reparameterised model whose f_i(θ) = f̃_i(φ(θ)) (partial centring,
-  :mod:`numpyro_subsample.core.likelihood_map`), the Taylor term in the original coordinates,
-  c_i(θ) = ∇f̃_i(φ̂)ᵀφ(θ), φ̂ = φ(θ̂): ∇c_i(θ) = J(θ)ᵀ J(θ̂)⁻ᵀ ∇f_i(θ̂) with J = ∂φ/∂θ, so that
-  the residuals J(θ)ᵀ[∇f̃_i(φ) − ∇f̃_i(φ̂)] do not grow with the change of J over the posterior
-  (the scale s that multiplies a standardised group effect's data gradient).
+- non-uniform w = 1/(n p_i): Putcha et al. (2023, Eq. 8, SGLD-PS, and Eq. 12, SGLD-CV-PS).
 
 It is unbiased for ∇f(θ) whenever the design is (E Σ_j w_j h_{i_j} = Σ_i h_i), and its noise
 is the design's sum applied to the residuals r_i = ∇f_i(θ) − ∇c_i(θ), whose covariance the
@@ -38,14 +33,12 @@ then moves with the chain: SAGA's table of past gradients, SVRG's anchor, Dubey 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.potential import ModelData, Potential
 from numpyro_subsample.estimators.selection import DesignMoments, SamplingDesign
 
@@ -56,8 +49,6 @@ __all__ = [
     "weighted_gradient",
     "make_estimator",
     "control_variate_from_proxy",
-    "control_variate_rows",
-    "map_jacobian",
     "pair_control_variate",
 ]
 
@@ -66,9 +57,7 @@ class ControlVariate(NamedTuple):
     """First-order Taylor control variate at the centre θ̂ (Baker et al. 2019, Eq. 4).
 
     ``sum_grads`` = Σ_i ∇f_i(θ̂); ``datum_grads`` = the (N, d) table of ∇f_i(θ̂), or None to
-    recompute ∇f_i(θ̂) on each subsample (one more model evaluation, no N·d memory);
-    ``map_inverse`` = J(θ̂)⁻¹ of the potential's likelihood map (module docstring), or None for
-    the Taylor term in θ.
+    recompute ∇f_i(θ̂) on each subsample (one more model evaluation, no N·d memory).
 
     Parameters
     ----------
@@ -78,8 +67,6 @@ class ControlVariate(NamedTuple):
         Σ_i ∇f_i(θ̂).
     datum_grads
         The (N, d) table of ∇f_i(θ̂), or None.
-    map_inverse
-        J(θ̂)⁻¹, (d, d), or None.
 
     References
     ----------
@@ -89,7 +76,6 @@ class ControlVariate(NamedTuple):
     centre: jax.Array
     sum_grads: jax.Array
     datum_grads: jax.Array | None = None
-    map_inverse: jax.Array | None = None
 
 
 class EstimatorMoments(NamedTuple):
@@ -184,36 +170,16 @@ def weighted_gradient(
         f0, fi = potential.terms(t, idx, data)
         return f0 + jnp.dot(weights, fi)
 
+    g = jax.grad(weighted)(theta)
     if cv is None:
-        return jax.grad(weighted)(theta)
+        return g
     if cv.datum_grads is not None:
         batch_at_centre = weights @ cv.datum_grads[idx]
     else:
         batch_at_centre = jax.grad(
             lambda t: jnp.dot(weights, potential.data_terms(t, idx, data))
         )(cv.centre)
-    at_centre = cv.sum_grads - batch_at_centre
-    if cv.map_inverse is None or potential.likelihood_map is None:
-        return jax.grad(weighted)(theta) + at_centre
-    # J(θ)ᵀ J(θ̂)⁻ᵀ (Σ_i ∇f_i(θ̂) − Σ_j w_j ∇f_{i_j}(θ̂)), as the gradient of <v, φ(θ)>
-    v = jax.lax.stop_gradient(cv.map_inverse.T @ at_centre)
-    to_original = potential.likelihood_map.to_original
-    return jax.grad(lambda t: weighted(t) + jnp.dot(v, to_original(t, data)))(theta)
-
-
-def map_jacobian(potential: Potential, theta: jax.Array, data: ModelData) -> jax.Array:
-    """J(θ) = ∂φ/∂θ (d, d) of the potential's likelihood map."""
-    return jax.jacfwd(lambda t: potential.likelihood_map.to_original(t, data))(theta)
-
-
-def control_variate_rows(potential: Potential, cv: ControlVariate, at_centre: jax.Array,
-                         jacobian: jax.Array | None) -> jax.Array:
-    """∇c_i(θ) (m, d) of the rows whose ∇f_i(θ̂) are ``at_centre`` (m, d): those rows, or
-    with the likelihood map their J(θ)ᵀ J(θ̂)⁻ᵀ ∇f_i(θ̂), ``jacobian`` = J(θ)
-    (:func:`map_jacobian`)."""
-    if cv.map_inverse is None or potential.likelihood_map is None:
-        return at_centre
-    return at_centre @ (cv.map_inverse @ jacobian)
+    return g + cv.sum_grads - batch_at_centre
 
 
 @lru_cache(maxsize=256)
@@ -290,28 +256,7 @@ def make_estimator(
     )
 
 
-#: The largest condition number of J(θ̂) that :func:`control_variate_from_proxy` inverts.
-MAX_MAP_CONDITION = 1e6
-
-
-def control_variate_from_proxy(proxy, potential: Potential | None = None,
-                               data: ModelData | None = None) -> ControlVariate:
-    """The Taylor control variate at a proxy's centre: in the original coordinates where
-    ``potential`` has a likelihood map and ``proxy`` a dense covariance (with ``data``),
-    else in θ. The map's J(θ̂) is inverted in float64; a J whose condition number exceeds
-    :data:`MAX_MAP_CONDITION` keeps the Taylor term in θ."""
-    cv = ControlVariate(centre=proxy.centre, sum_grads=proxy.sum_grads,
-                        datum_grads=proxy.datum_grads)
-    if (potential is None or data is None or potential.likelihood_map is None
-            or getattr(proxy, "cov", None) is None):
-        return cv
-    jac = np.asarray(_jacobian_at(potential, proxy.centre, data), np.float64)
-    if not np.all(np.isfinite(jac)) or np.linalg.cond(jac) > MAX_MAP_CONDITION:
-        return cv
-    return cv._replace(map_inverse=device_array(np.linalg.inv(jac),
-                                                np.asarray(proxy.centre).dtype))
-
-
-@partial(jax.jit, static_argnums=(0,))
-def _jacobian_at(potential: Potential, theta: jax.Array, data: ModelData) -> jax.Array:
-    return map_jacobian(potential, theta, data)
+def control_variate_from_proxy(proxy) -> ControlVariate:
+    """The Taylor control variate at a proxy's centre."""
+    return ControlVariate(centre=proxy.centre, sum_grads=proxy.sum_grads,
+                          datum_grads=proxy.datum_grads)

@@ -38,12 +38,7 @@ from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, scan_chunks
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.core.rng import host_generator
-from numpyro_subsample.estimators.base import (
-    EstimatorMoments,
-    GradientEstimator,
-    control_variate_rows,
-    map_jacobian,
-)
+from numpyro_subsample.estimators.base import EstimatorMoments, GradientEstimator
 
 __all__ = ["NOISE_ROWS", "exact_whitened_covs", "monte_carlo_whitened_covs", "noise_rows",
            "point_covariances"]
@@ -94,18 +89,14 @@ def _moment_sums(moments: EstimatorMoments, params, theta, tril, data, chunk_siz
         cv = moments.control_variate(params)
         c = jnp.atleast_1d(m.group_weight).astype(theta.dtype)
         num_groups = c.shape[0]
-        jacobian = (map_jacobian(potential, theta, data)
-                    if cv is not None and cv.map_inverse is not None
-                    and potential.likelihood_map is not None else None)
 
         def chunk_fn(idx, mask):
             if rows is not None:
                 idx = rows[idx]
             r = datum_grads(theta, idx)
             if cv is not None:
-                at_centre = (cv.datum_grads[idx] if cv.datum_grads is not None
-                             else datum_grads(cv.centre, idx))
-                r = r - control_variate_rows(potential, cv, at_centre, jacobian)
+                r = r - (cv.datum_grads[idx] if cv.datum_grads is not None
+                         else datum_grads(cv.centre, idx))
             u = jnp.where(mask[:, None], r @ tril, 0.0)
             a = m.datum_weight if jnp.ndim(m.datum_weight) == 0 else m.datum_weight[idx]
             au = u * jnp.reshape(a, (-1, 1)).astype(u.dtype)

@@ -63,9 +63,6 @@ class NoiseOperator(NamedTuple):
         params, thetas, designs, scale, data = operand
         potential = self.moments.potential
         cv = self.moments.control_variate(params)
-        if cv is not None and cv.map_inverse is not None:
-            raise ValueError("the matrix-free noise takes the Taylor control variate in θ: "
-                             "build it without map_inverse")
         num_data = potential.num_data
         chunk, num_chunks = chunk_count(num_data, self.chunk_size)
         y = whiten_matvec(scale, x)

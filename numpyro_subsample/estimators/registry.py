@@ -70,8 +70,7 @@ def _build_cv(potential, data, proxy, *, subsample_size, replace=True, rng_key=N
             "or a Proxy."
         )
     design = uniform_design(potential.num_data, subsample_size, replace, potential.init_theta.dtype)
-    return make_estimator(potential, design, control_variate_from_proxy(proxy, potential, data),
-                          name="cv")
+    return make_estimator(potential, design, control_variate_from_proxy(proxy), name="cv")
 
 
 ESTIMATORS: dict[str, Callable[..., GradientEstimator]] = {

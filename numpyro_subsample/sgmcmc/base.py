@@ -493,8 +493,7 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         dropped = []
         weights = centring.weights_from_noncentred(pre)
         if weights:  # partially centred at the weights its proxy gives, if that pays
-            partial = centring.partially_centred_potential(self, weights, data,
-                                                           self.potential_for(data))
+            partial = centring.partially_centred_potential(self, weights, data)
             try:
                 partial_pre, partial_caught = _recorded(lambda: self._preprocess(partial, data))
             except LaplaceFitError:

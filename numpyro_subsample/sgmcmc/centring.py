@@ -55,7 +55,6 @@ from numpyro.primitives import Messenger
 
 from numpyro_subsample.core.adapter import preprocess_keys
 from numpyro_subsample.core.data import ModelData, device_array
-from numpyro_subsample.core.likelihood_map import with_likelihood_map
 from numpyro_subsample.core.potential import Potential, build_potential
 from numpyro_subsample.core.structure import as_given
 from numpyro_subsample.proxies.covariance import diag_precision, scale_matvec
@@ -738,19 +737,15 @@ def noncentred_potential(kernel, potential: Potential, data: ModelData) -> Poten
         return None
     values = potential.unravel(potential.init_theta)
     return partially_centred_potential(
-        kernel, {name: np.zeros(np.shape(values[name])) for name in sorted(sites)}, data,
-        potential)
+        kernel, {name: np.zeros(np.shape(values[name])) for name in sorted(sites)}, data)
 
 
-def partially_centred_potential(kernel, weights: dict[str, np.ndarray], data: ModelData,
-                                original: Potential) -> Potential:
+def partially_centred_potential(kernel, weights: dict[str, np.ndarray],
+                                data: ModelData) -> Potential:
     """The potential of the kernel's model partially centred at ``weights``
-    (:func:`partially_centred`), with its likelihood map to ``original``, the potential of
-    the kernel's model (:func:`~numpyro_subsample.core.likelihood_map.with_likelihood_map`:
-    the control variate's Taylor term is taken in the centred coordinates)."""
-    potential = build_potential(partially_centred(kernel.user_model, weights), data,
-                                preprocess_keys(kernel.seed)[0])
-    return with_likelihood_map(potential, original, data)
+    (:func:`partially_centred`)."""
+    return build_potential(partially_centred(kernel.user_model, weights), data,
+                           preprocess_keys(kernel.seed)[0])
 
 
 def weights_from_noncentred(pre) -> dict[str, np.ndarray]:
@@ -814,5 +809,4 @@ def centred_potential(kernel, pre, data: ModelData,
         config.update({site: PartialCentring(jnp.asarray(weights.get(site, 0.0)))
                        for site in form.hand})
         model = numpyro.handlers.reparam(form.model, config=config)
-    return with_likelihood_map(build_potential(model, data, preprocess_keys(kernel.seed)[0]),
-                               potential, data)
+    return build_potential(model, data, preprocess_keys(kernel.seed)[0])
