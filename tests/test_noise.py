@@ -1,6 +1,7 @@
 """The exact noise covariance of every estimator configuration (estimators.noise)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,10 +23,13 @@ from numpyro_subsample import (
 )
 from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.estimators import noise_covariance
+from numpyro_subsample.estimators.base import GradientEstimator
 from numpyro_subsample.estimators.noise import (
+    CurvatureLimitedStepWarning,
     NoiseLimitedStepWarning,
     direction_errors,
     extend_noise,
+    warn_if_noise_limited,
     whitened_noise,
 )
 from numpyro_subsample.estimators.noise_covariance import (
@@ -364,3 +368,75 @@ def test_noise_on_a_row_sample_is_unbiased_and_costs_its_share(monkeypatch, name
         se = traces.std(ddof=1) / np.sqrt(len(traces))
         assert abs(traces.mean() - exact) < 4 * se + 1e-6 * exact, (p, traces.mean(), exact, se)
         assert traces.std(ddof=1) / exact < 0.1, (p, traces / exact)  # one sample's spread
+
+
+def _estimator(name: str = "cv") -> GradientEstimator:
+    return GradientEstimator(estimate=None, params=None, name=name, subsample_size=500,
+                             num_data=10_000)
+
+
+def test_a_step_the_curvature_holds_warns_about_the_curvature_not_the_noise():
+    """Where the rule's step without noise is itself below MIN_USEFUL_STEP and the noise does
+    not halve it, the warning blames the curvature, names its coordinate, and does not advise
+    a larger subsample."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_noise_limited(_estimator(), 2.3e6, 4.2e-10, curvature=2.28e8,
+                              noise_free_step=4.2e-10, curvature_site="lambda[21]")
+    assert [w.category for w in caught] == [CurvatureLimitedStepWarning]
+    message = str(caught[0].message)
+    assert "μ = 2.28e+08 along lambda[21]" in message
+    assert "does not lower it" in message and "do not raise this step" in message
+    assert "Use a larger subsample_size" not in message
+    # the noise lowers it, by less than half: still the curvature's, and the message says so
+    with pytest.warns(CurvatureLimitedStepWarning, match="lowers it to 3.00e-10"):
+        warn_if_noise_limited(_estimator(), 2.3e6, 3e-10, curvature=2.28e8,
+                              noise_free_step=4.2e-10)
+
+
+def test_a_step_the_noise_holds_warns_about_the_noise_and_the_curvature_beneath_it():
+    with pytest.warns(NoiseLimitedStepWarning, match="Use a larger subsample_size.*Without the "
+                      r"noise the curvature μ = 2.28e\+08 would still hold it to 4.20e-10"):
+        warn_if_noise_limited(_estimator(), 2.3e6, 1e-10, curvature=2.28e8,
+                              noise_free_step=4.2e-10)
+    with warnings.catch_warnings(record=True) as caught:  # the curvature leaves a useful step
+        warnings.simplefilter("always")
+        warn_if_noise_limited(_estimator(), 2.3e6, 1e-6, curvature=1.0, noise_free_step=0.095)
+        warn_if_noise_limited(_estimator(), 1.0, 0.05, curvature=1.0, noise_free_step=0.095)
+    assert [w.category for w in caught] == [NoiseLimitedStepWarning]
+    assert "Without the noise" not in str(caught[0].message)
+
+
+@pytest.mark.slow
+def test_a_centred_funnel_whose_step_the_curvature_holds_warns_so(monkeypatch):
+    """End to end: 50 groups of 4 rows (noise sd 5, group sd 0.1) sampled centred; the
+    pilot's chains go down the funnel, where the curvature (μ ≈ 700) holds the step to about
+    1.3e-4 while the noise (v < 0.01) does not lower it. MIN_USEFUL_STEP is raised to 1e-3 so
+    that this cheap model crosses it."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    from numpyro_subsample import AdaptationOptions
+    from numpyro_subsample.estimators import noise
+
+    def funnel(g, y):
+        mu = numpyro.sample("mu", dist.Normal(0, 5))
+        tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+        with numpyro.plate("groups", 50):
+            a = numpyro.sample("a", dist.Normal(mu, tau))
+        with numpyro.plate("data", g.shape[0], subsample_size=100) as idx:
+            numpyro.sample("y", dist.Normal(a[g[idx]], 5.0), obs=y[idx])
+
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(50), 4)
+    y = 1.0 + 0.1 * rng.normal(size=50)[g] + 5.0 * rng.normal(size=g.size)
+    monkeypatch.setattr(noise, "MIN_USEFUL_STEP", 1e-3)
+    kernel = SGLD(funnel, progress_bar=False, adaptation=AdaptationOptions(centring=False))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pre = kernel.preprocess((jnp.asarray(g), jnp.asarray(y, jnp.float32)), {})
+    limited = [w for w in caught if issubclass(w.category, (CurvatureLimitedStepWarning,
+                                                            NoiseLimitedStepWarning))]
+    assert [w.category for w in limited] == [CurvatureLimitedStepWarning], limited
+    assert pre.step_size < 1e-3 and pre.step_size >= 0.5 * pre.noise_free_step
+    assert re.search(r"μ = [0-9.e+]+ along (tau|mu|a\[\d+\])", str(limited[0].message))

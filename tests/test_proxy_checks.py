@@ -346,8 +346,8 @@ def test_curvature_reuses_the_laplace_hessian():
     wide = proxy._replace(scale_tril=2.0 * proxy.scale_tril)  # μ ≈ 4, above the floor of 1
     given = wide._replace(info={**proxy.info, "draws": draws, "hessian_data": None})
     measured = wide._replace(info={"draws": draws, "hessian_data": None})
-    mu_given, passes_given = measured_curvature(given, pot, data, chunk_size=256)
-    mu_measured, passes_measured = measured_curvature(measured, pot, data, chunk_size=256)
+    mu_given, passes_given, _ = measured_curvature(given, pot, data, chunk_size=256)
+    mu_measured, passes_measured, _ = measured_curvature(measured, pot, data, chunk_size=256)
     assert (passes_given, passes_measured) == (0.0, 1.0)
     assert 3.0 < mu_measured < 5.0
     np.testing.assert_allclose(mu_given, mu_measured, rtol=1e-4)

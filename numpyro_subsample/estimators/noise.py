@@ -30,6 +30,7 @@ the directions and their errors (and the noise correction that needs them) are n
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -50,6 +51,7 @@ from numpyro_subsample.proxies.whitening import Scale, is_structured, whiten_mat
 __all__ = [
     "MIN_USEFUL_STEP",
     "PROXY_MISMATCH_FACTOR",
+    "CurvatureLimitedStepWarning",
     "NoiseLimitedStepWarning",
     "WhitenedNoise",
     "noise_points",
@@ -76,6 +78,11 @@ PROXY_MISMATCH_FACTOR = 10.0
 
 class NoiseLimitedStepWarning(UserWarning):
     """The estimator's gradient noise forces a step size too small for the chain to mix."""
+
+
+class CurvatureLimitedStepWarning(UserWarning):
+    """The potential's curvature where the chains went, not the gradient noise, forces a step
+    size too small for the chain to mix."""
 
 
 class WhitenedNoise(NamedTuple):
@@ -326,17 +333,28 @@ def warn_if_noise_limited(
     *,
     curvature: float = 1.0,
     model_remedy: Callable[[], str] | None = None,
+    noise_free_step: float | None = None,
+    curvature_site: str = "",
     stacklevel: int = 2,
 ) -> None:
-    """Warn (:class:`NoiseLimitedStepWarning`) when the step size chosen from the noise is
-    below :data:`MIN_USEFUL_STEP`; name the estimator, the noise, the step and the remedy
-    (a proxy far from the posterior when v·n/N > :data:`PROXY_MISMATCH_FACTOR` ×
-    max(``curvature``, 1), μ = ``curvature`` the whitened curvature the step rule used; there
-    the remedy ``model_remedy()`` gives, if any: a way of writing the model that the kernels
-    sample better)."""
+    """Warn when the step size chosen from the noise is below :data:`MIN_USEFUL_STEP`.
+
+    Where the rule's step without noise, ``noise_free_step``, is itself below it and the noise
+    lowers the step by less than half, the curvature μ = ``curvature`` (the whitened
+    curvature the step rule used, largest along ``curvature_site``) sets the step: a
+    :class:`CurvatureLimitedStepWarning` says so, and that neither a larger subsample nor
+    control variates raise it. Otherwise a :class:`NoiseLimitedStepWarning` names the
+    estimator, the noise, the step and the remedy (a proxy far from the posterior when
+    v·n/N > :data:`PROXY_MISMATCH_FACTOR` × max(μ, 1); there the remedy ``model_remedy()``
+    gives, if any: a way of writing the model that the kernels sample better)."""
     if not step_size < MIN_USEFUL_STEP:
         return
     name = estimator.name
+    free = math.nan if noise_free_step is None else float(noise_free_step)
+    if free < MIN_USEFUL_STEP and step_size >= 0.5 * free:
+        _warn_curvature_limited(estimator, noise, step_size, free, float(curvature),
+                                curvature_site, stacklevel=stacklevel + 1)
+        return
     implied = noise * estimator.subsample_size / max(estimator.num_data, 1)
     mismatch = implied > PROXY_MISMATCH_FACTOR * max(float(curvature), 1.0)
     written = model_remedy() if mismatch and model_remedy is not None else ""
@@ -378,7 +396,34 @@ def warn_if_noise_limited(
         f"{estimator.num_data}): its gradient noise, largest eigenvalue v = {noise:.3g} of the "
         f"covariance in whitened coordinates (mean over proxy draws), limits the step size to "
         f"h = {step_size:.2e} < {MIN_USEFUL_STEP:g}: the chain needs about 2/h = "
-        f"{2.0 / max(step_size, 1e-300):.1e} steps per independent draw. {remedy}",
+        f"{2.0 / max(step_size, 1e-300):.1e} steps per independent draw. {remedy}"
+        + (f" Without the noise the curvature μ = {float(curvature):.3g} would still hold "
+           f"it to {free:.2e}." if free < MIN_USEFUL_STEP else ""),
         NoiseLimitedStepWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def _warn_curvature_limited(estimator: GradientEstimator, noise: float, step_size: float,
+                            noise_free_step: float, curvature: float, site: str, *,
+                            stacklevel: int) -> None:
+    where = f" along {site}" if site else ""
+    lowered = (f"the gradient noise, v = {noise:.3g}, lowers it to {step_size:.2e}"
+               if step_size < 0.99 * noise_free_step else
+               f"the gradient noise, v = {noise:.3g}, does not lower it")
+    warnings.warn(
+        f"The step size h = {step_size:.2e} < {MIN_USEFUL_STEP:g} is set by the posterior's "
+        f"curvature, not by the gradient noise of estimator={estimator.name!r}: at the "
+        f"pilot chains' last draws the potential's curvature in the proxy's whitened "
+        f"coordinates reaches μ = {curvature:.3g}{where}, and even an exact gradient allows "
+        f"only h = {noise_free_step:.2e} ({lowered}); the chain needs about 2/h = "
+        f"{2.0 / max(step_size, 1e-300):.1e} "
+        "steps per independent draw. The curvature varies by orders of magnitude over "
+        "where the chains went, as in a funnel (a scale whose posterior reaches towards "
+        "zero, with effects that depend on it): a larger subsample_size, control variates or "
+        f"another proxy do not raise this step. Expect this run not to have mixed{where}, "
+        "and compare it with a sampler that adapts its step along the trajectory (NUTS) on "
+        "the model or on a subset of the data.",
+        CurvatureLimitedStepWarning,
         stacklevel=stacklevel + 1,
     )

@@ -28,7 +28,11 @@ from numpyro_subsample.core.datapass import DEFAULT_CHUNK
 from numpyro_subsample.core.options import check_options, keyword_params
 from numpyro_subsample.core.rng import STEP_RNG
 from numpyro_subsample.estimators.local import LocalConfig
-from numpyro_subsample.estimators.noise import NoiseLimitedStepWarning, NonFiniteNoiseError
+from numpyro_subsample.estimators.noise import (
+    CurvatureLimitedStepWarning,
+    NoiseLimitedStepWarning,
+    NonFiniteNoiseError,
+)
 from numpyro_subsample.estimators.registry import (
     STATEFUL,
     check_estimator_request,
@@ -88,9 +92,11 @@ def _recorded(fn: Callable[[], Any]) -> tuple[Any, list]:
 
 def _not_about_its_step(caught: list) -> list:
     """The warnings of a form of the model that is not sampled, without those about its own
-    step (:class:`~numpyro_subsample.estimators.noise.NoiseLimitedStepWarning`): they do not
+    step (:class:`~numpyro_subsample.estimators.noise.NoiseLimitedStepWarning`,
+    :class:`~numpyro_subsample.estimators.noise.CurvatureLimitedStepWarning`): they do not
     hold for the form sampled."""
-    return [w for w in caught if not issubclass(w.category, NoiseLimitedStepWarning)]
+    return [w for w in caught if not issubclass(
+        w.category, (NoiseLimitedStepWarning, CurvatureLimitedStepWarning))]
 
 
 class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKernel):

@@ -44,8 +44,9 @@ def full_hessian(potential: Potential, theta: jax.Array, data: ModelData,
 
 
 def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
-                       chunk_size: int) -> tuple[float, float]:
-    """μ of the step-size rule for an adapted proxy, and the data passes it cost (one).
+                       chunk_size: int) -> tuple[float, float, int]:
+    """μ of the step-size rule for an adapted proxy, the data passes it cost (one), and the
+    coordinate of θ that the direction of μ moves most, in proxy sds (−1 where μ = 1).
 
     μ is the largest eigenvalue of Lᵀ(∇²f_data(θ̂) + ∇²f_0(θ_k))L over the pilot's last draws θ_k
     (``proxy.info["draws"]``): the data's Hessian at the centre (one data pass) and the
@@ -56,7 +57,7 @@ def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
     info = proxy.info or {}
     draws = info.get("draws")
     if draws is None or len(draws) == 0:
-        return 1.0, 0.0
+        return 1.0, 0.0, -1
     dtype = proxy.centre.dtype
     h_data, passes = info.get("hessian_data"), 0.0
     total = info.get("hessian") if h_data is None else None
@@ -70,8 +71,11 @@ def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
     if h_data is None:
         h_data, h0 = np.asarray(total, np.float64) - h0[0], h0[1:]
     L = np.asarray(proxy.scale_tril, np.float64)
-    mu = 1.0
+    mu, coordinate = 1.0, -1
     for hk in h0:
         m = L.T @ (h_data + hk) @ L
-        mu = max(mu, float(np.linalg.eigvalsh(0.5 * (m + m.T))[-1]))
-    return mu, passes
+        values, vectors = np.linalg.eigh(0.5 * (m + m.T))
+        if values[-1] > mu:  # its direction in θ, in proxy sds: the coordinate it moves most
+            mu = float(values[-1])
+            coordinate = int(np.argmax(np.abs(L @ vectors[:, -1]) / np.linalg.norm(L, axis=1)))
+    return mu, passes, coordinate

@@ -21,6 +21,7 @@ from numpyro_subsample.core.adapter import preprocess_keys, resolve_progress
 from numpyro_subsample.core.data import ModelData
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.core.quadrature import check_quadrature, integrable_site, integrate_local
+from numpyro_subsample.core.sites import coordinate_names
 from numpyro_subsample.estimators.local_start import local_estimator_choice
 from numpyro_subsample.estimators.noise import NonFiniteNoiseError
 from numpyro_subsample.estimators.registry import (
@@ -175,17 +176,20 @@ class SGMCMCPreprocessing:
             return step_bias.not_probed(  # probed after the run (step_bias.probe_after_run)
                 pre, step_bias.ADAPTED_SKIP if self.bias_probe else "bias_probe=False")
         curvature = prep.whitened_curvature(wh.proxy, self.preconditioning) if structured else 1.0
+        along = -1  # the coordinate of θ along which the measured curvature is largest
         if adapted_structured(wh.proxy):
             curvature, passes = structured_curvature(wh.proxy, potential, data,
                                                      chunk_size=self.chunk_size)
             wh = wh._replace(data_passes=wh.data_passes + passes)
         elif wh.proxy is not None and "draws" in (wh.proxy.info or {}):
-            curvature, passes = measured_curvature(wh.proxy, potential, data,
-                                                   chunk_size=self.chunk_size)
+            curvature, passes, along = measured_curvature(wh.proxy, potential, data,
+                                                          chunk_size=self.chunk_size)
             wh = wh._replace(data_passes=wh.data_passes + passes)
         try:
             pre = self._measured(potential, data, wh, estimator, k_noise, corrected=corrected,
-                                 curvature=curvature, started=t0)
+                                 curvature=curvature, started=t0,
+                                 curvature_site=coordinate_names(potential)[along]
+                                 if along >= 0 else "")
         except NonFiniteNoiseError as err:  # with the passes spent before it
             raise NonFiniteNoiseError(str(err), passes=wh.data_passes + err.passes) from None
         if adapted_structured(wh.proxy):
@@ -208,14 +212,15 @@ class SGMCMCPreprocessing:
                                    chunk_size=self.chunk_size, **self.estimator_options)
 
     def _measured(self, potential: Potential, data: ModelData, wh: Whitening, estimator,
-                  key, *, corrected: bool, curvature: float, started: float) -> Preprocessed:
+                  key, *, corrected: bool, curvature: float, started: float,
+                  curvature_site: str = "") -> Preprocessed:
         """The preprocessing's end with the estimator's noise measured in ``wh`` and the
         kernel's step (:func:`~numpyro_subsample.sgmcmc.noise_refine.measured_preprocessed`)."""
         return measured_preprocessed(
             potential, wh, estimator, key, data, corrected=corrected, step_size=self._step_size,
             rule=self._default_step_size, curvature=curvature, diffusion=self._diffusion,
             max_variance_inflation=self.max_variance_inflation, chunk_size=self.chunk_size,
-            started=started)
+            started=started, curvature_site=curvature_site)
 
     def _probe(self, pre: Preprocessed, data: ModelData, noise_free: float, *,
                stacklevel: int) -> Preprocessed:

@@ -129,16 +129,18 @@ def measured_preprocessed(
     max_variance_inflation: float,
     chunk_size: int,
     started: float,
+    curvature_site: str = "",
 ) -> Preprocessed:
     """The preprocessing's end with a measured noise: the estimator's gradient noise at proxy
     draws in whitened coordinates (:func:`~numpyro_subsample.estimators.noise.whitened_noise`,
     refined by :func:`refine_noise` for a ``corrected`` dynamic), the time step (``step_size``
     if given, else ``rule(noise, corrected, curvature)``, the dynamic's step-size rule of the
     largest noise eigenvalue, capped by :func:`correction_step_cap` for a corrected dynamic; a
-    default step limited by the noise warns,
-    :func:`~numpyro_subsample.estimators.noise.warn_if_noise_limited`), the corrected
-    dynamic's injected-noise scale and the sampler's arrays. ``started`` is the
-    preprocessing's ``time.perf_counter()`` at its start."""
+    default step limited by the noise or by the ``curvature`` μ warns,
+    :func:`~numpyro_subsample.estimators.noise.warn_if_noise_limited`, naming
+    ``curvature_site``, the coordinate along which μ was measured), the corrected dynamic's
+    injected-noise scale and the sampler's arrays. ``started`` is the preprocessing's
+    ``time.perf_counter()`` at its start."""
 
     def chosen(noise: float, corr: bool, mu: float = 1.0) -> float:
         return step_size if step_size is not None else rule(noise, corr, mu)
@@ -160,7 +162,9 @@ def measured_preprocessed(
         h = min(h, correction_step_cap(errors, diffusion, max_variance_inflation))
     if step_size is None:
         warn_if_noise_limited(estimator, noise, h, curvature=curvature, stacklevel=3,
-                              model_remedy=lambda: _model_remedy(potential, data))
+                              model_remedy=lambda: _model_remedy(potential, data),
+                              noise_free_step=chosen(0.0, corrected, curvature),
+                              curvature_site=curvature_site)
     passes = wh.data_passes + estimator.data_passes + measured.data_passes
     dtype = wh.centre.dtype
     scale = (corrected_noise_scale(measured.cov, h, dtype, diffusion, stacklevel=5)
