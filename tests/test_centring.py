@@ -458,17 +458,26 @@ def test_group_effects_non_centred_by_hand_are_named_in_the_advice(data):
     data-plate-only models), and a run that has not mixed says to write the group effects
     as a sample site."""
     from numpyro_subsample import ModelData, build_potential
-    from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
+    from numpyro_subsample.sgmcmc.centring import (
+        hand_noncentred_remedy,
+        hand_noncentred_sites,
+        rewritable_sites,
+    )
 
     g, y, _ = data
 
-    def sites(model):
+    def sites(model, found=hand_noncentred_sites):
         md = ModelData.from_args((g, y), {})
-        return hand_noncentred_sites(build_potential(model, md, jax.random.PRNGKey(0)), md)
+        return found(build_potential(model, md, jax.random.PRNGKey(0)), md)
 
     assert sites(by_hand) == ("z",)
     assert sites(grouped_normal) == () and sites(fixed_scale) == ()
     assert sites(reparam_inside) == ("a_decentered",)
+    # a LocScaleReparam outside the body is written as the advice says: nothing to rewrite
+    assert sites(_noncentred_wrapped()) == ("a_decentered",)
+    assert sites(_noncentred_wrapped(), rewritable_sites) == ()
+    assert sites(reparam_inside, rewritable_sites) == ("a_decentered",)
+    assert sites(by_hand, rewritable_sites) == ("z",)
     # the kernels' own partial centring, even at weights 0 (a standard Normal then)
     assert sites(partially_centred(grouped_normal, {"a": np.zeros(30)})) == ()
     assert hand_noncentred_remedy(("a_decentered",)).startswith(

@@ -343,6 +343,10 @@ def test_non_centred_hierarchical_with_laplace_warns_not_mixed():
     assert rc.min_ess_bulk < 100
     stopped = any("stopped at step" in m for m in rc.messages)
     assert rc.max_rhat > 1.01 or (stopped and np.isnan(rc.max_rhat)), (rc.max_rhat, rec[0])
+    # the advice fits the model: its reparam is outside the body already; the proxy was kept
+    ess = next(m for m in rc.messages if m.startswith("min ESS"))
+    assert "outside the model's body" not in ess
+    assert "leave AdaptationOptions.proxy at its default" in ess
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ import numpy as np
 from numpyro_subsample.core.sites import coordinate_names
 from numpyro_subsample.sgmcmc.centring import (
     hand_noncentred_remedy,
-    hand_noncentred_sites,
     other_family_group_sites,
+    rewritable_sites,
 )
 
 __all__ = ["chain_failures", "ess_message", "kernel_probe", "probe_message",
@@ -70,13 +70,13 @@ def _partially_centred(kernel) -> bool:
 
 
 def _hand_noncentred(kernel) -> tuple[str, ...]:
-    """:func:`~numpyro_subsample.sgmcmc.centring.hand_noncentred_sites` of the kernel's model
+    """:func:`~numpyro_subsample.sgmcmc.centring.rewritable_sites` of the kernel's model
     and data, () for kernels without them."""
     potential, data = getattr(kernel, "_pre", None), getattr(kernel, "_pre_data", None)
     potential = getattr(potential, "potential", None)
     if potential is None or data is None:
         return ()
-    return hand_noncentred_sites(potential, data)
+    return rewritable_sites(potential, data)
 
 
 def _other_family_groups(kernel) -> tuple[str, ...]:

@@ -64,6 +64,7 @@ __all__ = ["HandCentring", "HandForm", "PartialCentring", "WrittenForm", "centre
            "centred_potential", "centres", "centring_pays", "centring_weights", "has_group_scales",
            "hand_centred", "hand_forms",
            "hand_noncentred_remedy", "hand_noncentred_sites", "noncentred_potential",
+           "rewritable_sites",
            "other_family_group_sites",
            "partially_centred", "partially_centred_potential", "weights_from",
            "weights_from_noncentred", "written_form"]
@@ -196,6 +197,15 @@ def hand_noncentred_sites(potential: Potential, data: ModelData) -> tuple[str, .
                      or _all_equal(normal.loc, 0.0) and _all_equal(normal.scale, 1.0)))
 
     return _sites_on_first_rows(potential, data, pick)
+
+
+def rewritable_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:
+    """The sites of :func:`hand_noncentred_sites` that :func:`hand_noncentred_remedy` advises
+    rewriting: not the noise ``<a>_decentered`` of a ``LocScaleReparam`` the user applied
+    outside the model's body (:func:`written_form`), which is written as advised."""
+    found = _written_sites(as_given(potential.model))
+    outside = {f"{site}_decentered" for site in (found[1] if found else ())}
+    return tuple(s for s in hand_noncentred_sites(potential, data) if s not in outside)
 
 
 def other_family_group_sites(potential: Potential, data: ModelData) -> tuple[str, ...]:

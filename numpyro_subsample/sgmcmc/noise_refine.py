@@ -29,7 +29,7 @@ from numpyro_subsample.estimators.noise import (
     warn_if_noise_limited,
     whitened_noise,
 )
-from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, hand_noncentred_sites
+from numpyro_subsample.sgmcmc.centring import hand_noncentred_remedy, rewritable_sites
 from numpyro_subsample.sgmcmc.chain import Preprocessed, SamplerParams, Whitening
 from numpyro_subsample.sgmcmc.dynamics import injected_noise_scale
 from numpyro_subsample.sgmcmc.preprocess import whitening_cost
@@ -110,7 +110,7 @@ def corrected_noise_scale(noise_cov: Any, step_size: float, dtype: Any, diffusio
 
 
 def _model_remedy(potential: Potential, data: ModelData) -> str:
-    sites = hand_noncentred_sites(potential, data)
+    sites = rewritable_sites(potential, data)
     return hand_noncentred_remedy(sites) if sites else ""
 
 
