@@ -710,18 +710,28 @@ def lognormal_data():
 def test_a_centred_model_whose_proxy_overflows_falls_back_to_its_partially_centred_form(
         lognormal_data, monkeypatch):
     """A LogNormal group-scale prior keeps the centred model's joint mode finite, deep in the
-    neck of the scale's funnel (σ ≈ 3·10^-5). The pilot now starts such a fit from the
-    variational fit (``warmup.MAX_START_DECREMENT``); started at the Laplace fit, as here,
-    its proxy's draws overflow and the kernel raises NonFiniteNoiseError on the model as
-    written. By default the kernel then preprocesses the non-centred form instead, then the
-    form partially centred at that form's proxy's weights (kept: its step is not smaller),
+    neck of the scale's funnel (σ ≈ 3·10^-5). Started at that Laplace fit (the pilot now
+    starts such a fit from the variational fit, ``warmup.MAX_START_DECREMENT``), its proxy's
+    draws overflowed on some CPUs and not on others (float32 rounding in the funnel), so the
+    overflow, a NonFiniteNoiseError of the noise measurement on the model as written, is
+    injected here. The kernel then preprocesses the non-centred form instead, then the form
+    partially centred at that form's proxy's weights (kept: its step is not smaller),
     silently, and costs the forms it dropped, the one that raised included."""
     import warnings
 
     from numpyro_subsample.estimators.noise import NonFiniteNoiseError
     from numpyro_subsample.sgmcmc import warmup
+    from numpyro_subsample.sgmcmc.kernel_preprocess import SGMCMCPreprocessing
 
     monkeypatch.setattr(warmup, "MAX_START_DECREMENT", np.inf)
+    measured = SGMCMCPreprocessing._measured
+
+    def overflowing(self, potential, *args, **kwargs):
+        if "a" in potential.latent_sites:  # the centred form, as written
+            raise NonFiniteNoiseError("the proxy's draws overflow", passes=1.0)
+        return measured(self, potential, *args, **kwargs)
+
+    monkeypatch.setattr(SGMCMCPreprocessing, "_measured", overflowing)
 
     as_written = SGLD(lognormal_scale_logit, progress_bar=False,
                       adaptation=AdaptationOptions(centring=False))
