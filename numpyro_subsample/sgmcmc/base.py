@@ -446,10 +446,11 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
                 form, self._potentials[sig] = self._unwrapped[sig]
         # on new data of the same shapes the potential (and the weights) of the first are kept
         if form is not None and form.hand:
-            pre, caught = self._preprocess_hand_form(data, sig)
+            pre, caught, failed = self._preprocess_hand_form(data)
             if pre is None:  # its centred form failed: the model as written, its warnings
                 form = None
-                pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
+                pre, caught = self._as_written(data, sig)
+                pre = with_cost_of(pre, [], failed)
         else:
             try:
                 pre, caught = _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
@@ -463,7 +464,15 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         if potential is None:
             return pre, caught
         dropped = [pre]  # preprocess again, on the partially centred model
-        partial, partial_caught = _recorded(lambda: self._preprocess(potential, data))
+        try:
+            partial, partial_caught = _recorded(lambda: self._preprocess(potential, data))
+        except (LaplaceFitError, NonFiniteNoiseError) as err:  # that form fails
+            self._centred_kept.add(sig)
+            failed = float(getattr(err, "passes", 0.0))
+            if form is None or not form.hand:  # the form preprocessed first is kept
+                return with_cost_of(pre, [], failed), caught
+            written, caught = self._as_written(data, sig)  # as the user wrote it
+            return with_cost_of(written, [pre], failed), caught
         if centring.centring_pays(pre, partial):  # the weights' warnings stand too
             caught = [*_not_about_its_step(caught), *partial_caught]
         else:  # the centred form's step is better
@@ -515,24 +524,34 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         self._centred_kept.discard(sig)
         return with_cost_of(pre, dropped, failed), caught
 
-    def _preprocess_hand_form(self, data: ModelData, sig) -> tuple[Preprocessed | None, list]:
+    def _preprocess_hand_form(self, data: ModelData
+                              ) -> tuple[Preprocessed | None, list, float]:
         """The preprocessing of the centred form of group effects written non-centred by hand
         (:func:`~numpyro_subsample.sgmcmc.centring.centred_form`) and its warnings, held back
-        until its weights are used; None, silently, where the centred form cannot be
-        preprocessed (a degenerate joint mode, a proxy whose draws overflow): the model is
-        then sampled as written, which the user chose."""
+        until its weights are used; None, silently, and the data passes it spent, where the
+        centred form cannot be preprocessed (a degenerate joint mode, a proxy whose draws
+        overflow): the model is then sampled as written, which the user chose."""
+        failed = [0.0]
+
         def attempt() -> Preprocessed | None:
             try:
                 return super(SGMCMCKernel, self)._preprocess_data(data)
-            except (LaplaceFitError, NonFiniteNoiseError):
+            except (LaplaceFitError, NonFiniteNoiseError) as err:
+                failed[0] = float(getattr(err, "passes", 0.0))
                 return None
 
         pre, caught = _recorded(attempt)
-        if pre is None:
-            self._unwrapped[sig] = None
-            self._potentials.pop(sig, None)
-            self._pre = None
-        return pre, caught
+        return pre, caught, failed[0]
+
+    def _as_written(self, data: ModelData, sig) -> tuple[Preprocessed, list]:
+        """The preprocessing of the model as the user wrote it and its warnings, where a
+        form the kernel derived from it (the centred form of group effects written
+        non-centred by hand, or its partially centred form) cannot be preprocessed; that
+        model's other forms are not tried again."""
+        self._unwrapped[sig] = None
+        self._potentials.pop(sig, None)
+        self._pre = None
+        return _recorded(lambda: super(SGMCMCKernel, self)._preprocess_data(data))
 
     def get_diagnostics_str(self, state: SGMCMCState) -> str:
         k = self.steps_per_draw
