@@ -344,8 +344,8 @@ def test_curvature_reuses_the_laplace_hessian():
     draws = np.asarray(proxy.centre) + 0.5 * np.random.default_rng(0).standard_normal(
         (5, pot.dim)) @ np.asarray(proxy.scale_tril).T
     wide = proxy._replace(scale_tril=2.0 * proxy.scale_tril)  # μ ≈ 4, above the floor of 1
-    given = wide._replace(info={**proxy.info, "draws": draws, "hessian_data": None})
-    measured = wide._replace(info={"draws": draws, "hessian_data": None})
+    given = wide._replace(info={**proxy.info, "draws": draws})
+    measured = wide._replace(info={"draws": draws})
     mu_given, passes_given, _ = measured_curvature(given, pot, data, chunk_size=256)
     mu_measured, passes_measured, _ = measured_curvature(measured, pot, data, chunk_size=256)
     assert (passes_given, passes_measured) == (0.0, 1.0)

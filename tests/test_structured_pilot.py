@@ -220,7 +220,7 @@ def test_structured_curvature_is_the_top_eigenvalue_of_the_whitened_hessian():
     proxy = structured_at(pot, data, np.zeros(pot.dim), op, chunk_size=500, kind="adapted",
                           passes=0.0, info={})
     mu, passes = structured_curvature(proxy, pot, data, chunk_size=500)
-    total, _ = full_hessian(pot, proxy.centre, data, 500)
+    total = full_hessian(pot, proxy.centre, data, 500)
     cov = np.asarray(to_dense(op), np.float64)
     root = np.linalg.cholesky(cov)
     exact = np.linalg.eigvalsh(root.T @ np.asarray(total, np.float64) @ root)[-1]

@@ -18,6 +18,7 @@ from numpyro_subsample.estimators.noise import whitened_noise
 from numpyro_subsample.estimators.registry import configure_estimator
 from numpyro_subsample.proxies.laplace import LaplaceFitError, fit_laplace
 from numpyro_subsample.sgmcmc import pilot_moments, warmup
+from numpyro_subsample.sgmcmc.curvature import full_hessian
 from numpyro_subsample.sgmcmc.dynamics import sgld_dynamics
 
 
@@ -269,8 +270,15 @@ def test_hessian_whitening_takes_correlations_from_the_hessian_and_scales_from_d
     poor = warmup.proxy_at(pot, data, centre, np.eye(d), chunk_size=512, kind="adapted",
                            passes=0.0, seconds=0.0, info={})
     draws = centre + _ar1_draws(rng, post_chol, 80, 4, 0.9)
-    proxy, h_data = pilot_moments.hessian_whitened(poor, pot, data, draws, chunk_size=512)
-    assert h_data is not None
+    proxy, spent = pilot_moments.hessian_whitened(poor, pot, data, draws, chunk_size=512)
+    # proxy_at's pass gave ∇²f at the centre: no pass here, and it is the full Hessian
+    assert spent == 0.0
+    np.testing.assert_allclose(proxy.info["hessian"],
+                               full_hessian(pot, poor.centre, data, 512), rtol=1e-4, atol=1e-3)
+    again, spent = pilot_moments.hessian_whitened(poor._replace(info={}), pot, data, draws,
+                                                  chunk_size=512)
+    assert spent == 1.0
+    np.testing.assert_allclose(again.cov, proxy.cov, rtol=1e-5, atol=1e-8)
     cov = np.asarray(proxy.cov, np.float64)
     ev = np.linalg.eigvalsh(np.linalg.solve(post_chol, np.linalg.solve(post_chol, cov).T))
     assert 0.6 < ev[0] and ev[-1] < 1.6

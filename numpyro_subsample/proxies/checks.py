@@ -39,6 +39,7 @@ from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.transforms import IdentityTransform, IndependentTransform
 
+from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import DEFAULT_CHUNK, full_data_sums
 from numpyro_subsample.core.potential import ModelData, Potential, set_plate_indices
 from numpyro_subsample.proxies.base import ProxyFitWarning
@@ -60,6 +61,7 @@ __all__ = [
     "stein_moments",
     "stein_subsample",
     "newton_pass",
+    "newton_point",
     "prior_grad",
     "warn_proxy",
 ]
@@ -211,6 +213,17 @@ def excursion_points(sd, axes) -> tuple[np.ndarray, np.ndarray]:
     axes = np.asarray(axes, np.int32)
     step = np.asarray(sd)[axes]
     return np.concatenate([axes, axes]), np.concatenate([step, -step])
+
+
+def newton_point(potential: Potential, theta: jax.Array, data: ModelData,
+                 chunk_size: int = DEFAULT_CHUNK) -> NewtonPass:
+    """:func:`newton_pass` without excursions: f(θ), ∇f(θ), ∇²f(θ) and ∇f0(θ) in one data pass,
+    by the program of a Laplace fit's Newton steps (excursion points of the same shape), so
+    that every full-data expansion of a potential shares one compiled program."""
+    num_points = 2 * excursion_axes(np.ones(potential.dim)).size
+    return newton_pass(potential, theta, device_array(np.zeros(num_points, np.int32)),
+                       device_array(np.zeros(num_points), theta.dtype), device_array(False),
+                       data, chunk_size)
 
 
 @partial(jax.jit, static_argnames=("potential", "chunk_size"))

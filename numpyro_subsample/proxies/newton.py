@@ -17,7 +17,7 @@ import numpy as np
 
 from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.potential import ModelData, Potential
-from numpyro_subsample.proxies.checks import excursion_axes, newton_pass
+from numpyro_subsample.proxies.checks import newton_point
 from numpyro_subsample.proxies.progress import finish_bar, progress_bar
 
 __all__ = ["NewtonResult", "damped_newton_step", "line_search", "newton_phase"]
@@ -43,12 +43,8 @@ def newton_phase(potential: Potential, data: ModelData, theta: jax.Array, chunk_
     derivatives or no decrease, or ``max_newton_steps``."""
     # the Newton passes skip the excursions (of the final centre, _fit_messages) in the same
     # compiled program
-    num_points = 2 * excursion_axes(np.ones(potential.dim)).size
-    no_points = (device_array(np.zeros(num_points, np.int32)),
-                 device_array(np.zeros(num_points), theta.dtype), device_array(False))
-
     def vgh(t):
-        return newton_pass(potential, t, *no_points, data, chunk_size)[:3]  # f, ∇f, ∇²f
+        return newton_point(potential, t, data, chunk_size)[:3]  # f, ∇f, ∇²f
 
     f, g, h = vgh(theta)
     passes += 1

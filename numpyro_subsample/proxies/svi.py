@@ -30,7 +30,7 @@ from numpyro_subsample.core.data import device_array
 from numpyro_subsample.core.datapass import value_grad_hessian_of
 from numpyro_subsample.core.potential import ModelData
 from numpyro_subsample.core.rng import host_generator
-from numpyro_subsample.proxies.checks import coordinate_labels, excursion_axes, newton_pass
+from numpyro_subsample.proxies.checks import coordinate_labels, newton_point
 from numpyro_subsample.proxies.laplace import _adam_phase, _cholesky_of_inverse
 from numpyro_subsample.proxies.progress import finish_bar, progress_bar
 
@@ -202,10 +202,7 @@ def _prior_derivatives(potential, theta, data):
 def full_data_expansion(potential, theta, data, chunk_size):
     """f, ∇f, ∇²f of the potential and f0, ∇f0, ∇²f0 of its prior term at θ (one data pass,
     by the Laplace fit's compiled Newton pass)."""
-    num_points = 2 * excursion_axes(np.ones(potential.dim)).size
-    none = (device_array(np.zeros(num_points, np.int32)),
-            device_array(np.zeros(num_points), theta.dtype), device_array(False))
-    f, g, h = newton_pass(potential, theta, *none, data, chunk_size)[:3]
+    f, g, h = newton_point(potential, theta, data, chunk_size)[:3]
     return (f, g, h, *_prior_derivatives(potential, theta, data))
 
 

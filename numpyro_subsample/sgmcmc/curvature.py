@@ -17,11 +17,11 @@ import numpy as np
 
 from numpyro_subsample.core.compiling import fast_compile_jit
 from numpyro_subsample.core.data import ModelData, device_array
-from numpyro_subsample.core.datapass import full_data_sums
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.proxies.base import Proxy
+from numpyro_subsample.proxies.checks import newton_point
 
-__all__ = ["measured_curvature"]
+__all__ = ["full_hessian", "measured_curvature"]
 
 
 @partial(fast_compile_jit, static_argnames=("potential",))
@@ -29,18 +29,11 @@ def _prior_hessians(potential: Potential, points: jax.Array, data: ModelData) ->
     return jax.lax.map(jax.hessian(lambda t: potential.prior(t, data)), points)
 
 
-@partial(jax.jit, static_argnames=("potential", "chunk_size"))
-def _hessian(potential: Potential, theta: jax.Array, data: ModelData, chunk_size: int):
-    sums = full_data_sums(potential, theta, data, chunk_size, hessian=True)
-    return sums.hessian, jax.hessian(lambda t: potential.prior(t, data))(theta)
-
-
 def full_hessian(potential: Potential, theta: jax.Array, data: ModelData,
-                 chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """∇²f(θ) of the full potential and ∇²f_0(θ) of its prior term (float64), in one data
-    pass."""
-    total, prior = _hessian(potential, theta, data, chunk_size)
-    return np.asarray(total, np.float64), np.asarray(prior, np.float64)
+                 chunk_size: int) -> np.ndarray:
+    """∇²f(θ) of the full potential (float64), in one data pass, by the Laplace fit's compiled
+    program (:func:`~numpyro_subsample.proxies.checks.newton_point`)."""
+    return np.asarray(newton_point(potential, theta, data, chunk_size).hessian, np.float64)
 
 
 def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
@@ -51,25 +44,20 @@ def measured_curvature(proxy: Proxy, potential: Potential, data: ModelData, *,
     μ is the largest eigenvalue of Lᵀ(∇²f_data(θ̂) + ∇²f_0(θ_k))L over the pilot's last draws θ_k
     (``proxy.info["draws"]``): the data's Hessian at the centre (one data pass) and the
     prior's, which carries the hierarchical variation, at each draw; at least 1. The data's
-    Hessian is ``proxy.info["hessian_data"]`` where the pilot computed it at this centre, or
-    ``proxy.info["hessian"]`` (∇²f(θ̂), the Laplace fit's at its centre, which no pilot window
-    moved) minus the prior's; then the measurement costs no data pass."""
+    Hessian is ``proxy.info["hessian"]`` (∇²f(θ̂), the pilot's or the Laplace fit's at this
+    centre) minus the prior's; then the measurement costs no data pass."""
     info = proxy.info or {}
     draws = info.get("draws")
     if draws is None or len(draws) == 0:
         return 1.0, 0.0, -1
     dtype = proxy.centre.dtype
-    h_data, passes = info.get("hessian_data"), 0.0
-    total = info.get("hessian") if h_data is None else None
-    points = np.asarray(draws, dtype)
-    if total is not None:  # the prior's Hessian at the centre, with the draws'
-        points = np.concatenate([np.asarray(proxy.centre, dtype)[None], points])
-    elif h_data is None:
-        total, h0_centre = full_hessian(potential, proxy.centre, data, chunk_size)
-        h_data, passes = total - h0_centre, 1.0
+    total, passes = info.get("hessian"), 0.0
+    if total is None:
+        total, passes = full_hessian(potential, proxy.centre, data, chunk_size), 1.0
+    # the prior's Hessian at the centre, then at the draws (one shape: one program)
+    points = np.concatenate([np.asarray(proxy.centre, dtype)[None], np.asarray(draws, dtype)])
     h0 = np.asarray(_prior_hessians(potential, device_array(points), data), np.float64)
-    if h_data is None:
-        h_data, h0 = np.asarray(total, np.float64) - h0[0], h0[1:]
+    h_data, h0 = np.asarray(total, np.float64) - h0[0], h0[1:]
     L = np.asarray(proxy.scale_tril, np.float64)
     mu, coordinate = 1.0, -1
     for hk in h0:

@@ -100,7 +100,7 @@ def shrunk_covariance(draws: np.ndarray) -> np.ndarray:
 
 
 def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
-                      draws: np.ndarray, *, chunk_size: int) -> tuple[Proxy, np.ndarray | None]:
+                      draws: np.ndarray, *, chunk_size: int) -> tuple[Proxy, float]:
     """The adapted proxy with the correlations of the potential's Hessian at its centre and
     the scales of the pilot's last window, where its draws are too few for a dense covariance.
 
@@ -109,20 +109,28 @@ def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
     variances shrunk as in :func:`window_covariance`: the Laplace approximation at the
     pilot's mean rather than at the joint mode, rescaled to the spread of the draws. The pilot's
     own covariance is kept where the window resolved it (a median ESS of at least
-    :data:`DENSE_ESS_PER_DIM` · d) or where H is not positive definite. Also returns the data
-    part of H, which :func:`~numpyro_subsample.sgmcmc.curvature.measured_curvature` reuses, or
-    None where no Hessian was computed (the data pass it costs)."""
+    :data:`DENSE_ESS_PER_DIM` · d) or where H is not positive definite. H is
+    ``proxy.info["hessian"]`` where the proxy holds it at its centre (recentred by
+    :func:`~numpyro_subsample.sgmcmc.warmup.proxy_at`, or a Laplace fit), else one data
+    pass; the proxy returned holds it there, for
+    :func:`~numpyro_subsample.sgmcmc.curvature.measured_curvature`. Also returns the data
+    passes spent (0 or 1)."""
     steps, chains, d = draws.shape
     centre = np.asarray(proxy.centre, np.float64)
     w_old = np.linalg.solve(np.asarray(proxy.scale_tril, np.float64),
                             (draws - centre).reshape(-1, d).T).T.reshape(draws.shape)
     if np.median(effective_sizes(w_old)) >= DENSE_ESS_PER_DIM * d:
-        return proxy, None
-    total, prior = full_hessian(potential, proxy.centre, data, chunk_size)
+        return proxy, 0.0
+    info = dict(proxy.info or {})
+    total, spent = info.get("hessian"), 0.0
+    if total is None:
+        total, spent = full_hessian(potential, proxy.centre, data, chunk_size), 1.0
+    total = np.asarray(total, np.float64)
+    proxy = proxy._replace(info={**info, "hessian": total})
     try:
         chol_h = np.linalg.cholesky(0.5 * (total + total.T))
     except np.linalg.LinAlgError:
-        return proxy, total - prior
+        return proxy, spent
     l_h = np.linalg.inv(chol_h).T  # H = C Cᵀ: L_H = C⁻ᵀ, L_H⁻¹ = Cᵀ
     w = ((draws - centre).reshape(-1, d) @ chol_h).reshape(draws.shape)
     ess = np.clip(effective_sizes(w), 1.0, steps * chains)
@@ -130,4 +138,4 @@ def hessian_whitened(proxy: Proxy, potential: Potential, data: ModelData,
     chol = np.linalg.cholesky(0.5 * (cov + cov.T))
     dtype = proxy.centre.dtype
     return proxy._replace(cov=device_array(cov.astype(dtype)),
-                          scale_tril=device_array(chol.astype(dtype))), total - prior
+                          scale_tril=device_array(chol.astype(dtype))), spent

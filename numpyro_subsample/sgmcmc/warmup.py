@@ -19,12 +19,15 @@ pilot chains (vectorized) in windows w = 1, …, W:
    previous fit) by the draws' effective sample size
    (:func:`~numpyro_subsample.sgmcmc.pilot_moments.window_covariance`);
 3. θ̂_{w+1} = θ̂_w + L_w m and Σ̂_{w+1} = L_w C L_wᵀ; one full-data pass at θ̂_{w+1} gives
-   Σ_i ∇f_i(θ̂_{w+1}), the new control variates. Baker et al. (2019, Sect. 3.2) show that the
+   Σ_i ∇f_i(θ̂_{w+1}), the new control variates, and ∇²f(θ̂_{w+1}), in the Laplace fit's
+   compiled program (a rerun whose windows move where the first run's did not compiles
+   nothing new). Baker et al. (2019, Sect. 3.2) show that the
    control-variate noise grows with ‖θ − θ̂‖², so a centre at the posterior mean, rather than
    at a mode far from the bulk, minimises the noise over the posterior;
 4. where the window's draws are too few for a dense covariance, its correlations come from
    the potential's Hessian at θ̂_{w+1} and its scales from the draws
-   (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`, one more data pass).
+   (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`; one more data pass
+   where the centre did not move and no Hessian is known there).
 
 The next window starts each chain where the last one stopped. Where the last window of the
 schedule still moved the centre by more than :data:`SETTLED_SHIFT` of the proxy's sds, the
@@ -49,12 +52,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from numpyro_subsample.core.data import ModelData, device_array
 from numpyro_subsample.core.potential import Potential
 from numpyro_subsample.proxies.base import Proxy, ProxyFitWarning
-from numpyro_subsample.proxies.laplace import LaplaceFitError, proxy_from_moments
+from numpyro_subsample.proxies.checks import newton_point
+from numpyro_subsample.proxies.laplace import LaplaceFitError
 from numpyro_subsample.sgmcmc.adaptation import adaptive_step_size
 from numpyro_subsample.sgmcmc.centring import other_family_group_sites
 from numpyro_subsample.sgmcmc.dynamics import Dynamics
@@ -163,8 +168,10 @@ def pilot_schedule(num_data: int, subsample_size: int,
 
 def proxy_at(potential: Potential, data: ModelData, centre: np.ndarray, cov: np.ndarray, *,
              chunk_size: int, kind: str, passes: float, seconds: float, info: dict) -> Proxy:
-    """:func:`~numpyro_subsample.proxies.laplace.proxy_from_moments` without the per-datum
-    table (one chunked data pass), in the potential's dtype, with ``info`` and ``seconds``.
+    """The Gaussian proxy N(``centre``, ``cov``) with the control variates' Σ_i ∇f_i at its
+    centre and no per-datum table, in the potential's dtype, from one data pass by the Laplace
+    fit's compiled program (:func:`~numpyro_subsample.proxies.checks.newton_point`), which also
+    gives ∇²f there: ``info`` with ``"hessian"`` added.
 
     Raises
     ------
@@ -173,14 +180,17 @@ def proxy_at(potential: Potential, data: ModelData, centre: np.ndarray, cov: np.
     """
     dtype = potential.init_theta.dtype
     cov = np.asarray(cov, np.float64)
-    proxy = proxy_from_moments(
-        potential, data, device_array(np.asarray(centre, dtype)),
-        device_array((0.5 * (cov + cov.T)).astype(dtype)), chunk_size=chunk_size,
-        store_datum_grads=False, kind=kind, num_data_passes=float(passes))
-    if not (np.isfinite(proxy.info["potential"])
-            and np.all(np.isfinite(np.asarray(proxy.sum_grads)))):
+    theta = device_array(np.asarray(centre, dtype))
+    cov = device_array((0.5 * (cov + cov.T)).astype(dtype))
+    expansion = newton_point(potential, theta, data, chunk_size)
+    sum_grads = expansion.grad - expansion.prior_grad
+    if not (np.isfinite(float(expansion.value))
+            and np.all(np.isfinite(np.asarray(sum_grads)))):
         raise ValueError("The potential is not finite at the adapted proxy's centre.")
-    return proxy._replace(seconds=float(seconds), info=info)
+    return Proxy(centre=theta, cov=cov, scale_tril=jnp.linalg.cholesky(cov), datum_grads=None,
+                 sum_grads=sum_grads, num_data_passes=float(passes) + 1.0,
+                 seconds=float(seconds), kind=kind,
+                 info={**info, "hessian": np.asarray(expansion.hessian, np.float64)})
 
 
 def safe_start(potential: Potential, data: ModelData, *, chunk_size: int,
@@ -277,7 +287,7 @@ def _next_proxy(pilot: PilotSettings, proxy: Proxy, centre: np.ndarray, cov: np.
     """The proxy after a window that moved or rescaled it: recentred (one data pass for the
     new control variates) or rescaled, then Hessian-whitened where the draws are too few for
     a dense covariance (:func:`~numpyro_subsample.sgmcmc.pilot_moments.hessian_whitened`).
-    Returns the proxy, the data part of the Hessian (or None) and the passes so far."""
+    Returns the proxy and the passes so far."""
     dtype = proxy.centre.dtype
     if moved:
         proxy = proxy_at(pilot.potential, pilot.data, centre, cov, chunk_size=pilot.chunk_size,
@@ -287,9 +297,9 @@ def _next_proxy(pilot: PilotSettings, proxy: Proxy, centre: np.ndarray, cov: np.
         chol = np.linalg.cholesky(0.5 * (cov + cov.T))
         proxy = proxy._replace(cov=device_array(cov.astype(dtype)),
                                scale_tril=device_array(chol.astype(dtype)), kind="adapted")
-    proxy, hessian_data = hessian_whitened(proxy, pilot.potential, pilot.data, window_draws,
-                                           chunk_size=pilot.chunk_size)
-    return proxy, hessian_data, passes + (0.0 if hessian_data is None else 1.0)
+    proxy, spent = hessian_whitened(proxy, pilot.potential, pilot.data, window_draws,
+                                    chunk_size=pilot.chunk_size)
+    return proxy, passes + spent
 
 
 def adapt_proxy(
@@ -342,7 +352,7 @@ def adapt_proxy(
     passes = float(start.num_data_passes)
     record: list[PilotWindow] = []
     keys = pilot_keys(rng_key, len(windows) + 1 + extra_windows, num_chains)
-    theta_start, hessian_data = None, None
+    theta_start = None
     schedule = list(windows)
     for k, length in enumerate(schedule):
         states, ws, failed, est_passes = run_window(pilot, proxy, length, keys[k], theta_start)
@@ -370,16 +380,18 @@ def adapt_proxy(
                 and record[-1].shift > SETTLED_SHIFT
                 and any(window_changes(ws, True))):  # still drifting: one more window
             schedule.append(schedule[-1])
-        proxy, hessian_data, passes = _next_proxy(
+        proxy, passes = _next_proxy(
             pilot, proxy, centre, cov, window_draws, moved=moved, passes=passes,
             elapsed=time.perf_counter() - t0 + start.seconds)
     adaptation = {"windows": record, "pilot_chains": num_chains, "step_size": pilot.step_size,
-                  "draws": last_draws, "hessian_data": hessian_data,
+                  "draws": last_draws,
                   "start_passes": float(start.num_data_passes)}
     if proxy is start:  # no window disagreed with it
         return start._replace(info={**(start.info or {}), **adaptation},
                               num_data_passes=passes)
     info = {"start": start.kind, "start_info": start.info, **adaptation}
+    if "hessian" in (proxy.info or {}):  # ∇²f at its centre (for measured_curvature)
+        info["hessian"] = proxy.info["hessian"]
     return proxy._replace(info=info, num_data_passes=passes,
                           seconds=time.perf_counter() - t0 + start.seconds)
 
