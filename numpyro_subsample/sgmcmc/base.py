@@ -531,17 +531,14 @@ class SGMCMCKernel(SGMCMCPreprocessing, step_bias.AfterRunProbing, SubsampleKern
         until its weights are used; None, silently, and the data passes it spent, where the
         centred form cannot be preprocessed (a degenerate joint mode, a proxy whose draws
         overflow): the model is then sampled as written, which the user chose."""
-        failed = [0.0]
-
-        def attempt() -> Preprocessed | None:
+        def attempt() -> tuple[Preprocessed | None, float]:
             try:
-                return super(SGMCMCKernel, self)._preprocess_data(data)
+                return super(SGMCMCKernel, self)._preprocess_data(data), 0.0
             except (LaplaceFitError, NonFiniteNoiseError) as err:
-                failed[0] = float(getattr(err, "passes", 0.0))
-                return None
+                return None, float(getattr(err, "passes", 0.0))
 
-        pre, caught = _recorded(attempt)
-        return pre, caught, failed[0]
+        (pre, failed), caught = _recorded(attempt)
+        return pre, caught, failed
 
     def _as_written(self, data: ModelData, sig) -> tuple[Preprocessed, list]:
         """The preprocessing of the model as the user wrote it and its warnings, where a
