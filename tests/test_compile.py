@@ -18,6 +18,8 @@ from numpyro_subsample.compare.timing import CompileTimer
 from numpyro_subsample.core.datapass import value_grad_hessian
 from numpyro_subsample.core.potential import ModelData, build_potential
 
+pytestmark = pytest.mark.fast_compile  # short runs: compilation is most of their time
+
 
 def _data(seed, N=3000):
     return logistic_data(N=N, d=4, seed=seed)

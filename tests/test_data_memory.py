@@ -16,6 +16,9 @@ from numpyro_subsample.post.loop import device_args
 N, D = 4000, 3
 
 
+pytestmark = pytest.mark.fast_compile  # short runs: compilation is most of their time
+
+
 def _draws(mcmc_cls, kernel, X, y, **kw):
     mcmc = mcmc_cls(kernel, num_warmup=30, num_samples=40, progress_bar=False, **kw)
     if mcmc_cls is MCMC:

@@ -15,6 +15,8 @@ from numpyro_subsample import (
 )
 from numpyro_subsample.core.datapass import value_grad_hessian
 
+pytestmark = pytest.mark.fast_compile  # short runs: compilation is most of their time
+
 KEY = jax.random.PRNGKey(0)
 NUM_DRAWS = 4000
 

@@ -39,6 +39,8 @@ from numpyro_subsample.estimators.noise_covariance import (
     point_covariances,
 )
 
+pytestmark = pytest.mark.fast_compile  # short runs: compilation is most of their time
+
 HERE = os.path.dirname(__file__)
 KEY = jax.random.PRNGKey(0)
 NUM_DRAWS = 20_000
