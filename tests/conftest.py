@@ -210,8 +210,9 @@ _SLOW_IN_CI = frozenset({
     # setup included): the degenerate joint mode 35 (the safe start stays), obs_mask
     # 28, the variational funnel 24 (the collapsed scale stays), SGHMC/SGNHT against NUTS on the
     # logistic model 32 (the exact linear regression stays), the SIGINT run 34 (its module's
-    # other checks stay), and 10-18 s variants and posterior checks of kernels with another
-    # default one.
+    # other checks stay), and 10-22 s variants, module fixtures and posterior checks of kernels
+    # with another default one (moving a test also moves its compilations, which the next test
+    # of its module then pays: the default run shortened by about half their seconds).
     "test_warmup.py::test_degenerate_joint_mode_is_refused_by_laplace_but_runs_by_default",
     "test_local.py::test_missing_responses_by_obs_mask_run_and_match_the_exact_posterior",
     "test_proxy_checks.py::test_variational_funnel_the_weights_miss_is_found_by_the_chains",
@@ -228,6 +229,21 @@ _SLOW_IN_CI = frozenset({
     "test_sghmc.py::test_logistic_vs_nuts[SGNHT-cv-2000]",
     "test_cli_faults.py::test_sigint_keeps_finished_runs_and_says_how_to_resume",
     "test_cli_faults.py::test_stale_saved_run_is_ignored",
+    "test_ecs_structured.py::test_no_variance_warning_where_the_estimator_is_precise",
+    "test_ecs_structured.py::test_diagonal_proxy_matches_full_nuts",
+    "test_ecs_structured.py::test_structured_estimator_is_unbiased",
+    "test_zv_limits.py::test_wide_model_streams_linearised_statistics_without_a_square_array",
+    "test_zv_limits.py::test_wide_model_stored_draws_match_the_stream",
+    "test_zv_limits.py::test_wide_model_arviz_group_and_summary",
+    "test_step_bias.py::test_a_too_large_saga_step_warns_and_the_run_is_off",
+    "test_draw_steps.py::test_stateful_estimators_take_several_steps_per_draw_in_vectorized_chains[svrg]",  # noqa: E501
+    "test_step_bias.py::test_default_runs_with_a_structured_proxy_are_probed_after_them_and_silent[sgld-low-rank-adapted]",  # noqa: E501
+    "test_no_data_constants.py::test_every_chain_method_captures_no_data[True-sequential]",
+    "test_no_data_constants.py::test_every_chain_method_captures_no_data[True-vectorized]",
+    "test_warmup.py::test_a_hierarchy_of_another_family_starts_from_the_variational_fit",
+    "test_checks.py::test_step_halving_silent_for_default_step",
+    "test_zv.py::test_degree2_beats_degree1_on_non_gaussian_posterior",
+    "test_preferential.py::test_accuracy_linreg_exact[preferential-200-4000]",
 })
 
 
